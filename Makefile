@@ -1,0 +1,31 @@
+# The README's two commands:  `make repro`  and  `make test`.
+# `make install` creates .venv from the pinned lock (requirements.lock); it reruns only
+# when the lock or pyproject.toml change.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+
+.PHONY: install repro test params bench clean-venv
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+repro: install
+	$(BIN)/dvc repro
+
+test: install
+	$(BIN)/python -m pytest -q
+
+params: install
+	$(BIN)/python -m pipeline.config compose
+
+bench: install
+	$(BIN)/python -m benchmarks
+
+clean-venv:
+	rm -rf $(VENV)

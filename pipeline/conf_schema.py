@@ -1,0 +1,326 @@
+"""Typed schema of the composed configuration (what ``params.yaml`` must look like).
+
+The dataclasses here are registered in Hydra's ConfigStore by the plugin module
+``hydra_plugins/pipeline_schema`` so that *DVC's own* compose (``dvc exp run -S ...``)
+validates types and enum values, not only our ``python -m pipeline.config``::
+
+    $ dvc exp run -S sampling.temperature=abc
+    ERROR: ... Value 'abc' of type 'str' could not be converted to Float
+        full_key: sampling.temperature
+
+Range checks that OmegaConf cannot express (``0 < top_p <= 1``, ...) live in
+:func:`pipeline.config.validate`, which every stage runs on ``params.yaml``.
+
+This module imports only the standard library and OmegaConf: it is imported by Hydra's
+plugin discovery, so it must stay light and free of side effects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+class AgentName(str, Enum):
+    """Agents that can play: rule-based ``react`` / ``rag`` (seed 004) or ``llm``."""
+
+    react = "react"
+    rag = "rag"
+    llm = "llm"
+
+
+class Backend(str, Enum):
+    transformers = "transformers"
+    openai = "openai"
+
+
+class FeedbackSource(str, Enum):
+    simulated = "simulated"
+    file = "file"
+
+
+class MemoryMode(str, Enum):
+    off = "off"
+    on = "on"
+    silent = "silent"
+
+
+class SaveFormat(str, Enum):
+    json = "json"
+    txt = "txt"
+    both = "both"
+
+
+class GroundingGenerator(str, Enum):
+    extractive = "extractive"
+    llm = "llm"
+
+
+class UnknownFeedback(str, Enum):
+    keep = "keep"
+    reject = "reject"
+
+
+@dataclass
+class PathsConfig:
+    """Where every artifact lives, relative to the project root (written once, here)."""
+
+    data: str = "data"
+    games: str = "data/games"
+    episodes: str = "data/episodes"
+    grounding: str = "data/grounding"
+    grounding_merged: str = "data/grounding_merged"
+    store: str = "data/store"
+    prompts: str = "data/prompts"
+    eval: str = "data/eval"
+    policy: str = "data/policy"
+    metrics: str = "metrics"
+    plots: str = "plots"
+    checkpoints: str = ".checkpoints"
+    reports: str = "reports"
+
+
+@dataclass
+class RewardConfig:
+    """Reward shaping against seed 004's examine loop (summed per step by ``HouseholdEnv``)."""
+
+    win: float = 1.0
+    """Added on the step where TextWorld reports ``won``."""
+    repeat_penalty: float = -0.1
+    """Added when a step repeats a command that changed nothing earlier and changes nothing now."""
+    first_visit_bonus: float = 0.05
+    """Added when the player enters a room for the first time in the episode."""
+    first_examine_bonus: float = 0.02
+    """Added the first time an entity is examined in the episode."""
+    examine_reward: float = 0.0
+    """Added for every valid examine (0: examining earns nothing, the loop's cause)."""
+    invalid_penalty: float = -0.05
+    """Added for an inadmissible or malformed action (the step still counts)."""
+    step_cost: float = 0.0
+    """Subtracted on every step."""
+
+
+@dataclass
+class EnvConfig:
+    """Household scenes and quests built with TextWorld (stage ``games``) and played by ``HouseholdEnv``."""
+
+    name: str = "household"
+    """Environment family (only ``household``)."""
+    num_scenes: int = 3
+    """Distinct fixed layouts, each seeded from (seed, scene index)."""
+    heldout_scenes: int = 1
+    """The last scenes, with eval quests only (scene_split=heldout)."""
+    rooms_per_scene: int = 3
+    """Rooms per scene (2..6: Kitchen plus Bedroom, Bathroom, LivingRoom, DiningRoom, Office)."""
+    containers_per_scene: int = 4
+    """Openable containers (Fridge_0, Cabinet_1, Drawer_2, ...)."""
+    locked_containers: int = 1
+    """Containers that start locked, each with a matching Key_<n> placed where it can be reached."""
+    supporters_per_scene: int = 1
+    """Supporters (Table_0, Counter_1, ...)."""
+    objects_per_scene: int = 4
+    """Portable objects (Apple_0, Mug_1, ...)."""
+    train_quests_per_scene: int = 6
+    """Train quests per seen scene."""
+    eval_quests_per_scene: int = 3
+    """Eval quests per scene (goals never used in train)."""
+    min_quest_length: int = 2
+    """Shortest expert plan a quest may have (drops one-step quests)."""
+    max_steps: int = 30
+    """Step cap per episode."""
+    compile_workers: int = 2
+    """Processes compiling games in parallel (results do not depend on it)."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+
+
+@dataclass
+class UserConfig:
+    """Simulated user (or a file of feedback lines written by a person)."""
+
+    source: FeedbackSource = FeedbackSource.simulated  # simulated (pipeline.user.SimulatedUser) | file (FileFeedback)
+    feedback_file: Optional[str] = None  # JSONL of {episode_id, step_id, line} when source=file
+    feedback_prob: float = 0.8  # probability the user comments on a step that warrants it
+    noise: float = 0.0  # probability each line is replaced by an unhelpful or wrong one
+    preferences_per_scene: int = 1  # scene-level preferences (close containers after use, ...)
+    preference_in_success: bool = True  # success needs won and the preferences held at the end
+
+
+@dataclass
+class ActionConfig:
+    action: str = "look"
+    target: Optional[str] = None
+
+
+@dataclass
+class AgentConfig:
+    """Which agent plays and how; fields not used by an agent are ignored by it."""
+
+    name: AgentName = AgentName.react  # react | rag (rule-based, seed 004) | llm
+    remember_examined: bool = True  # rule agents remember examined/opened/visited; false = seed 004's examine loop
+    epsilon: float = 0.0  # rule agents: probability of a random admissible action (seeded)
+    knowledge_base: Optional[str] = None  # rag: knowledge base JSON (null = conf/knowledge/household_kb.json)
+    batch_size: int = 8
+    batched: bool = True
+    fallback_action: ActionConfig = field(default_factory=ActionConfig)
+    on_backend_error: str = "record"
+
+
+@dataclass
+class ModelConfig:
+    """The causal LM behind the ``llm`` agent (and the ``llm`` grounding generator)."""
+
+    backend: Backend = Backend.transformers  # transformers (local model) | openai (chat-completions endpoint)
+    name_or_path: Optional[str] = None  # local model directory or hub id (transformers backend)
+    train_policy: bool = True  # train the default offline policy model in the `policy` stage
+    dtype: str = "float32"  # float32 | float16 | bfloat16 | auto (transformers backend)
+    device: str = "cpu"  # torch device (transformers backend)
+    base_url: Optional[str] = None  # endpoint URL up to /v1 (openai backend)
+    api_model: Optional[str] = None  # model name sent to the endpoint (openai backend)
+    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (never stored)
+    timeout_s: float = 60.0  # per-request timeout in seconds (openai backend)
+    max_retries: int = 3  # retries after the first attempt, exponential backoff (openai backend)
+    backoff_s: float = 0.5  # first backoff delay, doubled per retry (openai backend)
+    logprobs: bool = True  # keep per-token logprobs (transformers) / ask the endpoint for them (openai)
+    extra_body: Dict[str, Any] = field(default_factory=dict)  # extra request fields (openai), e.g. vLLM's top_k
+    policy: Dict[str, Any] = field(default_factory=dict)  # settings of the pipeline-trained policy model
+
+
+@dataclass
+class SamplingConfig:
+    """Decoding parameters (seed 003)."""
+
+    do_sample: bool = True  # false: greedy decoding
+    temperature: float = 0.7  # softmax temperature (> 0)
+    top_p: float = 0.9  # nucleus sampling threshold in (0, 1]
+    top_k: int = 50  # top-k filtering (0: off; openai backend: via model.extra_body)
+    max_new_tokens: int = 96  # generation cap per turn
+    seed: int = 0  # sampling seed; each turn's seed derives from it and the turn's identity
+    early_stop: bool = True  # stop a sequence when its JSON action closes
+
+
+@dataclass
+class PromptsConfig:
+    """System prompt templates (text files, substituted, never evaluated; seed 002)."""
+
+    system_template: str = "conf/templates/system_compact.txt"
+    """Template file of the system prompt (relative to the project root)."""
+    entropy_template: str = "conf/templates/system_verbalized_entropy.txt"
+    """Template file of the verbalized-entropy system prompt."""
+    strict: bool = True
+    """A missing plain ``$variable`` or a malformed slot is an error (else left as is)."""
+    missing_memory_value: str = "None"
+    """What a missing ``$memory[...]`` key renders as (with a warning)."""
+    empty_string_value: str = "None"
+    """What an empty string / list / dict inside the memory renders as."""
+    max_depth: int = 8
+    """Recursion cap of the memory renderer; deeper containers are written as JSON."""
+    empty_grounding_text: str = "None"
+    """``$grounding_content`` when no grounding file applies."""
+    memory_slot_heading: str = "## Episodic Memory (advisories from similar past episodes)"
+    """Heading above the advisory bundle JSON when it is exposed."""
+    memory_merge_defaults: bool = True
+    """Keys missing from a response's ``memory`` object keep their default values."""
+    memory_defaults: Dict[str, Any] = field(default_factory=dict)
+    """Memory dict at the start of an episode."""
+
+
+@dataclass
+class GroundingConfig:
+    """Grounding files (seed 000): generation (``ground`` stage) and merging (``merge``).
+
+    Attributes:
+        generator: ``extractive`` (deterministic) or ``llm`` (asks the model; falls back
+            to extractive with the reason recorded).
+        save_format: per-episode files written: ``json`` | ``txt`` | ``both``.
+        merge_format: merged outputs: ``txt`` (``<name>.md`` only) or ``json`` | ``both``
+            (also ``<name>.json`` with the merged structure).
+        files: extra grounding files merged into ``configured.md``: a list of paths or a
+            comma-separated string (seed's GROUNDING_FILE_PATH), relative to the root.
+        dedupe_contents: when merging, also drop final-grounding lines already given by
+            an earlier file (seed 000 dedupes only the stacked lists).
+        unknown_type: ``keep`` (under ``general``, with a warning) | ``reject``.
+        timestamp: ``generation_timestamp``, ISO 8601; ``SOURCE_DATE_EPOCH`` wins if set.
+        use_in_prompt: put the merged grounding into system prompts.
+    """
+
+    generator: GroundingGenerator = GroundingGenerator.extractive
+    save_format: SaveFormat = SaveFormat.both
+    merge_format: SaveFormat = SaveFormat.both
+    files: Any = field(default_factory=list)
+    dedupe_contents: bool = False
+    unknown_type: UnknownFeedback = UnknownFeedback.keep
+    timestamp: str = "1970-01-01T00:00:00+00:00"
+    use_in_prompt: bool = True
+
+
+@dataclass
+class MemoryIOConfig:
+    """Where the advisory bundle goes in the agent's context (seed 001 section 2.1)."""
+
+    slot_memory_name: str = "DEBATE_CONTEXT__MEMORY"  # context key the bundle is merged under
+
+
+@dataclass
+class MemoryConfig:
+    """Episodic memory: store, retrieval, advisories, gate (seed 001)."""
+
+    topk: int = 3  # advisories retrieved per task (1..3)
+    require_same_language: bool = True  # filter: entry language == query language
+    require_structure_overlap: bool = True  # filter: shared detected_structure (or entry is `none`)
+    use_lexical: bool = True  # query_lexical = the objective's tokens (false: seed behaviour, lexical 0)
+    exclude_same_quest: bool = True  # never retrieve the query task's own quest
+    exclude_same_scene: bool = False  # also exclude the query's scene
+    relevance_threshold: float = 0.0  # gate: refuse when the best advisory is below this relevance
+    max_message_chars: int = 800  # advisory message bound (<= 800, AdvisoryV1_1)
+    label_hint_min_commands: int = 2  # expert commands of the query in a message that make it a label hint
+    store_splits: List[str] = field(default_factory=lambda: ["train"])  # episode splits the store keeps
+    io: MemoryIOConfig = field(default_factory=MemoryIOConfig)
+
+
+@dataclass
+class ConditionConfig:
+    """One experimental condition (seed 001 section 2.4, plus the placebo control)."""
+
+    memory_mode: MemoryMode = MemoryMode.off  # off | on | silent
+    retrieval_executed: bool = False  # run retrieval at all
+    injection_mask: bool = True  # true: retrieved advisories are masked (never shown)
+    placebo: bool = False  # inject length-matched advisories from other scenes instead
+    description: str = ""  # one line for reports
+
+
+@dataclass
+class ExperimentConfig:
+    """Evaluation and comparison settings."""
+
+    eval_split: str = "eval"
+    bootstrap_samples: int = 2000
+    ci_level: float = 0.95
+    comparisons: List[List[str]] = field(default_factory=list)
+
+
+@dataclass
+class Config:
+    """The whole composed configuration; every stage reads it from ``params.yaml``."""
+
+    seed: int = 0
+    paths: PathsConfig = field(default_factory=PathsConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    user: UserConfig = field(default_factory=UserConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    grounding: GroundingConfig = field(default_factory=GroundingConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
+    condition: Dict[str, ConditionConfig] = field(default_factory=dict)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+
+
+def register_configs() -> None:
+    """Store the schema in Hydra's ConfigStore under the name ``schema``."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)

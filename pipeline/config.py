@@ -1,0 +1,251 @@
+"""The config route: ``conf/`` (Hydra) -> ``params.yaml`` (committed) -> stages.
+
+``dvc repro`` never recomposes ``params.yaml``; ``dvc exp run`` does, through Hydra.
+This module composes exactly as DVC does (it calls DVC's own ``compose_and_dump``),
+checks that ``params.yaml`` is not stale, and loads + validates it for the stages::
+
+    python -m pipeline.config compose          # regenerate params.yaml from conf/
+    python -m pipeline.config check            # fail loudly if params.yaml is stale
+    python -m pipeline.config compose agent=rag  # compose with Hydra overrides
+
+Inside a ``dvc exp run`` (DVC sets ``DVC_EXP_BASELINE_REV``) params.yaml was just
+composed by DVC with the experiment's overrides, so the check only verifies that it has
+the structure ``conf/`` composes to and passes validation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from pipeline.io import atomic_write_text
+
+PARAMS_FILE = "params.yaml"
+CONF_DIR = "conf"
+CONFIG_NAME = "config"
+
+
+class ConfigError(ValueError):
+    """A bad config value or a stale params.yaml (the message names the key)."""
+
+
+def project_root(start: str | os.PathLike | None = None) -> Path:
+    """The folder holding ``dvc.yaml`` (DVC_ROOT when DVC runs us, else searched upward)."""
+    env_root = os.environ.get("DVC_ROOT")
+    if env_root and start is None and (Path(env_root) / CONF_DIR).is_dir():
+        return Path(env_root)
+    here = Path(start or os.getcwd()).resolve()
+    for cand in (here, *here.parents):
+        if (cand / "dvc.yaml").exists() and (cand / CONF_DIR).is_dir():
+            return cand
+    return here
+
+
+def compose_text(root: Path, overrides: Iterable[str] = ()) -> str:
+    """Compose ``conf/`` with DVC's own function and return the YAML text it writes."""
+    from dvc.utils.hydra import compose_and_dump
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / PARAMS_FILE
+        try:
+            compose_and_dump(out, str(root / CONF_DIR), None, CONFIG_NAME, str(root), list(overrides))
+        except Exception as exc:  # Hydra's errors already name the key / group
+            raise ConfigError(f"cannot compose {root / CONF_DIR}: {_hydra_message(exc)}") from exc
+        return out.read_text(encoding="utf-8")
+
+
+def _hydra_message(exc: BaseException) -> str:
+    parts = [str(exc)]
+    cause = exc.__cause__
+    while cause is not None:
+        parts.append(str(cause))
+        cause = cause.__cause__
+    return " | ".join(p.strip().replace("\n", " ") for p in parts if p.strip())
+
+
+def compose(root: Path | None = None, overrides: Iterable[str] = ()) -> Path:
+    """Regenerate ``params.yaml`` exactly as ``dvc exp run`` would, then validate it."""
+    root = root or project_root()
+    text = compose_text(root, overrides)
+    validate(OmegaConf.create(text))
+    return atomic_write_text(root / PARAMS_FILE, text)
+
+
+def _leaf_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two plain containers."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k not in a:
+                out.append(f"{key} (missing from params.yaml)")
+            elif k not in b:
+                out.append(f"{key} (not in conf/)")
+            else:
+                out.extend(_leaf_diff(a[k], b[k], key))
+        return out
+    return [] if a == b else [f"{prefix}: params.yaml={json.dumps(a)} conf={json.dumps(b)}"]
+
+
+def _keys(d: Any, prefix: str = "") -> set[str]:
+    if not isinstance(d, dict):
+        return set()
+    out = set()
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        out.add(key)
+        if isinstance(v, dict) and key.split(".")[0] != "condition":
+            out |= _keys(v, key)
+    return out
+
+
+def check(root: Path | None = None) -> None:
+    """Raise :class:`ConfigError` when params.yaml is stale against conf/."""
+    root = root or project_root()
+    params_path = root / PARAMS_FILE
+    if not params_path.exists():
+        raise ConfigError(f"{params_path} is missing: run `python -m pipeline.config compose`")
+    current = params_path.read_text(encoding="utf-8")
+    import yaml
+
+    try:
+        params = yaml.safe_load(current)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{params_path} is not valid YAML: {exc}") from exc
+    validate(OmegaConf.create(params))
+    expected = compose_text(root)
+    if current == expected:
+        return
+    composed = yaml.safe_load(expected)
+    if os.environ.get("DVC_EXP_BASELINE_REV"):
+        # dvc exp run composed params.yaml with the experiment's overrides just now.
+        missing = _keys(composed) ^ _keys(params)
+        if missing:
+            raise ConfigError(
+                f"{params_path} does not have the structure conf/ composes to; differing keys: "
+                + ", ".join(sorted(missing)[:10])
+            )
+        return
+    diffs = _leaf_diff(params, composed)
+    shown = "; ".join(diffs[:8]) + (f"; ... ({len(diffs)} in all)" if len(diffs) > 8 else "")
+    raise ConfigError(
+        f"{params_path} is stale against {root / CONF_DIR} ({shown or 'formatting differs'}). "
+        "`dvc repro` never recomposes it: run `python -m pipeline.config compose` and commit "
+        "params.yaml, or use `dvc exp run -S key=value` for an experiment."
+    )
+
+
+def _require(cond: bool, key: str, value: Any, expected: str) -> None:
+    if not cond:
+        raise ConfigError(f"params key {key}={value!r}: expected {expected}")
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Type-check against the schema and check ranges; returns the typed config."""
+    from pipeline.conf_schema import Config
+
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+    except Exception as exc:
+        raise ConfigError(f"invalid params: {_hydra_message(exc)}") from exc
+    s = typed.sampling
+    _require(s.temperature > 0, "sampling.temperature", s.temperature, "> 0")
+    _require(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "in (0, 1]")
+    _require(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0")
+    _require(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
+    e = typed.env
+    _require(e.max_steps >= 1, "env.max_steps", e.max_steps, ">= 1")
+    _require(e.num_scenes >= 1, "env.num_scenes", e.num_scenes, ">= 1")
+    _require(0 <= e.heldout_scenes < e.num_scenes, "env.heldout_scenes", e.heldout_scenes, f"in [0, {e.num_scenes})")
+    _require(2 <= e.rooms_per_scene <= 6, "env.rooms_per_scene", e.rooms_per_scene, "in [2, 6]")
+    _require(1 <= e.containers_per_scene <= 8, "env.containers_per_scene", e.containers_per_scene, "in [1, 8]")
+    _require(0 <= e.locked_containers <= e.containers_per_scene, "env.locked_containers", e.locked_containers,
+             f"in [0, {e.containers_per_scene}]")
+    _require(1 <= e.objects_per_scene <= 8, "env.objects_per_scene", e.objects_per_scene, "in [1, 8]")
+    _require(e.compile_workers >= 1, "env.compile_workers", e.compile_workers, ">= 1")
+    u = typed.user
+    _require(0 <= u.feedback_prob <= 1, "user.feedback_prob", u.feedback_prob, "in [0, 1]")
+    _require(0 <= u.noise <= 1, "user.noise", u.noise, "in [0, 1]")
+    _require(u.source != "file" or bool(u.feedback_file), "user.feedback_file", u.feedback_file,
+             "a JSONL path when user.source=file")
+    a = typed.agent
+    _require(0 <= a.epsilon <= 1, "agent.epsilon", a.epsilon, "in [0, 1]")
+    _require(a.batch_size >= 1, "agent.batch_size", a.batch_size, ">= 1")
+    _require(a.on_backend_error in ("record", "fail"), "agent.on_backend_error", a.on_backend_error, "record | fail")
+    m = typed.memory
+    _require(1 <= m.topk <= 3, "memory.topk", m.topk, "in [1, 3]")
+    _require(0 <= m.relevance_threshold <= 1, "memory.relevance_threshold", m.relevance_threshold, "in [0, 1]")
+    _require(len(typed.condition) >= 1, "condition", list(typed.condition), "at least one condition")
+    for pair in typed.experiment.comparisons:
+        _require(len(pair) == 2, "experiment.comparisons", list(pair), "pairs [treatment, control]")
+        for name in pair:
+            _require(name in typed.condition, "experiment.comparisons", name,
+                     f"a selected condition ({', '.join(typed.condition)})")
+    _require(0 < typed.experiment.ci_level < 1, "experiment.ci_level", typed.experiment.ci_level, "in (0, 1)")
+    return typed
+
+
+def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictConfig:
+    """Load, validate and (by default) staleness-check ``params.yaml`` for a stage."""
+    root = root or project_root()
+    if check_stale:
+        check(root)
+    path = root / PARAMS_FILE
+    try:
+        raw = OmegaConf.load(path)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path} is missing: run `python -m pipeline.config compose`") from exc
+    return validate(raw)
+
+
+def config_hash(cfg: DictConfig | dict, *keys: str) -> str:
+    """Stable short hash of the given config subtrees (all of it when no keys)."""
+    container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
+    part = {k: _select(container, k) for k in keys} if keys else container
+    blob = json.dumps(part, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _select(d: Any, dotted: str) -> Any:
+    for k in dotted.split("."):
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
+
+
+def to_plain(cfg: DictConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.config", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_compose = sub.add_parser("compose", help="regenerate params.yaml from conf/ (as dvc exp run does)")
+    p_compose.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. agent=rag")
+    sub.add_parser("check", help="fail if params.yaml is stale against conf/")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "compose":
+            path = compose(overrides=args.overrides)
+            print(f"wrote {path}")
+        else:
+            check()
+            print("params.yaml is in sync with conf/")
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

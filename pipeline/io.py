@@ -1,0 +1,142 @@
+"""Atomic, canonical file I/O shared by every stage.
+
+Every artifact is written to a temporary file in the destination folder and then
+renamed over the target (``os.replace`` is atomic on POSIX), so a crash mid-write
+leaves the previous file intact. Parquet is written with explicit options so that the
+same rows give the same bytes::
+
+    write_parquet(table, "data/episodes/turns.parquet", schema_version="1")
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+class ArtifactError(RuntimeError):
+    """A file the pipeline needs is missing, corrupt or unwritable (message names it)."""
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
+    """Yield a temp path next to ``path``; rename it over ``path`` only on success.
+
+    Example:
+        >>> with atomic_path("out.bin") as tmp:  # doctest: +SKIP
+        ...     tmp.write_bytes(b"...")
+    """
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=suffix + ".tmp")
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {target}: {exc.strerror or exc} (is the folder writable?)") from exc
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_path(path) as tmp:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def dumps_json(obj: Any) -> str:
+    """Canonical JSON text: sorted keys, UTF-8 kept (no \\u escapes), trailing newline."""
+    return json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=True) + "\n"
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, *, sort_keys: bool = True) -> Path:
+    text = json.dumps(obj, ensure_ascii=False, indent=2, sort_keys=sort_keys) + "\n"
+    return atomic_write_text(path, text)
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ArtifactError(f"missing file {p}") from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ArtifactError(f"corrupt JSON in {p}: {exc}") from exc
+
+
+# Parquet options fixed here so every writer produces the same bytes for the same rows.
+PARQUET_OPTIONS = dict(
+    version="2.6",
+    compression="zstd",
+    compression_level=3,
+    use_dictionary=True,
+    write_statistics=True,
+    data_page_version="1.0",
+    store_schema=False,
+)
+ROW_GROUP_SIZE = 65536
+
+
+def canonical_table(table: pa.Table, *, sort_by: list[str] | None = None, schema_version: str = "1") -> pa.Table:
+    """Sort rows, drop pandas metadata, stamp ``schema_version`` in the schema metadata."""
+    if sort_by:
+        table = table.sort_by([(k, "ascending") for k in sort_by])
+    meta = {b"schema_version": schema_version.encode()}
+    return table.replace_schema_metadata(meta)
+
+
+def write_parquet(
+    table: pa.Table,
+    path: str | os.PathLike,
+    *,
+    sort_by: list[str] | None = None,
+    schema_version: str = "1",
+) -> Path:
+    """Write ``table`` canonically and atomically (same rows -> same bytes)."""
+    table = canonical_table(table, sort_by=sort_by, schema_version=schema_version)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, row_group_size=ROW_GROUP_SIZE, **PARQUET_OPTIONS)
+    return Path(path)
+
+
+def read_parquet(path: str | os.PathLike, columns: list[str] | None = None) -> pa.Table:
+    """Read a Parquet file, turning a missing or corrupt file into a one-line error."""
+    p = Path(path)
+    if not p.exists():
+        raise ArtifactError(f"missing Parquet file {p} (run the stage that writes it: `dvc repro`)")
+    try:
+        return pq.read_table(p, columns=columns)
+    except (pa.ArrowInvalid, OSError) as exc:
+        raise ArtifactError(f"corrupt Parquet file {p}: {exc}") from exc
+
+
+def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()

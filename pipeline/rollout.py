@@ -1,0 +1,256 @@
+"""The collection loop shared by ``collect`` and ``evaluate``: play tasks, record turns.
+
+A plain function over narrow interfaces (``env.reset/step``, ``agent.act``,
+``user.step_feedback``). Up to ``batch_size`` episodes run at once; agents that can
+generate for several observations in one call (the llm agent) expose
+``act_many(agents, observations)`` and get one batched call per step across all running
+episodes, finished episodes dropping out. Every episode's randomness comes from its own
+task seed, so results do not depend on which episodes share a batch.
+
+Finished episodes are checkpointed one file per episode (``ckpt_dir``) as they complete,
+so an interrupted run resumes without redoing them and assembles byte-identical outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from pipeline.io import atomic_write_text, read_json
+from pipeline.schemas import FEEDBACK_TYPES, canonical_json
+
+TENSOR_KEYS = ("generated_ids", "action_token_mask", "logprobs")
+
+
+@dataclass
+class Task:
+    """One episode to play: a quest of a scene, with its own seed."""
+
+    episode_id: str
+    scene_id: str
+    quest_id: str
+    split: str
+    objective: str
+    game_file: str
+    expert_plan: list[str]
+    preferences: list[str]
+    seed: int
+    condition: str = ""
+    system_prompt: str | None = None
+    metadata: dict = field(default_factory=dict)
+
+
+def task_seed(master_seed: int, *parts: Any) -> int:
+    """A 63-bit seed derived from the master seed and the task identity (not its order)."""
+    blob = json.dumps([master_seed, *parts], ensure_ascii=False).encode()
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") >> 1
+
+
+def tasks_from_manifest(rows: Iterable[dict], *, split: str, master_seed: int, repeats: int = 1,
+                        condition: str = "") -> list[Task]:
+    """Tasks for every quest of ``split``; seeds ignore ``condition`` so conditions are paired."""
+    tasks = []
+    for row in rows:
+        if row["split"] != split:
+            continue
+        for k in range(repeats):
+            tasks.append(Task(
+                episode_id=f"ep_{split}_{row['scene_id']}_{row['quest_id']}_{k}",
+                scene_id=row["scene_id"], quest_id=row["quest_id"], split=split,
+                objective=row["objective"], game_file=row["game_file"],
+                expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"] or []),
+                seed=task_seed(master_seed, row["scene_id"], row["quest_id"], k),
+                condition=condition,
+            ))
+    return sorted(tasks, key=lambda t: t.episode_id)
+
+
+class Checkpoints:
+    """One JSON (+ optional .pt) per finished episode under a config-hash-keyed folder."""
+
+    def __init__(self, root: Path | None):
+        self.root = root
+        if root is not None:
+            root.mkdir(parents=True, exist_ok=True)
+
+    def path(self, episode_id: str) -> Path:
+        assert self.root is not None
+        return self.root / f"{episode_id}.json"
+
+    def load(self, episode_id: str) -> dict | None:
+        if self.root is None or not self.path(episode_id).exists():
+            return None
+        try:
+            return read_json(self.path(episode_id))
+        except Exception:  # a torn checkpoint is simply redone
+            return None
+
+    def save(self, episode_id: str, record: dict) -> None:
+        if self.root is not None:
+            atomic_write_text(self.path(episode_id), json.dumps(record, ensure_ascii=False, sort_keys=True))
+
+
+def _feedback_columns(lines: list[str], unknown: str = "keep") -> dict:
+    from pipeline.feedback import classify_feedback_lines
+
+    by_type = classify_feedback_lines(lines, unknown=unknown) if lines else {}
+    return {f"feedback_{t}": by_type.get(t) for t in FEEDBACK_TYPES}
+
+
+def _turn_row(task: Task, turn_index: int, obs: dict, step: Any, info: dict, reward: float, done: bool,
+              fb_lines: list[str], status: str, unknown: str) -> tuple[dict, dict | None]:
+    extra = dict(step.extra or {})
+    prompt = extra.get("prompt")
+    row = {
+        "episode_id": task.episode_id,
+        "turn_index": turn_index,
+        "observation": canonical_json(obs),
+        "prompt_hash": hashlib.sha256(prompt.encode()).hexdigest() if prompt is not None else None,
+        "prompt": prompt,
+        "generated_text": step.generated_text,
+        "reasoning": step.reasoning,
+        "action": canonical_json(step.action),
+        "command": info.get("command"),
+        "action_valid": bool(info.get("valid", False)) and bool(extra.get("action_valid", True)),
+        "env_feedback": info.get("env_feedback", ""),
+        "reward": float(reward),
+        "changed": bool(info.get("changed", False)),
+        "repeated": bool(info.get("repeated", False)),
+        "done": bool(done),
+        "won": bool(info.get("won", False)),
+        "status": status,
+        "feedback_lines": list(fb_lines),
+        **_feedback_columns(fb_lines, unknown),
+        "memory": canonical_json(extra["memory"]) if extra.get("memory") is not None else None,
+        "prompt_tokens": extra.get("prompt_tokens"),
+        "generated_tokens": extra.get("generated_tokens"),
+        "generated_ids_length": len(extra["generated_ids"]) if extra.get("generated_ids") is not None else None,
+        "action_token_start_index": extra.get("action_token_start_index"),
+        "action_token_end_index": extra.get("action_token_end_index"),
+        "tracking_method": extra.get("tracking_method"),
+        "stop_reason": extra.get("stop_reason"),
+    }
+    tensors = None
+    if extra.get("generated_ids") is not None:
+        tensors = {"turn_index": turn_index, **{k: extra.get(k) for k in TENSOR_KEYS if extra.get(k) is not None}}
+    return row, tensors
+
+
+@dataclass
+class _Slot:
+    task: Task
+    env: Any
+    agent: Any
+    user: Any
+    obs: dict
+    first_obs: dict
+    turns: list = field(default_factory=list)
+    tensors: list = field(default_factory=list)
+    total_reward: float = 0.0
+
+
+def play(
+    tasks: list[Task],
+    *,
+    make_env: Callable[[Task], Any],
+    make_agent: Callable[[Task], Any],
+    make_user: Callable[[Task], Any],
+    batch_size: int = 1,
+    checkpoints: Checkpoints | None = None,
+    agent_name: str = "",
+    model_name: str = "",
+    preference_in_success: bool = True,
+    unknown_feedback: str = "keep",
+    progress: Any = None,
+    save_tensors: Callable[[Path, list[dict]], None] | None = None,
+) -> list[dict]:
+    """Play every task; return one record ``{"episode", "turns", "tensors"}`` per task.
+
+    Records of episodes already checkpointed are loaded instead of replayed.
+    """
+    checkpoints = checkpoints or Checkpoints(None)
+    records: dict[str, dict] = {}
+    pending = []
+    for t in tasks:
+        rec = checkpoints.load(t.episode_id)
+        if rec is not None:
+            records[t.episode_id] = rec
+            if progress is not None:
+                progress.update(1)
+        else:
+            pending.append(t)
+
+    queue = list(pending)
+    active: list[_Slot] = []
+
+    def start(task: Task) -> _Slot:
+        env = make_env(task)
+        agent = make_agent(task)
+        user = make_user(task)
+        agent.reset({"episode_id": task.episode_id, "scene_id": task.scene_id, "quest_id": task.quest_id,
+                     "objective": task.objective, "seed": task.seed, "system_prompt": task.system_prompt})
+        obs = env.reset()
+        return _Slot(task=task, env=env, agent=agent, user=user, obs=obs, first_obs=obs)
+
+    def finish(slot: _Slot, info: dict) -> None:
+        pref_ok, end_lines = slot.user.end_feedback(info)
+        if slot.turns and end_lines:
+            last = slot.turns[-1]
+            last["feedback_lines"] = last["feedback_lines"] + list(end_lines)
+            last.update(_feedback_columns(last["feedback_lines"], unknown_feedback))
+        t = slot.task
+        won = bool(info.get("won", False))
+        ep = {
+            "episode_id": t.episode_id, "scene_id": t.scene_id, "quest_id": t.quest_id, "split": t.split,
+            "condition": t.condition, "objective": t.objective, "question": t.objective,
+            "choices": list(slot.first_obs.get("admissible_commands", [])),
+            "ground_truth": " ; ".join(t.expert_plan),
+            "final_answer": slot.turns[-1]["command"] or "" if slot.turns else "",
+            "final_reward": float(sum(x["reward"] for x in slot.turns)),
+            "won": won, "preferences_ok": bool(pref_ok),
+            "is_correct": won and (bool(pref_ok) or not preference_in_success),
+            "num_turns": len(slot.turns),
+            "num_invalid": sum(not x["action_valid"] for x in slot.turns),
+            "num_repeated": sum(bool(x["repeated"]) for x in slot.turns),
+            "prompt_tokens": sum(x["prompt_tokens"] or 0 for x in slot.turns),
+            "generated_tokens": sum(x["generated_tokens"] or 0 for x in slot.turns),
+            "agent": agent_name, "model": model_name, "seed": t.seed,
+            "metadata": canonical_json({"lost": bool(info.get("lost", False)), **t.metadata}),
+        }
+        rec = {"episode": ep, "turns": slot.turns, "tensors": slot.tensors}
+        checkpoints.save(t.episode_id, rec)
+        records[t.episode_id] = rec
+        slot.env.close()
+        if progress is not None:
+            progress.update(1)
+
+    while queue or active:
+        while queue and len(active) < max(1, batch_size):
+            active.append(start(queue.pop(0)))
+        observations = [s.obs for s in active]
+        act_many = getattr(type(active[0].agent), "act_many", None)
+        if act_many is not None and len(active) > 1:
+            steps = act_many([s.agent for s in active], observations)
+        else:
+            steps = [s.agent.act(o) for s, o in zip(active, observations)]
+        still = []
+        for slot, step in zip(active, steps):
+            obs_before = slot.obs
+            obs, reward, done, info = slot.env.step(step.action)
+            fb = slot.user.step_feedback(len(slot.turns) + 1, obs_before, step.action, info)
+            row, tens = _turn_row(slot.task, len(slot.turns), obs_before, step, info, reward, done,
+                                  fb.lines, fb.status, unknown_feedback)
+            slot.turns.append(row)
+            if tens is not None:
+                slot.tensors.append(tens)
+            slot.obs = obs
+            if done:
+                finish(slot, info)
+            else:
+                still.append(slot)
+        active = still
+    return [records[t.episode_id] for t in tasks]
