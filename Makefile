@@ -4,6 +4,8 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Stage commands say `python -m ...`: run DVC with the venv first on PATH.
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: install repro test params bench clean-venv
 

@@ -18,13 +18,13 @@ plugin discovery, so it must stay light and free of side effects.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any, Dict, List, Optional
 
 from omegaconf import MISSING
 
 
-class AgentName(str, Enum):
+class AgentName(StrEnum):
     """Agents that can play: rule-based ``react`` / ``rag`` (seed 004) or ``llm``."""
 
     react = "react"
@@ -32,34 +32,34 @@ class AgentName(str, Enum):
     llm = "llm"
 
 
-class Backend(str, Enum):
+class Backend(StrEnum):
     transformers = "transformers"
     openai = "openai"
 
 
-class FeedbackSource(str, Enum):
+class FeedbackSource(StrEnum):
     simulated = "simulated"
     file = "file"
 
 
-class MemoryMode(str, Enum):
+class MemoryMode(StrEnum):
     off = "off"
     on = "on"
     silent = "silent"
 
 
-class SaveFormat(str, Enum):
+class SaveFormat(StrEnum):
     json = "json"
     txt = "txt"
     both = "both"
 
 
-class GroundingGenerator(str, Enum):
+class GroundingGenerator(StrEnum):
     extractive = "extractive"
     llm = "llm"
 
 
-class UnknownFeedback(str, Enum):
+class UnknownFeedback(StrEnum):
     keep = "keep"
     reject = "reject"
 
@@ -293,12 +293,18 @@ class ConditionConfig:
 
 @dataclass
 class ExperimentConfig:
-    """Evaluation and comparison settings."""
+    """Evaluation and comparison settings (stages ``evaluate`` and ``compare``)."""
 
     eval_split: str = "eval"
+    """Manifest split the evaluate stage plays."""
     bootstrap_samples: int = 2000
+    """Bootstrap resamples per interval (seeded from ``seed``; 1000+ for stable 95% bounds)."""
     ci_level: float = 0.95
+    """Level of every bootstrap percentile interval."""
     comparisons: List[List[str]] = field(default_factory=list)
+    """Paired comparisons ``[treatment, control]``: success difference, McNemar p, reward and turns."""
+    identical_prompts: List[List[str]] = field(default_factory=list)
+    """Condition pairs whose rendered prompts must be byte-identical task by task (checked, reported)."""
 
 
 @dataclass

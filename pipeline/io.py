@@ -92,7 +92,6 @@ PARQUET_OPTIONS = dict(
     use_dictionary=True,
     write_statistics=True,
     data_page_version="1.0",
-    store_schema=False,
 )
 ROW_GROUP_SIZE = 65536
 

@@ -73,6 +73,8 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
     manifest_hash = sha256_file(root / cfg.paths.games / "manifest.parquet")[:16]
     ckpt_root = root / cfg.paths.checkpoints / ckpt_name / f"{config_hash(cfg, *CHECKPOINT_KEYS)}-{manifest_hash}"
     ckpts = Checkpoints(ckpt_root)
+    for t in tasks:  # provenance: which config produced the episode (the store records it)
+        t.metadata.setdefault("config_hash", config_hash(cfg, *CHECKPOINT_KEYS))
     make_env, make_agent_for, make_user = make_factories(cfg, root, scenes, feedback_source=feedback_source)
     model_name = str(cfg.model.name_or_path or "") if cfg.agent.name == "llm" else ""
     t0 = time.perf_counter()

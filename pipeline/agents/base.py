@@ -1,0 +1,436 @@
+"""What an agent returns, and the goal-directed core shared by the rule agents (seed 004).
+
+Seed 004's rule agents looked at an observation, saw entities, and examined the first one
+forever: they had no goal, no admissible actions and no memory of what they had done.
+The rule agents here keep the seed's shape (ReAct: thought, then action; RAG: entities,
+retrieval, then action) but pursue the objective with simple heuristics over the
+observation's ``admissible_actions``:
+
+1. parse the objective (``"Put Apple_2 in Fridge_0 and close it."``) into a :class:`Goal`;
+2. if the object is carried, go to the destination, unlock / open it, put it, close it;
+3. otherwise take it if it is reachable, else search: examine (seed behaviour) and open
+   the containers of the room, take keys, unlock what they open, then explore rooms.
+
+What the agent has examined, opened and visited is remembered (seed 004's fix for "no
+state memory") unless ``agent.remember_examined=false``: then every step starts from a
+blank memory and the agent re-examines the same container forever, reproducing the
+examine loop. ``agent.epsilon`` replaces the chosen action by a random admissible one.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+ROOM_WORDS = ("kitchen", "bedroom", "bathroom", "living", "dining", "office", "hallway", "pantry", "garage",
+              "study", "cellar", "attic", "laundry")
+ENTITY_RE = r"([A-Za-z]+_\d+|[A-Z][A-Za-z]*)"
+
+
+@dataclass
+class AgentStep:
+    """One decision of an agent.
+
+    Attributes:
+        action: the action dict sent to the env (``{"action", "target"}`` plus optional
+            ``"receptacle"`` / ``"key"``).
+        reasoning: the agent's thought or retrieval summary (stored in the turn row).
+        generated_text: the raw text the agent produced (for the llm agent, the decoded
+            output; for rule agents, a readable trace of the decision).
+        extra: optional fields (token tracking of the llm agent: ``prompt_tokens``,
+            ``generated_tokens``, ``generated_ids``, ``action_token_start_index``, ...).
+    """
+
+    action: dict
+    reasoning: str = ""
+    generated_text: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+@dataclass
+class Goal:
+    """A parsed objective: ``verb`` in put | bring | take | open | close | unlock | lock | go | explore."""
+
+    verb: str
+    obj: str | None = None
+    dest: str | None = None
+    prep: str = "in"
+    close_after: bool = False
+
+
+def etype(name: str | None) -> str:
+    """Entity type from a seed 004 name: ``"Cabinet_0"`` -> ``"cabinet"``."""
+    return str(name or "").split("_")[0].lower()
+
+
+def parse_objective(objective: str | None) -> Goal:
+    """Turn an objective sentence into a :class:`Goal` (``explore`` when unrecognised).
+
+    >>> parse_objective("Put Apple_2 in Fridge_0 and close it.")
+    Goal(verb='put', obj='Apple_2', dest='Fridge_0', prep='in', close_after=True)
+    >>> parse_objective("Bring Mug_0 to the Bedroom and drop it there.")
+    Goal(verb='bring', obj='Mug_0', dest='Bedroom', prep='at', close_after=False)
+    """
+    text = " ".join(str(objective or "").split())
+    low = text.lower()
+    close_after = bool(re.search(r"\b(and|then)\s+close\b", low))
+    m = re.search(rf"\b(?:put|place|insert|move|store|return)\s+(?:the\s+)?{ENTITY_RE}\s+"
+                  rf"(in|into|inside|on|onto|on top of)\s+(?:the\s+)?{ENTITY_RE}", text, re.IGNORECASE)
+    if m:
+        prep = "on" if m.group(2).lower().startswith("on") else "in"
+        return Goal("put", m.group(1), m.group(3), prep, close_after)
+    m = re.search(rf"\b(?:bring|carry|take|move)\s+(?:the\s+)?{ENTITY_RE}\s+to\s+(?:the\s+)?{ENTITY_RE}",
+                  text, re.IGNORECASE)
+    if m:
+        return Goal("bring", m.group(1), m.group(2), "at", False)
+    m = re.search(rf"\b(open|close|unlock|lock)\s+(?:the\s+)?{ENTITY_RE}", text, re.IGNORECASE)
+    if m:
+        return Goal(m.group(1).lower(), m.group(2), None, "in", close_after)
+    m = re.search(rf"\b(?:take|pick up|get|fetch|find|grab|hold|carry)\s+(?:the\s+)?{ENTITY_RE}", text, re.IGNORECASE)
+    if m:
+        return Goal("take", m.group(1))
+    m = re.search(rf"\b(?:go to|enter|reach|visit)\s+(?:the\s+)?{ENTITY_RE}", text, re.IGNORECASE)
+    if m:
+        return Goal("go", m.group(1))
+    return Goal("explore")
+
+
+def _get(cfg: Any, key: str, default: Any) -> Any:
+    if cfg is None:
+        return default
+    if isinstance(cfg, Mapping):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _same(a: Any, b: Any) -> bool:
+    return a is not None and b is not None and str(a).lower() == str(b).lower()
+
+
+def clean_action(a: Mapping[str, Any]) -> dict:
+    """The action dict to send: verb, target and the optional receptacle / key."""
+    out = {"action": a.get("action"), "target": a.get("target")}
+    for k in ("receptacle", "key"):
+        if a.get(k) is not None:
+            out[k] = a[k]
+    return out
+
+
+def candidate_actions(obs: Mapping[str, Any]) -> list[dict]:
+    """The observation's admissible action dicts; without them, seed 004's verb x entity grid."""
+    adm = obs.get("admissible_actions")
+    if adm:
+        return [dict(a) for a in adm if isinstance(a, Mapping) and a.get("action")]
+    verbs = list(obs.get("available_actions") or [])
+    ents = list(obs.get("visible_entities") or [])
+    cands = [{"action": v, "target": e} for v in verbs for e in ents if v not in ("look", "inventory", "wait")]
+    cands += [{"action": v, "target": None} for v in verbs if v in ("look", "inventory", "wait")]
+    return cands
+
+
+class Memory:
+    """What the agent knows about this episode beyond the current observation."""
+
+    def __init__(self) -> None:
+        self.examined: set[str] = set()
+        self.opened: set[str] = set()  # containers this agent opened
+        self.closed_again: set[str] = set()
+        self.searched: set[str] = set()  # containers opened and looked into
+        self.visited: list[str] = []
+        self.last_visit: dict[str, int] = {}  # room -> step it was last seen
+        self.exits_seen: dict[str, set[str]] = {}  # room -> go targets seen there
+        self.room_map: dict[tuple[str, str], str] = {}  # (room, go target) -> room reached
+        self.seen_in: dict[str, str] = {}  # entity -> room it was last seen in
+        self.locked_seen: set[str] = set()
+        self.placed = False
+
+
+class RuleAgent:
+    """Shared core of the rule agents: goal parsing, memory, heuristics, epsilon.
+
+    Subclasses implement :meth:`act` around :meth:`decide`, and may override the hooks
+    :meth:`examine_first`, :meth:`rank_containers` and :meth:`close_after_use`.
+
+    Args:
+        agent_cfg: the ``agent`` config group (``remember_examined``, ``epsilon``,
+            ``fallback_action``); a mapping works too.
+        seed: base seed; each episode's random stream is derived from it and the episode id.
+    """
+
+    name = "rule"
+
+    def __init__(self, agent_cfg: Any = None, seed: int = 0):
+        self.remember = bool(_get(agent_cfg, "remember_examined", True))
+        self.epsilon = float(_get(agent_cfg, "epsilon", 0.0))
+        if not 0.0 <= self.epsilon <= 1.0:
+            raise ValueError(f"agent.epsilon={self.epsilon!r}: expected a probability in [0, 1]")
+        fb = _get(agent_cfg, "fallback_action", None)
+        self.fallback = {"action": _get(fb, "action", "look"), "target": _get(fb, "target", None)}
+        self.seed = int(seed)
+        self.reset({})
+
+    # -- episode -----------------------------------------------------------------------
+
+    def reset(self, episode_meta: Mapping[str, Any] | None = None) -> None:
+        """Start an episode: fresh memory, goal from ``objective``, per-episode random stream.
+
+        Args:
+            episode_meta: ``episode_id``, ``objective``, ``seed`` (all optional). The random
+                stream depends on (agent seed, episode seed, episode id), never on the
+                order episodes are played in.
+        """
+        meta = dict(episode_meta or {})
+        self.episode_meta = meta
+        eid = str(meta.get("episode_id", ""))
+        ep_seed = int(meta.get("seed", 0) or 0)
+        self.rng = np.random.default_rng([self.seed, ep_seed, zlib.crc32(eid.encode("utf-8"))])
+        self.objective = meta.get("objective")
+        self.goal = parse_objective(self.objective) if self.objective else None
+        self.mem = Memory()
+        self.last_action: dict | None = None
+        self.last_location: str | None = None
+        self.steps = 0
+
+    # -- helpers -----------------------------------------------------------------------
+
+    @staticmethod
+    def find(cands: list[dict], verb: str, target: Any = None, receptacle: Any = None, key: Any = None) -> dict | None:
+        for a in cands:
+            if a.get("action") != verb:
+                continue
+            if target is not None and not _same(a.get("target"), target):
+                continue
+            if receptacle is not None and not _same(a.get("receptacle"), receptacle):
+                continue
+            if key is not None and not _same(a.get("key"), key):
+                continue
+            return a
+        return None
+
+    def observe(self, obs: Mapping[str, Any]) -> None:
+        """Update memory from the new observation (before deciding)."""
+        if not self.remember:
+            # Seed 004's agents: nothing survives from one step to the next.
+            self.mem = Memory()
+            self.last_action = None
+        if self.goal is None:
+            self.objective = obs.get("objective") or self.objective
+            self.goal = parse_objective(self.objective)
+        room = obs.get("agent_location")
+        m = self.mem
+        if room:
+            if self.last_action and self.last_action.get("action") == "go_to" and self.last_location:
+                m.room_map[(self.last_location, str(self.last_action.get("target")))] = room
+            if room not in m.visited:
+                m.visited.append(room)
+            m.last_visit[room] = self.steps
+            m.exits_seen[room] = {str(a.get("target")) for a in candidate_actions(obs) if a.get("action") == "go_to"}
+            for e in obs.get("visible_entities") or []:
+                m.seen_in[e] = room
+        self.last_location = room
+
+    def room_path(self, start: str | None, goal_room: str | None) -> str | None:
+        """The first go target on the known map from ``start`` to ``goal_room``."""
+        if not start or not goal_room or start == goal_room:
+            return None
+        prev: dict[str, tuple[str, str] | None] = {start: None}
+        todo = deque([start])
+        while todo:
+            r = todo.popleft()
+            for (a, tgt), b in sorted(self.mem.room_map.items()):
+                if a == r and b not in prev:
+                    prev[b] = (r, tgt)
+                    todo.append(b)
+        if goal_room not in prev:
+            return None
+        cur = goal_room
+        while prev[cur] is not None and prev[cur][0] != start:
+            cur = prev[cur][0]
+        return prev[cur][1] if prev[cur] else None
+
+    def explore(self, obs: Mapping[str, Any], cands: list[dict]) -> tuple[dict | None, str]:
+        """A go action: an untried exit here, else toward a room with one, else the
+        neighbour visited least recently."""
+        room = obs.get("agent_location") or ""
+        goes = [a for a in cands if a.get("action") == "go_to"]
+        if not goes:
+            return None, "there is no exit to take"
+        if not self.remember:  # no map in mind: any exit
+            return goes[int(self.rng.integers(len(goes)))], "I will look in another room"
+        m = self.mem
+
+        def untried(r: str, tgt: str) -> bool:
+            return (r, tgt) not in m.room_map and tgt not in m.visited
+
+        for a in goes:
+            if untried(room, str(a.get("target"))):
+                return a, f"I have not been through '{a.get('target')}' from the {room} yet"
+        for r in m.visited:
+            if r != room and any(untried(r, t) for t in m.exits_seen.get(r, ())):
+                step = self.room_path(room, r)
+                a = self.find(goes, "go_to", step) if step else None
+                if a:
+                    return a, f"the {r} still has unexplored exits"
+        best = min(goes, key=lambda a: m.last_visit.get(m.room_map.get((room, str(a.get("target"))), ""), -1))
+        return best, "I will look in another room"
+
+    # -- hooks -------------------------------------------------------------------------
+
+    def examine_first(self, entity: str, ctx: dict) -> bool:
+        """Examine ``entity`` before opening it? (seed behaviour; once with memory)."""
+        return True
+
+    def rank_containers(self, names: list[str], ctx: dict) -> list[str]:
+        """Order in which to search the room's closed containers."""
+        return names
+
+    def close_after_use(self, entity: str, ctx: dict) -> bool:
+        """Close a container after searching / taking from it?"""
+        return False
+
+    def want_keys(self, ctx: dict) -> bool:
+        """Pick up keys seen lying around even before a locked container is met?"""
+        return bool(self.mem.locked_seen) or (self.goal is not None and self.goal.verb in ("unlock", "lock"))
+
+    # -- decision ----------------------------------------------------------------------
+
+    def decide(self, obs: Mapping[str, Any], cands: list[dict], ctx: dict) -> tuple[dict, str]:
+        """Pick an action for the goal; returns ``(admissible action dict, rationale)``."""
+        g = self.goal or Goal("explore")
+        m = self.mem
+        inv = [str(x) for x in obs.get("agent_inventory") or []]
+        visible = [str(x) for x in obs.get("visible_entities") or []]
+        here = obs.get("agent_location")
+        holding = lambda e: any(_same(e, x) for x in inv)  # noqa: E731
+        seen = lambda e: any(_same(e, x) for x in visible)  # noqa: E731
+
+        # Containers of the room by what the admissible actions allow.
+        openable = [a["target"] for a in cands if a.get("action") == "open" and a.get("target")]
+        closable = [a["target"] for a in cands if a.get("action") == "close" and a.get("target")]
+        unlockable = [a for a in cands if a.get("action") == "unlock"]
+        for e in visible:
+            if etype(e) in ("cabinet", "drawer", "chest", "safe", "box", "wardrobe", "locker", "fridge", "closet") \
+                    and e not in openable and e not in closable:
+                m.locked_seen.add(e)
+
+        # Finish: after the put, close the destination when asked (or by habit). The
+        # observation shows the object in place even when the agent forgot putting it.
+        if g.verb == "put" and g.obj and g.dest and self.find(cands, "pick_up", g.obj, g.dest):
+            m.placed = True
+        if g.verb == "put" and m.placed:
+            if g.dest and (g.close_after or self.close_after_use(g.dest, ctx)):
+                a = self.find(cands, "close", g.dest)
+                if a:
+                    return a, f"{g.obj} is {g.prep} {g.dest}; now I close {g.dest}"
+            return self.find(cands, "look") or self.fallback, "the task should be done"
+
+        # Direct progress: take the object, put it where it belongs.
+        if g.verb in ("put", "take", "bring") and g.obj and not holding(g.obj):
+            a = self.find(cands, "pick_up", g.obj)
+            if a:
+                return a, f"{g.obj} is within reach: take it"
+        if g.verb == "put" and g.obj and holding(g.obj):
+            a = self.find(cands, "put", g.obj, g.dest)
+            if a:
+                m.placed = True
+                return a, f"I hold {g.obj} and {g.dest} is here: put it {g.prep} {g.dest}"
+
+        # Tidy up: close a container searched (or emptied) when the habit says so.
+        for c in closable:
+            if c in m.searched and c not in m.closed_again and not _same(c, g.dest) and self.close_after_use(c, ctx):
+                m.closed_again.add(c)
+                return self.find(cands, "close", c), f"I am done with {c}, so I close it again"
+
+        if g.verb == "put" and g.obj and holding(g.obj) and g.dest:
+            if seen(g.dest):
+                a = self.find(cands, "open", g.dest)
+                if a:
+                    m.opened.add(a["target"])
+                    return a, f"{g.dest} is closed: open it before putting {g.obj} {g.prep} it"
+                a = self.find(unlockable, "unlock", g.dest)
+                if a:
+                    return a, f"{g.dest} is locked and I have its key: unlock it"
+            elif g.dest in m.seen_in:
+                step = self.room_path(here, m.seen_in[g.dest])
+                a = self.find(cands, "go_to", step) if step else None
+                if a:
+                    return a, f"I saw {g.dest} in the {m.seen_in[g.dest]}: go there"
+            # Destination not found yet (or locked without a key): keep searching.
+        elif g.verb == "bring" and g.obj and holding(g.obj) and g.dest:
+            if _same(here, g.dest):
+                a = self.find(cands, "drop", g.obj)
+                if a:
+                    return a, f"I am in the {g.dest} with {g.obj}: drop it here"
+            step = self.room_path(here, g.dest)
+            a = self.find(cands, "go_to", g.dest) or (self.find(cands, "go_to", step) if step else None)
+            if a:
+                return a, f"I carry {g.obj}; the way to the {g.dest} is through '{a.get('target')}'"
+        elif g.verb == "take" and g.obj and holding(g.obj):
+            return self.find(cands, "look") or self.fallback, f"I already hold {g.obj}"
+        elif g.verb in ("open", "close", "lock", "unlock") and g.obj:
+            a = self.find(cands, g.verb, g.obj)
+            if a:
+                return a, f"the task is to {g.verb} {g.obj}, and I can"
+        elif g.verb == "go" and g.obj:
+            if _same(here, g.obj):
+                return self.find(cands, "look") or self.fallback, f"I am in the {g.obj}"
+            a = self.find(cands, "go_to", g.obj)
+            if a:
+                return a, f"the {g.obj} is next door"
+
+        # Carrying the object to a destination not in sight: search nothing more, explore
+        # (unless the destination is locked and no key is at hand yet).
+        carrying = g.verb in ("put", "bring") and bool(g.obj) and holding(g.obj)
+        need_key = carrying and g.dest in m.locked_seen and not any(etype(x) == "key" for x in inv)
+        if not carrying or need_key:
+            # Locked containers: unlock with a key held, to search them.
+            for a in unlockable:
+                return a, f"I hold {a.get('key') or 'a key'} and {a.get('target')} is locked: unlock it"
+
+            # Keys lying around open locked containers later.
+            if self.want_keys(ctx):
+                for a in cands:
+                    key = a.get("target")
+                    if a.get("action") == "pick_up" and etype(key) == "key" and not holding(key):
+                        return a, f"{key} may open a locked container: take it"
+
+            # Search the room's closed containers, examining each first (seed 004 habit).
+            for c in self.rank_containers([c for c in openable if c not in m.opened], ctx):
+                if self.examine_first(c, ctx) and c not in m.examined:
+                    a = self.find(cands, "examine", c)
+                    if a:
+                        m.examined.add(c)
+                        return a, f"I see {c}; I should examine it to learn what it holds"
+                a = self.find(cands, "open", c)
+                if a:
+                    m.opened.add(c)
+                    m.searched.add(c)
+                    return a, f"{c} may hold what I need: open it"
+
+        a, why = self.explore(obs, cands)
+        if a is not None:
+            return a, why
+        return self.find(cands, "look") or self.fallback, "nothing left to try here"
+
+    def choose(self, obs: Mapping[str, Any], ctx: dict) -> tuple[dict, str, bool]:
+        """``(action, rationale, random)``: epsilon-random or :meth:`decide`."""
+        cands = candidate_actions(obs)
+        if not cands:
+            return dict(self.fallback), "no admissible action: fallback", False
+        if self.epsilon > 0 and self.rng.random() < self.epsilon:
+            a = cands[int(self.rng.integers(len(cands)))]
+            return clean_action(a), "random exploration (epsilon)", True
+        a, why = self.decide(obs, cands, ctx)
+        return clean_action(a), why, False
+
+    def finish_step(self, action: dict) -> None:
+        self.last_action = dict(action)
+        self.steps += 1
+
+    def act(self, obs: Mapping[str, Any]) -> AgentStep:  # pragma: no cover - subclasses implement
+        raise NotImplementedError

@@ -1,0 +1,203 @@
+"""``AdvisoryBuilder``: retrieved store entries -> ``AdvisoryV1_1`` (seed 001 section 2.3).
+
+An advisory states a principle learned from a past case, never the answer to the task
+at hand. The type follows the past case's outcome:
+
+=========================  ===============================================
+successful_override        corrected by feedback, then succeeded
+failed_override_warning    corrected but still failed (or failed anyway): a warning
+consistency_anchor         succeeded without correction
+=========================  ===============================================
+
+Every message is checked for label hints (the query task's ground truth, or a run of
+its expert commands) and dropped with a warning when one is found::
+
+    builder = AdvisoryBuilder(max_message_chars=800)
+    advisories, warnings = builder.build_many(hits, query_expert_plan=plan)
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Iterable, Optional, Sequence
+
+from pipeline.memory.schemas import (
+    MAX_MESSAGE_CHARS,
+    AdvisoryV1_1,
+    EpisodicMemoryEntryV1_1,
+    EvidenceV1_1,
+)
+from pipeline.memory.store import clip
+
+# Principle stated for each kind of failure (first tag found wins the principle_id).
+PRINCIPLES = {
+    "invalid_action": "Only choose actions that are admissible now; satisfy their preconditions (reach, open, unlock) first.",
+    "examine_loop": "Do not examine the same thing again once it has told you what it holds.",
+    "repeated_action": "Do not repeat an action that changed nothing; try a different one.",
+    "failed_step": "When a step fails, change the plan instead of retrying it unchanged.",
+    "goal_not_reached": "Move toward the goal; stop exploring once what you need is found.",
+    "feedback_procedural": "Respect the order of steps: open before taking or putting, unlock before opening.",
+    "feedback_spatial": "Use what is known about where things are before searching elsewhere.",
+    "feedback_user_preference": "Respect the user's household preferences while completing the goal.",
+    "feedback_general": "Act on the user's feedback as soon as it is given.",
+    "no_progress": "When steps stop making progress, change the approach instead of searching on.",
+}
+DEFAULT_PRINCIPLE = ("direct_plan", "Keep to a short, direct plan toward the goal.")
+MAX_PRINCIPLES = 2
+
+
+def advisory_type_for(entry: dict[str, Any]) -> str:
+    """The advisory type of a stored case (see the module docstring)."""
+    won = bool(entry["evaluation"]["won"])
+    corrected = bool(entry["correction"]["corrected"])
+    if won and corrected:
+        return "successful_override"
+    if won:
+        return "consistency_anchor"
+    return "failed_override_warning"
+
+
+def principles_for(entry: dict[str, Any]) -> tuple[str, list[str]]:
+    """``(principle_id, principle sentences)`` for the entry's risk tags."""
+    tags = list(entry["case_summary"].get("risk_tags") or [])
+    found = [t for t in PRINCIPLES if t in tags]
+    if "examine_loop" in found and "repeated_action" in found:
+        found.remove("repeated_action")
+    if not found:
+        return "pr_" + DEFAULT_PRINCIPLE[0], [DEFAULT_PRINCIPLE[1]]
+    return "pr_" + found[0], [PRINCIPLES[t] for t in found[:MAX_PRINCIPLES]]
+
+
+def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
+    """The advisory text: principle first, then the past case as support; at most ``max_chars``."""
+    _, principles = principles_for(entry)
+    cs = entry["case_summary"]
+    principle = " ".join(principles)
+    symptom, rationale = cs["symptom"], cs["rationale_summary"]
+    if advisory_type == "successful_override":
+        text = f"Principle: {principle} A similar past case went wrong ({symptom}) and was fixed: {rationale}."
+    elif advisory_type == "failed_override_warning":
+        text = (f"Warning: {principle} A similar past case failed ({symptom}); {rationale}. "
+                "Do not repeat that pattern.")
+    else:
+        text = f"Principle: {principle} A similar past case succeeded this way: {rationale}."
+    return clip(text, max_chars)
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\s+", " ", text.lower()).strip()
+
+
+def _contains(haystack: str, needle: str) -> bool:
+    return re.search(r"(?<![a-z0-9_])" + re.escape(needle) + r"(?![a-z0-9_])", haystack) is not None
+
+
+def find_label_hints(
+    message: str,
+    *,
+    ground_truth: Optional[str] = None,
+    expert_plan: Sequence[str] = (),
+    min_commands: int = 2,
+) -> list[str]:
+    """Label hints in ``message``: what it gives away of the query task's answer.
+
+    A hint is the task's ground truth verbatim, or at least ``min(min_commands, n)`` of the
+    ``n`` distinct object commands of its expert plan (whole-phrase, case-insensitive).
+    Single-word commands (``look``, ``inventory``) and navigation (``go west``) are not
+    counted: they describe the scene's map, which memory of a scene legitimately carries
+    ("From the Kitchen, go north to reach the Bathroom"), not the task's answer.
+
+    Returns:
+        Descriptions of the hints found (empty: clean).
+    """
+    msg = _norm(message)
+    hints = []
+    gt = _norm(ground_truth or "")
+    if gt and _contains(msg, gt):
+        hints.append(f"ground truth {ground_truth!r}")
+    commands = []
+    for c in expert_plan:
+        c = _norm(str(c))
+        if " " in c and not c.startswith("go ") and c not in commands:
+            commands.append(c)
+    if commands:
+        found = [c for c in commands if _contains(msg, c)]
+        if found and len(found) >= min(min_commands, len(commands)):
+            hints.append("expert command(s) " + ", ".join(repr(c) for c in found))
+    return hints
+
+
+def strength_for(advisory_type: str, relevance: float) -> str:
+    """weak / moderate / strong from relevance; a failed case is at most moderate evidence."""
+    level = "strong" if relevance >= 2 / 3 else "moderate" if relevance >= 1 / 3 else "weak"
+    if advisory_type == "failed_override_warning" and level == "strong":
+        level = "moderate"
+    return level
+
+
+class AdvisoryBuilder:
+    """Turns retrieved entries into advisories with ids ``adv_000001``, ``adv_000002``, ...
+
+    Args:
+        max_message_chars: Message bound (at most 800, the schema's).
+        label_hint_min_commands: Expert commands that make a message a label hint.
+        start_id: First advisory number.
+    """
+
+    def __init__(self, max_message_chars: int = MAX_MESSAGE_CHARS, label_hint_min_commands: int = 2, start_id: int = 1):
+        if not 1 <= max_message_chars <= MAX_MESSAGE_CHARS:
+            raise ValueError(f"memory.max_message_chars={max_message_chars}: expected 1..{MAX_MESSAGE_CHARS}")
+        if label_hint_min_commands < 1:
+            raise ValueError(f"memory.label_hint_min_commands={label_hint_min_commands}: expected >= 1")
+        self.max_message_chars = max_message_chars
+        self.label_hint_min_commands = label_hint_min_commands
+        self._next = start_id
+
+    def _new_id(self) -> str:
+        adv_id = f"adv_{self._next:06d}"
+        self._next += 1
+        return adv_id
+
+    def build(self, entry: EpisodicMemoryEntryV1_1 | dict[str, Any], relevance: float) -> AdvisoryV1_1:
+        """One advisory from one entry (no label-hint check; see :meth:`build_many`)."""
+        e = entry.model_dump() if isinstance(entry, EpisodicMemoryEntryV1_1) else entry
+        adv_type = advisory_type_for(e)
+        principle_id, _ = principles_for(e)
+        relevance = min(1.0, max(0.0, float(relevance)))
+        return AdvisoryV1_1(
+            advisory_id=self._new_id(),
+            advisory_type=adv_type,
+            message=compose_message(e, adv_type, self.max_message_chars),
+            strength=strength_for(adv_type, relevance),
+            relevance_score=relevance,
+            evidence=EvidenceV1_1(
+                source_episode_ids=[e["provenance"]["episode_id"]],
+                risk_tags=list(e["case_summary"].get("risk_tags") or []),
+                principle_id=principle_id,
+            ),
+        )
+
+    def build_many(
+        self,
+        hits: Iterable[Any],
+        *,
+        query_expert_plan: Sequence[str] = (),
+        query_ground_truth: Optional[str] = None,
+    ) -> tuple[list[AdvisoryV1_1], list[str]]:
+        """Advisories for retrieval hits (``RetrievalHit`` or ``(entry, relevance)``), label hints dropped.
+
+        Returns:
+            ``(advisories, warnings)``; a warning names each dropped advisory and its hint.
+        """
+        advisories, warnings = [], []
+        for hit in hits:
+            entry, relevance = (hit.entry, hit.relevance) if hasattr(hit, "entry") else hit
+            adv = self.build(entry, relevance)
+            hints = find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
+                                     min_commands=self.label_hint_min_commands)
+            if hints:
+                # The hint itself is not repeated: warnings are shown to the model with the bundle.
+                warnings.append(f"label_hint: {adv.advisory_id} from {adv.evidence.source_episode_ids[0]} dropped")
+                continue
+            advisories.append(adv)
+        return advisories, warnings

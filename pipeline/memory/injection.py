@@ -1,0 +1,452 @@
+"""Injection under a condition (seed 001 section 2.4) and the C2_placebo control.
+
+=========  ==================  ==============  ============================  =====================================
+condition  retrieval_executed  injection_mask  retrieved                     in the agent's context
+=========  ==================  ==============  ============================  =====================================
+C1         False               True            []                            nothing (memory_on false, mode off)
+C2         True                False           advisories (at most topk)     the slot, only when the gate passes
+C2_silent  True                True            [] (masked)                   nothing (memory_on false, mode silent)
+C2_placebo True                False           other scenes' advisories,     the slot, only when C2's gate passes
+                                               C2's count and lengths
+=========  ==================  ==============  ============================  =====================================
+
+The slot is merged into the context under ``memory.io.slot_memory_name`` only when it is
+exposed (mode ``on``, unmasked), non-empty and the gate passes. Behaviour follows the
+condition's fields (``memory_mode``, ``retrieval_executed``, ``injection_mask``,
+``placebo``), never its name, so a new condition is a new YAML file in ``conf/condition/``.
+
+The render stage calls one function per eval task::
+
+    store = load_store(cfg.paths.store, tie_seed=cfg.seed)
+    slot = build_memory_slot(store, task_row, cfg.condition.C2, cfg.memory, rng=cfg.seed)
+    slot.bundle, slot.gate_ok, slot.reason, slot.injected_block_text
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, NamedTuple, Optional, Sequence
+
+import numpy as np
+
+from pipeline.config import ConfigError
+from pipeline.memory.advisory import AdvisoryBuilder, advisory_type_for, compose_message, find_label_hints
+from pipeline.memory.retrieval import Retriever
+from pipeline.memory.schemas import (
+    MAX_RETRIEVED,
+    MAX_WARNINGS,
+    MEMORY_MODES,
+    AdvisoryBundleMetaV1_1,
+    AdvisoryBundleV1_1,
+    AdvisoryV1_1,
+)
+from pipeline.memory.signature import SignatureBuilder
+
+DEFAULT_SLOT_NAME = "DEBATE_CONTEXT__MEMORY"
+
+
+def _get(cfg: Any, key: str, default: Any = None) -> Any:
+    if isinstance(cfg, dict):
+        return cfg.get(key, default)
+    return getattr(cfg, key, default)
+
+
+def _mode(cond: Any) -> str:
+    mode = _get(cond, "memory_mode")
+    return getattr(mode, "value", mode)  # MemoryMode enum or plain string
+
+
+def check_condition(cond: Any, name: str = "?") -> None:
+    """Reject a condition whose fields contradict seed 001 section 2.4 (error names the key)."""
+    mode = _mode(cond)
+    retrieval = bool(_get(cond, "retrieval_executed"))
+    masked = bool(_get(cond, "injection_mask"))
+    placebo = bool(_get(cond, "placebo", False))
+    key = f"condition.{name}"
+    if mode not in MEMORY_MODES:
+        raise ConfigError(f"{key}.memory_mode={mode!r}: expected one of {', '.join(MEMORY_MODES)}")
+    if mode == "off" and retrieval:
+        raise ConfigError(f"{key}.retrieval_executed=true with memory_mode=off: use memory_mode=silent for retrieval without exposure")
+    if mode == "on" and not retrieval:
+        raise ConfigError(f"{key}.retrieval_executed=false with memory_mode=on: memory on needs retrieval")
+    if mode == "on" and masked:
+        raise ConfigError(f"{key}.injection_mask=true with memory_mode=on: a masked memory is memory_mode=silent")
+    if mode == "silent" and not (retrieval and masked):
+        raise ConfigError(f"{key}: memory_mode=silent needs retrieval_executed=true and injection_mask=true")
+    if placebo and mode != "on":
+        raise ConfigError(f"{key}.placebo=true needs memory_mode=on and injection_mask=false")
+
+
+def should_inject_advisory_with_reason(
+    bundle: AdvisoryBundleV1_1,
+    *,
+    relevance_threshold: float = 0.0,
+    query_expert_plan: Sequence[str] = (),
+    query_ground_truth: Optional[str] = None,
+    label_hint_min_commands: int = 2,
+) -> tuple[bool, str]:
+    """The advisory injection gate: ``(ok, reason)``.
+
+    Reasons, checked in this order: ``memory_off`` (mode off or no retrieval), ``masked``
+    (masked or not mode ``on``), ``label_hint`` (every advisory dropped for a label hint,
+    or one left in the bundle gives the answer away), ``nothing_retrieved``,
+    ``below_relevance_threshold`` (the best advisory is below the threshold), ``ok``.
+    """
+    m = bundle.meta
+    if m.memory_mode == "off" or not m.retrieval_executed:
+        return False, "memory_off"
+    if m.masked_injection or not bundle.memory_on:
+        return False, "masked"
+    if not bundle.retrieved:
+        if any(w.startswith("label_hint") for w in bundle.warnings):
+            return False, "label_hint"
+        return False, "nothing_retrieved"
+    for adv in bundle.retrieved:
+        if find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
+                            min_commands=label_hint_min_commands):
+            return False, "label_hint"
+    if max(a.relevance_score for a in bundle.retrieved) < relevance_threshold:
+        return False, "below_relevance_threshold"
+    return True, "ok"
+
+
+def merge_slot(context: dict[str, Any], slot_name: str, slot_dict: Optional[dict], exposed: bool, gate_ok: bool) -> dict[str, Any]:
+    """A copy of ``context`` with the slot merged when ``exposed and slot_dict and gate_ok`` (seed 001 2.4)."""
+    out = dict(context)
+    if exposed and slot_dict and gate_ok:
+        out[slot_name] = slot_dict
+    return out
+
+
+class InjectionController:
+    """Builds the slot for one condition and decides whether it enters the context.
+
+    Args:
+        condition_cfg: A ``condition.<name>`` config node (or dict).
+        topk: Advisories retrieved (1..3).
+        slot_memory_name: Context key of the slot (config ``memory.io.slot_memory_name``).
+        relevance_threshold: Gate threshold on the best advisory's relevance.
+        label_hint_min_commands: See :func:`find_label_hints`.
+        name: Condition name (error messages).
+    """
+
+    def __init__(
+        self,
+        condition_cfg: Any,
+        *,
+        topk: int = MAX_RETRIEVED,
+        slot_memory_name: str = DEFAULT_SLOT_NAME,
+        relevance_threshold: float = 0.0,
+        label_hint_min_commands: int = 2,
+        name: str = "?",
+    ):
+        check_condition(condition_cfg, name)
+        if not 1 <= int(topk) <= MAX_RETRIEVED:
+            raise ConfigError(f"memory.topk={topk!r}: expected 1..{MAX_RETRIEVED}")
+        if not slot_memory_name:
+            raise ConfigError("memory.io.slot_memory_name is empty: expected a context key")
+        self.name = name
+        self.memory_mode = _mode(condition_cfg)
+        self.retrieval_executed = bool(_get(condition_cfg, "retrieval_executed"))
+        self.injection_mask = bool(_get(condition_cfg, "injection_mask"))
+        self.placebo = bool(_get(condition_cfg, "placebo", False))
+        self.topk = int(topk)
+        self.slot_memory_name = slot_memory_name
+        self.relevance_threshold = float(relevance_threshold)
+        self.label_hint_min_commands = int(label_hint_min_commands)
+
+    @classmethod
+    def from_config(cls, condition_cfg: Any, memory_cfg: Any, name: str = "?") -> "InjectionController":
+        io = _get(memory_cfg, "io")
+        return cls(
+            condition_cfg,
+            topk=int(_get(memory_cfg, "topk", MAX_RETRIEVED)),
+            slot_memory_name=str(_get(io, "slot_memory_name", DEFAULT_SLOT_NAME)) if io is not None else DEFAULT_SLOT_NAME,
+            relevance_threshold=float(_get(memory_cfg, "relevance_threshold", 0.0)),
+            label_hint_min_commands=int(_get(memory_cfg, "label_hint_min_commands", 2)),
+            name=name,
+        )
+
+    @property
+    def exposed_to_debate(self) -> bool:
+        """Whether the slot's content may be shown at all (mode ``on``, unmasked)."""
+        return self.memory_mode == "on" and not self.injection_mask
+
+    def build_slot_payload(
+        self,
+        advisories: Sequence[AdvisoryV1_1] = (),
+        *,
+        warnings: Sequence[str] = (),
+        store_hash: Optional[str] = None,
+        gate_reason: Optional[str] = None,
+    ) -> AdvisoryBundleV1_1:
+        """The bundle for this condition (seed 001 sections 2.2 and 2.4).
+
+        Args:
+            advisories: What the advisory builder produced (ignored unless exposed).
+            warnings: Warnings to carry (at most 5 kept).
+            store_hash: Hash of the store retrieval used (dropped when retrieval did not run).
+            gate_reason: The gate's reason, when already known.
+        """
+        memory_on = self.exposed_to_debate
+        return AdvisoryBundleV1_1(
+            memory_on=memory_on,
+            retrieved=list(advisories)[: self.topk] if memory_on else [],
+            warnings=list(warnings)[:MAX_WARNINGS],
+            meta=AdvisoryBundleMetaV1_1(
+                memory_mode=self.memory_mode,
+                topk=self.topk if self.retrieval_executed else 0,
+                masked_injection=self.injection_mask,
+                retrieval_executed=self.retrieval_executed,
+                gate_reason=gate_reason,
+                store_hash=store_hash if self.retrieval_executed else None,
+            ),
+        )
+
+    def gate(self, bundle: AdvisoryBundleV1_1, *, query_expert_plan: Sequence[str] = (),
+             query_ground_truth: Optional[str] = None) -> tuple[bool, str]:
+        """:func:`should_inject_advisory_with_reason` with this controller's settings."""
+        return should_inject_advisory_with_reason(
+            bundle,
+            relevance_threshold=self.relevance_threshold,
+            query_expert_plan=query_expert_plan,
+            query_ground_truth=query_ground_truth,
+            label_hint_min_commands=self.label_hint_min_commands,
+        )
+
+    def merge_into_context(self, context: dict[str, Any], bundle: AdvisoryBundleV1_1, gate_ok: bool) -> dict[str, Any]:
+        """``context`` with the slot merged when exposed, non-empty and the gate passed."""
+        slot = bundle.model_dump(mode="json") if bundle.retrieved else None
+        return merge_slot(context, self.slot_memory_name, slot, self.exposed_to_debate, gate_ok)
+
+
+# --------------------------------------------------------------------------- placebo
+
+
+def fit_length(text: str, target: int, filler: Sequence[str]) -> str:
+    """``text`` made exactly ``target`` characters long: cut, or extended with ``filler`` texts."""
+    out = text
+    for extra in filler:
+        if len(out) >= target:
+            break
+        out = f"{out} {extra}"
+    while len(out) < target:  # filler ran out: repeat what we have (rare, tiny stores only)
+        out = f"{out} {text}"
+    return out[:target]
+
+
+def draw_placebo(
+    store: Any,
+    targets: Sequence[AdvisoryV1_1],
+    *,
+    query_scene_id: Optional[str],
+    rng: np.random.Generator,
+    builder: AdvisoryBuilder,
+    query_expert_plan: Sequence[str] = (),
+    query_ground_truth: Optional[str] = None,
+) -> tuple[list[AdvisoryV1_1], list[str], list[str], list[str]]:
+    """Advisories from entries of other scenes, one per target, each as long as its target.
+
+    Each placebo advisory keeps its target's id, strength and relevance score, so the
+    injected slot differs from C2's only in content (type, message, evidence). Entries are
+    drawn without replacement from the store rows whose scene differs from the query's.
+
+    Returns:
+        ``(advisories, source_entry_ids, notes, filler)``: notes are for the record, never
+        injected; filler is other-scene text for further length fitting.
+    """
+    if not targets:
+        return [], [], [], []
+    index = store.index
+    qs = index.scene_ids.get(query_scene_id) if query_scene_id is not None else None
+    pool = np.flatnonzero(index.scene_code != qs) if qs is not None else np.arange(index.n)
+    notes: list[str] = []
+    if len(pool) == 0:
+        return [], [], ["placebo: no entries of other scenes in the store; nothing injected"], []
+    # Enough candidates for the targets, label-hint redraws and length filler.
+    size = min(len(pool), 4 * len(targets) + 8)
+    cand = pool[rng.choice(len(pool), size=size, replace=False)]
+    entries = index.rows(cand.tolist())
+    filler = [compose_message(e, advisory_type_for(e)) for e in entries]
+    out, sources, used = [], [], set()
+    for target in targets:
+        for j, entry in enumerate(entries):
+            if j in used:
+                continue
+            used.add(j)
+            adv = builder.build(entry, target.relevance_score)
+            others = [f for k, f in enumerate(filler) if k != j]
+            message = fit_length(adv.message, len(target.message), others)
+            if find_label_hints(message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
+                                min_commands=builder.label_hint_min_commands):
+                notes.append(f"placebo: {entry['entry_id']} skipped (label hint)")
+                continue
+            out.append(adv.model_copy(update={
+                "advisory_id": target.advisory_id,
+                "strength": target.strength,
+                "message": message,
+            }))
+            sources.append(entry["entry_id"])
+            break
+    if len(out) < len(targets):
+        notes.append(f"placebo: drew {len(out)} of {len(targets)} advisories (too few entries of other scenes)")
+    return out, sources, notes, filler
+
+
+def block_text(context: dict[str, Any]) -> str:
+    """The injected text of a context: indented, key-sorted JSON, UTF-8 kept ("" when empty)."""
+    return json.dumps(context, ensure_ascii=False, indent=2, sort_keys=True) if context else ""
+
+
+def _injected_text(controller: "InjectionController", bundle: AdvisoryBundleV1_1) -> str:
+    gated = bundle.model_copy(update={"meta": bundle.meta.model_copy(update={"gate_reason": "ok"})})
+    return block_text(controller.merge_into_context({}, gated, True))
+
+
+def match_block_length(controller: "InjectionController", reference: AdvisoryBundleV1_1,
+                       placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int) -> AdvisoryBundleV1_1:
+    """Refit the placebo's last message so its injected text is as long as the reference's.
+
+    The messages already match one by one; type names, evidence ids and risk tags differ
+    in length, and the last message absorbs that difference (JSON escapes included).
+    """
+    target = len(_injected_text(controller, reference))
+    for _ in range(8):
+        diff = target - len(_injected_text(controller, placebo))
+        if diff == 0 or not placebo.retrieved:
+            break
+        last = placebo.retrieved[-1]
+        new_len = len(last.message) + diff
+        if not 1 <= new_len <= max_chars:
+            break
+        message = fit_length(last.message, new_len, filler)
+        placebo = placebo.model_copy(update={
+            "retrieved": [*placebo.retrieved[:-1], last.model_copy(update={"message": message})]})
+    return placebo
+
+
+# --------------------------------------------------------------------------- one call per task
+
+
+class MemorySlot(NamedTuple):
+    """What the render stage stores for one task under one condition.
+
+    Attributes:
+        bundle: The ``AdvisoryBundleV1_1`` (meta records retrieval_executed, gate reason, store hash).
+        gate_ok: Whether the slot was merged into the context.
+        reason: The gate's reason (``ok``, ``memory_off``, ``masked``, ...).
+        injected_block_text: Exactly what enters the prompt: the JSON of ``context``
+            (``""`` when nothing is injected).
+        context: ``{slot_name: bundle dict}`` when injected, else ``{}``.
+        retrieved_entry_ids: Entries retrieval returned (also under masked conditions).
+        injected_entry_ids: Entries the injected advisories come from (placebo: the drawn ones).
+        notes: Record-only remarks (placebo draws); never shown to the model.
+    """
+
+    bundle: AdvisoryBundleV1_1
+    gate_ok: bool
+    reason: str
+    injected_block_text: str
+    context: dict
+    retrieved_entry_ids: list
+    injected_entry_ids: list
+    notes: list
+
+
+def task_rng(seed: int, task: dict[str, Any], purpose: str = "placebo") -> np.random.Generator:
+    """A generator for one task, independent of the order tasks are processed in."""
+    key = f"{int(seed)}|{purpose}|{task.get('scene_id')}|{task.get('quest_id')}".encode()
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
+
+
+def _plan(task: dict[str, Any]) -> list[str]:
+    plan = task.get("expert_plan")
+    if plan is None and task.get("ground_truth"):
+        plan = [c.strip() for c in str(task["ground_truth"]).split(";")]
+    return [str(c) for c in (plan or [])]
+
+
+def build_memory_slot(
+    store: Any,
+    task: dict[str, Any],
+    condition_cfg: Any,
+    memory_cfg: Any,
+    rng: int | np.random.Generator = 0,
+    *,
+    condition_name: str = "?",
+) -> MemorySlot:
+    """Signature -> retrieval -> advisories -> bundle -> gate -> context, for one eval task.
+
+    Args:
+        store: The loaded :class:`~pipeline.memory.store.EpisodicStore` (its ``tie_seed``
+            orders retrieval ties; load it with the config's ``seed``).
+        task: A manifest row: ``scene_id``, ``quest_id``, ``objective``, ``expert_plan``
+            (and optionally ``ground_truth``), used for the query and the label-hint check.
+        condition_cfg: ``cfg.condition.<name>``.
+        memory_cfg: ``cfg.memory``.
+        rng: The config's seed (a per-task generator is derived from it for placebo
+            draws), or a ``numpy.random.Generator`` used as is.
+        condition_name: For error messages.
+
+    Returns:
+        A :class:`MemorySlot`.
+    """
+    controller = InjectionController.from_config(condition_cfg, memory_cfg, condition_name)
+    plan, gt = _plan(task), task.get("ground_truth")
+    if not controller.retrieval_executed:
+        bundle = controller.build_slot_payload()
+        return _finish(controller, bundle, [], [], [], plan, gt)
+
+    objective = str(task.get("objective") or "")
+    signature = SignatureBuilder().build(objective)
+    retriever = Retriever.from_config(memory_cfg)
+    hits = retriever.retrieve_scored(
+        store,
+        signature,
+        query_lexical=objective if bool(_get(memory_cfg, "use_lexical", True)) else None,
+        topk=controller.topk,
+        query_scene_id=task.get("scene_id"),
+        query_quest_id=task.get("quest_id"),
+    )
+    builder = AdvisoryBuilder(
+        max_message_chars=int(_get(memory_cfg, "max_message_chars", 800)),
+        label_hint_min_commands=controller.label_hint_min_commands,
+    )
+    advisories, warnings = builder.build_many(hits, query_expert_plan=plan, query_ground_truth=gt)
+    retrieved_ids = [h.entry["entry_id"] for h in hits]
+    kept_ids = [h.entry["entry_id"] for h in hits if h.entry["provenance"]["episode_id"] in
+                {a.evidence.source_episode_ids[0] for a in advisories}]
+    store_hash = getattr(store, "store_hash", None)
+    if not controller.placebo:
+        bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
+        return _finish(controller, bundle, retrieved_ids, kept_ids, [], plan, gt)
+
+    # Placebo: what would C2 inject? Then draw the same count and lengths from other scenes.
+    c2_bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
+    c2_ok, c2_reason = controller.gate(c2_bundle, query_expert_plan=plan, query_ground_truth=gt)
+    if not c2_ok:
+        bundle = controller.build_slot_payload([], warnings=warnings, store_hash=store_hash)
+        return _finish(controller, bundle, retrieved_ids, [], [f"placebo: C2 would inject nothing ({c2_reason})"],
+                       plan, gt, reason=c2_reason)
+    generator = rng if isinstance(rng, np.random.Generator) else task_rng(int(rng), task)
+    placebo, sources, notes, filler = draw_placebo(
+        store, c2_bundle.retrieved, query_scene_id=task.get("scene_id"), rng=generator,
+        builder=builder, query_expert_plan=plan, query_ground_truth=gt,
+    )
+    bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
+    if len(placebo) == len(c2_bundle.retrieved):
+        bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars)
+    return _finish(controller, bundle, retrieved_ids, sources, notes, plan, gt)
+
+
+def _finish(controller: InjectionController, bundle: AdvisoryBundleV1_1, retrieved_ids: list, injected_ids: list,
+            notes: list, plan: list, gt: Optional[str], reason: Optional[str] = None) -> MemorySlot:
+    ok, gate_reason = controller.gate(bundle, query_expert_plan=plan, query_ground_truth=gt)
+    if reason is not None and not ok:
+        gate_reason = reason
+    bundle = bundle.model_copy(update={"meta": bundle.meta.model_copy(update={"gate_reason": gate_reason})})
+    AdvisoryBundleV1_1.model_validate(bundle.model_dump())  # re-check the bounds after the update
+    context = controller.merge_into_context({}, bundle, ok)
+    text = block_text(context)
+    return MemorySlot(bundle, ok, gate_reason, text, context, retrieved_ids, injected_ids if context else [], notes)

@@ -1,0 +1,60 @@
+"""Session fixtures shared by the test files: the real ``conf/`` shrunk, and its games.
+
+``tiny_cfg`` composes the project's own ``conf/`` exactly as DVC does and shrinks it;
+``tiny_games`` compiles that config's games once per session (4 games: each compile
+costs about a second, so keep new fixtures from compiling more)::
+
+    def test_something(tiny_cfg, tiny_games):
+        row = tiny_games.rows[0]
+        env = HouseholdEnv(tiny_games.game_path(row), ...)
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # hydra_plugins/ (the schema) is found on sys.path
+    sys.path.insert(0, str(ROOT))
+
+# 2 scenes (1 held out), 2 rooms, 2 containers (1 locked), 2 objects; 2 train + 1 eval
+# quests per seen scene -> 3 + 1 = 4 games.
+TINY_OVERRIDES = [
+    "env.num_scenes=2",
+    "env.heldout_scenes=1",
+    "env.rooms_per_scene=2",
+    "env.containers_per_scene=2",
+    "env.locked_containers=1",
+    "env.supporters_per_scene=1",
+    "env.objects_per_scene=2",
+    "env.train_quests_per_scene=2",
+    "env.eval_quests_per_scene=1",
+    "env.max_steps=15",
+    "env.compile_workers=2",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg():
+    """The real conf/ composed via DVC's compose + overrides, validated (a typed DictConfig)."""
+    from pipeline.config import compose_text, validate
+
+    return validate(OmegaConf.create(compose_text(ROOT, TINY_OVERRIDES)))
+
+
+@pytest.fixture(scope="session")
+def tiny_games(tiny_cfg, tmp_path_factory):
+    """The games of ``tiny_cfg`` built once into a temporary project root.
+
+    Returns a :class:`pipeline.stages.games.GamesResult`: ``root`` (the project root the
+    manifest's ``game_file`` paths start from), ``games_dir``, ``rows`` (manifest rows),
+    ``scenes`` (``{scene_id: spec}``), ``metrics`` and ``game_path(row)``.
+    """
+    from pipeline.stages.games import build_games
+
+    root = tmp_path_factory.mktemp("tiny_project")
+    return build_games(tiny_cfg, root, progress=False)

@@ -1,0 +1,297 @@
+"""The ``render`` stage: prompts per condition, and its evidence checks (also on broken inputs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline import memory as memory_pkg
+from pipeline.config import load_params
+from pipeline.io import read_parquet, write_parquet
+from pipeline.memory import EpisodicStore, build_entry, write_store
+from pipeline.prompts import render_turn_prompt
+from pipeline.schemas import manifest_table
+from pipeline.stages import render as R
+
+ROOT = Path(__file__).resolve().parents[1]
+OBJECTIVE = "Put Apple_2 in Fridge_0 and close it"
+SCENE_S0_GROUNDING = "#### Spatial Grounding\n\n- The fridge is in the kitchen, east of the bedroom."
+
+
+def _episode(scene: str, quest: str, *, won: bool, objective: str = OBJECTIVE) -> tuple[dict, list[dict]]:
+    ep_id = f"ep_train_{scene}_{quest}_0"
+    episode = {"episode_id": ep_id, "scene_id": scene, "quest_id": quest, "split": "train", "objective": objective,
+               "won": won, "is_correct": won, "final_reward": 1.0 if won else -0.2, "num_turns": 3,
+               "num_invalid": 1, "num_repeated": 1, "agent": "react", "model": "", "seed": 0, "metadata": "{}"}
+    turns = [
+        {"episode_id": ep_id, "turn_index": 0, "action": json.dumps({"action": "examine", "target": "Drawer_1"}),
+         "command": "examine drawer_1", "action_valid": True, "status": "Failure", "repeated": True,
+         "feedback_lines": ["feedback : procedural: open containers before looking inside"],
+         "feedback_procedural": "open containers before looking inside"},
+        {"episode_id": ep_id, "turn_index": 1, "action": json.dumps({"action": "open", "target": "Cabinet_0"}),
+         "command": "open cabinet_0", "action_valid": False, "status": "Failure",
+         "feedback_lines": [f"feedback : spatial: the key for {scene} is in the bedroom"],
+         "feedback_spatial": f"the key for {scene} is in the bedroom"},
+        {"episode_id": ep_id, "turn_index": 2, "action": json.dumps({"action": "look", "target": None}),
+         "command": "look", "action_valid": True, "status": "Success", "feedback_lines": []},
+    ]
+    return episode, turns
+
+
+@pytest.fixture(scope="module")
+def store():
+    entries = [build_entry(*_episode(s, q, won=w)) for s, q, w in
+               [("s0", "q0", True), ("s0", "q1", False), ("s1", "q0", True), ("s1", "q1", True),
+                ("s3", "q0", False), ("s3", "q1", True)]]
+    return EpisodicStore.from_entries(entries, tie_seed=0)
+
+
+def _task(scene: str, quest: str, objective: str = OBJECTIVE, scene_split: str = "seen") -> dict:
+    return {"scene_id": scene, "quest_id": quest, "split": "eval", "scene_split": scene_split,
+            "objective": objective, "quest_length": 4,
+            "expert_plan": ["go east", "open fridge_0", "put apple_2 in fridge_0", "close fridge_0"],
+            "game_file": f"data/games/{scene}_{quest}.z8", "scene_seed": 1, "quest_seed": 2,
+            "preferences": [], "metadata": "{}"}
+
+
+TASKS = [_task("s0", "e0"), _task("s0", "e1", "Take the $5 Mug_0 ${x} and put it on Table_0"),
+         _task("s2", "e0", scene_split="heldout")]
+
+
+@pytest.fixture
+def project(tmp_path, store):
+    """A project folder with the stage's inputs, and a config pointing at it."""
+    gm = tmp_path / "data" / "grounding_merged"
+    gm.mkdir(parents=True)
+    (gm / "s0.md").write_text(SCENE_S0_GROUNDING + "\n", encoding="utf-8")
+    (gm / "s1.md").write_text("#### Spatial Grounding\n\n- s1 has no fridge.\n", encoding="utf-8")
+    write_parquet(manifest_table(TASKS + [{**_task("s0", "t0"), "split": "train"}]),
+                  tmp_path / "data" / "games" / "manifest.parquet")
+    write_store(store, tmp_path / "data" / "store")
+    cfg = load_params(ROOT, check_stale=False)
+    cfg = OmegaConf.merge(cfg, {"prompts": {"system_template": str(ROOT / "conf/templates/system_compact.txt")}})
+    return tmp_path, cfg
+
+
+def test_conditions_follow_seed_001(project, store):
+    root, cfg = project
+    rows = {c: R.render_condition(TASKS, c, cfg, store, root)[0] for c in ("C1", "C2", "C2_silent", "C2_placebo")}
+    for c, rs in rows.items():
+        assert [r["task_id"] for r in rs] == ["s0/e0", "s0/e1", "s2/e0"] and {r["condition"] for r in rs} == {c}
+    c1, c2, silent, placebo = rows["C1"], rows["C2"], rows["C2_silent"], rows["C2_placebo"]
+    # C1: no retrieval, nothing shown.
+    assert all(not r["retrieval_executed"] and r["store_hash"] is None and r["gate_reason"] == "memory_off"
+               and r["memory_block"] == "" and not r["injected"] and r["retrieved_entry_ids"] == [] for r in c1)
+    # C2_silent: retrieval ran (recorded), content masked, the prompt is C1's byte for byte.
+    assert all(r["retrieval_executed"] and r["store_hash"] == store.store_hash and r["gate_reason"] == "masked"
+               and r["retrieved_entry_ids"] and r["advisory_ids"] == [] and not r["injected"] for r in silent)
+    assert [r["system_prompt"] for r in silent] == [r["system_prompt"] for r in c1]
+    # C2: advisories injected where the gate passed; the block is the only difference from C1.
+    assert all(r["gate_ok"] and r["gate_reason"] == "ok" and r["injected"] for r in c2)
+    for r2, r1 in zip(c2, c1):
+        block = r2["memory_block"]
+        assert block.startswith(cfg.prompts.memory_slot_heading + "\n")
+        assert "DEBATE_CONTEXT__MEMORY" in block and r2["advisory_ids"]
+        bundle = json.loads(r2["bundle_json"])
+        assert bundle["memory_on"] and bundle["meta"]["gate_reason"] == "ok"
+        assert json.loads(block.split("\n", 1)[1]) == {"DEBATE_CONTEXT__MEMORY": bundle}
+        seen2 = render_turn_prompt(r2["system_prompt"], {}, json.loads(r2["memory_defaults"]))
+        seen1 = render_turn_prompt(r1["system_prompt"], {}, json.loads(r1["memory_defaults"]))
+        assert block in seen2 and seen2.replace(block, "", 1) == seen1
+    # C2_placebo: advisories from other scenes, same count as C2.
+    for rp, r2 in zip(placebo, c2):
+        assert rp["injected"] and len(rp["advisory_ids"]) == len(r2["advisory_ids"])
+        assert all(not i.startswith(f"mem_ep_train_{rp['scene_id']}_") for i in rp["injected_entry_ids"])
+
+
+def test_grounding_per_scene_and_hostile_objective(project, store):
+    root, cfg = project
+    rows, report = R.render_condition(TASKS, "C1", cfg, store, root)
+    s0, s0b, s2 = rows
+    assert s0["grounding_files"] == ["data/grounding_merged/s0.md"]  # relative to the project root
+    assert SCENE_S0_GROUNDING in s0["system_prompt"]
+    assert s2["grounding_files"] == [] and "## Grounding (what the user taught you before)\nNone\n" in s2["system_prompt"]
+    # Turn slots are kept; `$` in the objective is escaped so the turn fill gives it back verbatim.
+    assert "$agent_location" in s0["system_prompt"] and "$memory[previous_action]" in s0["system_prompt"]
+    seen = render_turn_prompt(s0b["system_prompt"], {"agent_location": "Kitchen"}, {})
+    assert "Take the $5 Mug_0 ${x} and put it on Table_0" in seen and "- Location: Kitchen" in seen
+    assert report["evidence"]["passed"] and report["evidence"]["checks"] == {
+        "injected_block_present": 0, "only_block_differs": 0, "no_advisory_text": 0, "masked_identical": 0}
+    assert report["gate_reasons"] == {"memory_off": 3} and report["injected"] == 0
+
+
+def test_deterministic_bytes(project, store, tmp_path):
+    root, cfg = project
+    paths = []
+    for i in range(2):
+        rows, _ = R.render_condition(list(reversed(TASKS)) if i else TASKS, "C2", cfg, store, root)
+        paths.append(write_parquet(R.prompts_table(rows), tmp_path / f"out{i}.parquet", sort_by=["scene_id", "quest_id"]))
+    assert paths[0].read_bytes() == paths[1].read_bytes()
+
+
+def test_unknown_condition(project, store):
+    root, cfg = project
+    with pytest.raises(R.ConfigError, match="C9"):
+        R.render_condition(TASKS, "C9", cfg, store, root)
+
+
+def _leak_silent(monkeypatch):
+    """A broken injection: C2_silent gets C2's slot (content exposed despite the mask)."""
+    real = memory_pkg.build_memory_slot
+
+    def leaky(store, task, cond, mem, rng=0, *, condition_name="?"):
+        if condition_name == "C2_silent":
+            on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
+            return real(store, task, on, mem, rng, condition_name=condition_name)
+        return real(store, task, cond, mem, rng, condition_name=condition_name)
+
+    monkeypatch.setattr(memory_pkg, "build_memory_slot", leaky)
+
+
+def test_stage_fails_when_a_masked_condition_leaks(project, store, monkeypatch):
+    root, cfg = project
+    _leak_silent(monkeypatch)
+    with pytest.raises(R.EvidenceError) as ei:
+        R.render_condition(TASKS, "C2_silent", cfg, store, root)
+    found = {v.split("]")[0] + "]" for v in ei.value.violations}
+    # (only_block_differs holds: the leaked block is the only difference.)
+    assert found == {"[injected_block_present]", "[no_advisory_text]", "[masked_identical]"}
+    assert any(v.startswith("[masked_identical] s0/e0: C2_silent differs from C1 (first difference at character")
+               for v in ei.value.violations)
+    assert any("prompt contains 'DEBATE_CONTEXT__MEMORY'" in v for v in ei.value.violations)
+    assert str(ei.value).startswith("render C2_silent: evidence checks failed:\n  [injected_block_present] C2_silent")
+
+
+def test_stage_fails_when_prompt_differs_beyond_the_block(project, store, monkeypatch):
+    root, cfg = project
+    real_prompt = R.Renderer.prompt
+
+    def drifting(self, task, block, files):  # e.g. a condition-dependent template variable
+        text = real_prompt(self, task, block, files)
+        return text + "\n(memory on)" if block else text
+
+    monkeypatch.setattr(R.Renderer, "prompt", drifting)
+    with pytest.raises(R.EvidenceError, match=r"\[only_block_differs\] C2 s0/e0: differs from the no-memory prompt"):
+        R.render_condition(TASKS, "C2", cfg, store, root)
+
+
+# --------------------------------------------------------------------------- pure checks
+
+
+def _row(cond="C2", tid="s/q", gate_ok=True, block="BLOCK", prompt="head BLOCK tail", reason="ok"):
+    return {"condition": cond, "task_id": tid, "gate_ok": gate_ok, "gate_reason": reason, "seen_block": block,
+            "seen_prompt": prompt}
+
+
+class TestCheckInjectedBlocks:
+    def test_good(self):
+        assert R.check_injected_blocks([_row(), _row(gate_ok=False, block="", prompt="p", reason="x")],
+                                       exposed=True) == []
+        assert R.check_injected_blocks([_row(cond="C1", gate_ok=False, block="", prompt="p")], exposed=False) == []
+
+    def test_block_missing_from_prompt(self):
+        out = R.check_injected_blocks([_row(prompt="head tail")], exposed=True)
+        assert out == ["C2 s/q: gate passed but the prompt lacks its memory block"]
+
+    def test_gate_passed_but_nothing_injected(self):
+        assert "no memory block was injected" in R.check_injected_blocks([_row(block="")], exposed=True)[0]
+
+    def test_block_despite_refused_gate_or_mask(self):
+        assert "gate refused (below_relevance_threshold)" in R.check_injected_blocks(
+            [_row(gate_ok=False, reason="below_relevance_threshold")], exposed=True)[0]
+        assert "condition is masked" in R.check_injected_blocks([_row(cond="C2_silent", gate_ok=False)],
+                                                                exposed=False)[0]
+
+
+class TestCheckOnlyBlockDiffers:
+    def test_good(self):
+        assert R.check_only_block_differs([_row()], {"s/q": "head  tail"}) == []
+        assert R.check_only_block_differs([_row(block="", prompt="same")], {"s/q": "same"}) == []
+
+    def test_extra_text(self):
+        out = R.check_only_block_differs([_row(prompt="head BLOCK tail!")], {"s/q": "head  tail"})
+        assert out == ["C2 s/q: differs from the no-memory prompt beyond its memory block (first difference at "
+                       "character 10)"]
+
+    def test_missing_reference(self):
+        assert "no reference prompt" in R.check_only_block_differs([_row()], {})[0]
+
+
+class TestCheckNoAdvisoryText:
+    MARKERS = ["DEBATE_CONTEXT__MEMORY", "## Episodic Memory", '"advisory_id"']
+
+    def test_good(self):
+        rows = [_row(cond="C1", block="", prompt="objective: open the fridge")]
+        assert R.check_no_advisory_text(rows, {"s/q": ["Principle: unlock first."]}, self.MARKERS) == []
+
+    def test_marker(self):
+        rows = [_row(cond="C1", block="", prompt='x {"DEBATE_CONTEXT__MEMORY": {}}')]
+        assert R.check_no_advisory_text(rows, {}, self.MARKERS) == [
+            "C1 s/q: prompt contains 'DEBATE_CONTEXT__MEMORY'"]
+
+    def test_message_leak(self):
+        rows = [_row(cond="C2_silent", block="", prompt="... Principle: unlock first. ...")]
+        out = R.check_no_advisory_text(rows, {"s/q": ["Principle: unlock first."]}, self.MARKERS)
+        assert out == ["C2_silent s/q: prompt contains advisory text 'Principle: unlock first.'"]
+        # The same sentence quoted by the task's grounding is not a leak.
+        assert R.check_no_advisory_text(rows, {"s/q": ["Principle: unlock first."]}, self.MARKERS,
+                                        {"s/q": "grounding: Principle: unlock first."}) == []
+
+    def test_block_present(self):
+        rows = [_row(cond="C1", block="B", prompt="B")]
+        assert R.check_no_advisory_text(rows, {}, []) == ["C1 s/q: masked condition has a memory block"]
+
+
+class TestCheckMaskedIdentical:
+    def test_good(self):
+        assert R.check_masked_identical({"C1": {"a": "x", "b": "y"}, "C2_silent": {"a": "x", "b": "y"}}) == []
+        assert R.check_masked_identical({"C1": {"a": "x"}}) == []
+
+    def test_one_byte(self):
+        out = R.check_masked_identical({"C1": {"a": "prompt\n"}, "C2_silent": {"a": "prompt \n"}})
+        assert out == ["a: C2_silent differs from C1 (first difference at character 6)"]
+
+    def test_missing_task(self):
+        assert R.check_masked_identical({"C1": {"a": "x"}, "C2_silent": {}}) == ["a: missing under C2_silent"]
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _run_main(monkeypatch, root, cfg, condition):
+    monkeypatch.setattr(R, "load_params", lambda: cfg)
+    monkeypatch.setattr(R, "project_root", lambda: root)
+    return R.main(["--condition", condition])
+
+
+def test_main_writes_parquet_and_metrics(project, monkeypatch, capsys):
+    root, cfg = project
+    assert _run_main(monkeypatch, root, cfg, "C2") == 0
+    table = read_parquet(root / "data/prompts/C2.parquet")
+    assert table.schema.remove_metadata() == R.PROMPTS_SCHEMA
+    assert table.column("task_id").to_pylist() == ["s0/e0", "s0/e1", "s2/e0"]  # eval split only
+    metrics = json.loads((root / "metrics/render/C2.json").read_text())
+    assert metrics["evidence"]["passed"] and metrics["tasks"] == 3 and metrics["injected"] == 3
+    assert "evidence checks passed" in capsys.readouterr().out
+
+
+def test_main_fails_and_keeps_previous_output(project, monkeypatch, capsys):
+    root, cfg = project
+    assert _run_main(monkeypatch, root, cfg, "C2_silent") == 0
+    before = (root / "data/prompts/C2_silent.parquet").read_bytes()
+    _leak_silent(monkeypatch)
+    assert _run_main(monkeypatch, root, cfg, "C2_silent") == 1
+    assert "evidence checks failed" in capsys.readouterr().err
+    assert (root / "data/prompts/C2_silent.parquet").read_bytes() == before
+
+
+def test_main_missing_inputs(project, monkeypatch, capsys):
+    root, cfg = project
+    (root / "data/store/store_hash.txt").unlink()
+    assert _run_main(monkeypatch, root, cfg, "C1") == 1
+    assert "store_hash.txt" in capsys.readouterr().err
+    assert _run_main(monkeypatch, root, cfg, "C7") == 1
+    assert "--condition 'C7'" in capsys.readouterr().err
