@@ -1,0 +1,131 @@
+"""The collection loop and the collect stage's storage: round trip, determinism, bad input."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.episodes import EpisodeStore, statistics, write_episodes
+from pipeline.io import ArtifactError
+from pipeline.rollout import Checkpoints, play, task_seed, tasks_from_manifest
+from pipeline.stages.collect import make_factories, run_collection
+
+
+def _collect(cfg, games, out: Path, **kw):
+    tasks = tasks_from_manifest(games.rows, split="train", master_seed=cfg.seed)
+    return run_collection(cfg, games.root, tasks, out, scenes=games.scenes, ckpt_name="test", desc="t", **kw)
+
+
+def test_collect_round_trip_and_statistics(tiny_cfg, tiny_games, tmp_path):
+    records, stats = _collect(tiny_cfg, tiny_games, tmp_path / "ep")
+    store = EpisodeStore(tmp_path / "ep")
+    eps = list(store.iter_episodes())
+    assert [e["episode_id"] for e in eps] == sorted(r["episode"]["episode_id"] for r in records)
+    for ep in eps:
+        turns = store.load_turns(ep["episode_id"])
+        assert [t["turn_index"] for t in turns] == list(range(ep["num_turns"]))
+        assert ep["won"] == turns[-1]["won"]  # success is `won`, recorded from the last step
+        assert all(t["status"] in ("Success", "Failure", "WiP") for t in turns)
+        obs = json.loads(turns[0]["observation"])
+        assert obs["agent_location"] and obs["available_actions"] and obs["objective"] == ep["objective"]
+        assert json.loads(ep["metadata"])["config_hash"]
+    assert stats["num_episodes"] == len(eps) and 0 <= stats["success_rate"] <= 1
+    assert pq.read_metadata(tmp_path / "ep" / "turns.parquet").metadata[b"schema_version"] == b"1"
+    with pytest.raises(KeyError, match="nope"):
+        store.load_turns("nope")
+    with pytest.raises(ArtifactError, match="no tensors"):
+        store.load_tensors(eps[0]["episode_id"])  # rule agents store none
+
+
+def test_same_config_gives_byte_identical_parquet(tiny_cfg, tiny_games, tmp_path):
+    _collect(tiny_cfg, tiny_games, tmp_path / "a")
+    _collect(tiny_cfg, tiny_games, tmp_path / "b")
+    for name in ("episodes.parquet", "turns.parquet"):
+        assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes()
+
+
+def test_task_seeds_ignore_condition_and_order(tiny_games):
+    a = tasks_from_manifest(tiny_games.rows, split="eval", master_seed=3, condition="C1")
+    b = tasks_from_manifest(list(reversed(tiny_games.rows)), split="eval", master_seed=3, condition="C2")
+    assert [(t.episode_id, t.seed) for t in a] == [(t.episode_id, t.seed) for t in b]
+    assert task_seed(3, "s", "q", 0) != task_seed(4, "s", "q", 0)
+
+
+def test_finished_episodes_are_not_replayed(tiny_cfg, tiny_games, tmp_path):
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)
+    make_env, make_agent, make_user = make_factories(tiny_cfg, tiny_games.root, tiny_games.scenes)
+    ckpts = Checkpoints(tmp_path / "ckpt")
+    first = play(tasks[:1], make_env=make_env, make_agent=make_agent, make_user=make_user, checkpoints=ckpts)
+    calls = []
+
+    def counting_env(task):
+        calls.append(task.episode_id)
+        return make_env(task)
+
+    both = play(tasks[:2], make_env=counting_env, make_agent=make_agent, make_user=make_user, checkpoints=ckpts)
+    assert calls == [tasks[1].episode_id]
+    assert both[0] == json.loads(json.dumps(first[0]))
+
+
+def test_unknown_agent_name_is_a_clear_error(tiny_cfg):
+    from omegaconf import OmegaConf
+
+    from pipeline.agents import make_agent
+    from pipeline.config import ConfigError, validate
+
+    raw = OmegaConf.to_container(tiny_cfg, enum_to_str=True)
+    raw["agent"]["name"] = "wizard"
+    with pytest.raises(ConfigError, match="agent.name"):
+        validate(OmegaConf.create(raw))  # what every stage runs on params.yaml
+    with pytest.raises(ValueError, match="agent.name='wizard'"):
+        make_agent(raw, seed=0)
+
+
+def test_missing_game_file_is_a_clear_error(tiny_cfg, tiny_games, tmp_path):
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[:1]
+    tasks[0].game_file = "data/games/nowhere/q.z8"
+    with pytest.raises(ArtifactError, match="nowhere/q.z8"):
+        run_collection(tiny_cfg, tiny_games.root, tasks, tmp_path / "x", scenes=tiny_games.scenes,
+                       ckpt_name="t", desc="t")
+
+
+def test_unwritable_output_dir_is_a_clear_error_and_keeps_old_files(tmp_path):
+    out = tmp_path / "ro"
+    out.mkdir()
+    (out / "episodes.parquet").write_bytes(b"old")
+    out.chmod(0o500)
+    try:
+        if (out / "probe").exists() or _writable(out):
+            pytest.skip("running as a user that ignores directory permissions")
+        with pytest.raises(ArtifactError, match=str(out)):
+            write_episodes(out, [], [])
+        assert (out / "episodes.parquet").read_bytes() == b"old"
+    finally:
+        out.chmod(0o700)
+
+
+def test_output_path_blocked_by_a_file_is_a_clear_error(tmp_path):
+    (tmp_path / "blocker").write_text("not a folder")
+    with pytest.raises(ArtifactError, match="blocker"):
+        write_episodes(tmp_path / "blocker" / "episodes", [], [])
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        (folder / ".w").write_text("x")
+        (folder / ".w").unlink()
+        return True
+    except OSError:
+        return False
+
+
+def test_statistics_on_known_rows():
+    eps = [{"won": True, "is_correct": True, "final_reward": 1.0}, {"won": False, "is_correct": False,
+                                                                       "final_reward": 0.0}]
+    turns = [{"action_valid": True, "repeated": False, "feedback_lines": ["a"]},
+             {"action_valid": False, "repeated": True, "feedback_lines": []}]
+    s = statistics(eps, turns)
+    assert s["success_rate"] == 0.5 and s["invalid_action_rate"] == 0.5 and s["repeated_action_rate"] == 0.5
