@@ -38,14 +38,18 @@ class ConfigError(ValueError):
 
 
 def project_root(start: str | os.PathLike | None = None) -> Path:
-    """The folder holding ``dvc.yaml`` (DVC_ROOT when DVC runs us, else searched upward)."""
-    env_root = os.environ.get("DVC_ROOT")
-    if env_root and start is None and (Path(env_root) / CONF_DIR).is_dir():
-        return Path(env_root)
+    """The folder holding ``dvc.yaml`` and ``conf/``, searched upward from ``start`` (or cwd).
+
+    ``DVC_ROOT`` is only a fallback: for queued experiments DVC points it at the *parent*
+    repository while the stage runs in a temporary copy, and outputs must go to the copy.
+    """
     here = Path(start or os.getcwd()).resolve()
     for cand in (here, *here.parents):
         if (cand / "dvc.yaml").exists() and (cand / CONF_DIR).is_dir():
             return cand
+    env_root = os.environ.get("DVC_ROOT")
+    if env_root and start is None and (Path(env_root) / CONF_DIR).is_dir():
+        return Path(env_root)
     return here
 
 
@@ -186,11 +190,12 @@ def validate(cfg: DictConfig) -> DictConfig:
     _require(1 <= m.topk <= 3, "memory.topk", m.topk, "in [1, 3]")
     _require(0 <= m.relevance_threshold <= 1, "memory.relevance_threshold", m.relevance_threshold, "in [0, 1]")
     _require(len(typed.condition) >= 1, "condition", list(typed.condition), "at least one condition")
+    known = set(typed.condition) | {p.stem for p in (project_root() / CONF_DIR / "condition").glob("*.yaml")}
     for pair in typed.experiment.comparisons:
         _require(len(pair) == 2, "experiment.comparisons", list(pair), "pairs [treatment, control]")
-        for name in pair:
-            _require(name in typed.condition, "experiment.comparisons", name,
-                     f"a selected condition ({', '.join(typed.condition)})")
+        for name in pair:  # a known but unselected condition is skipped by `compare`
+            _require(name in known, "experiment.comparisons", name,
+                     f"a condition defined in conf/condition/ ({', '.join(sorted(known))})")
     _require(0 < typed.experiment.ci_level < 1, "experiment.ci_level", typed.experiment.ci_level, "in (0, 1)")
     return typed
 

@@ -91,6 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, ArtifactError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:
+        from pipeline.llm.backends import BackendError
+
+        if not isinstance(exc, BackendError):  # a bug: keep its traceback
+            raise
+        print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,0 +1,369 @@
+"""The human-readable comparison report: Markdown tables and PNG figures (matplotlib, Agg).
+
+Written by the ``compare`` stage from ``metrics/compare.json`` and the plot rows::
+
+    write_report(metrics, plots, Path("reports"))
+    # reports/report.md        headline, figures, tables: open it to see the result at a glance
+    # reports/compare.md       the tables only (small, diffable)
+    # reports/*.png            success by condition, paired differences, success by group, turns
+
+Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas (no pyplot state,
+no display) and saved without the version-dependent ``Software`` metadata, so the same
+numbers give the same bytes.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.io import atomic_write_bytes, atomic_write_text
+
+#: Fixed colours for the standard conditions (others cycle through tab10).
+CONDITION_COLORS = {"C1": "#7f7f7f", "C2": "#1f77b4", "C2_silent": "#ff7f0e", "C2_placebo": "#9467bd"}
+TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+FIGURES = {
+    "success_by_condition": "success_by_condition.png",
+    "paired_differences": "paired_differences.png",
+    "success_by_group": "success_by_group.png",
+    "turns_distribution": "turns_distribution.png",
+}
+GROUP_TITLES = {"scene_id": "scene", "quest_length": "quest length (expert commands)", "scene_split": "scene split"}
+
+
+def colors_for(conditions: Sequence[str]) -> dict[str, str]:
+    unknown = iter([c for c in TAB10 if c not in CONDITION_COLORS.values()] * 4)
+    return {c: CONDITION_COLORS.get(c) or next(unknown) for c in conditions}
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    if x is None:
+        return "–"
+    if isinstance(x, float) and not np.isfinite(x):
+        return "–"
+    return f"{x:.{digits}f}"
+
+
+def _signed(x: Any, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:+.{digits}f}"
+
+
+def _ci(d: Mapping[str, Any], digits: int = 2, signed: bool = False) -> str:
+    fmt = _signed if signed else _f
+    if d.get("value") is None:
+        return "–"
+    return f"{fmt(d['value'], digits)} [{fmt(d['ci_low'], digits)}, {fmt(d['ci_high'], digits)}]"
+
+
+def _p(p: Any) -> str:
+    if p is None:
+        return "–"
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def _settings(metrics: Mapping[str, Any]) -> dict:
+    s = metrics.get("settings") or [{}]
+    return s[0] if isinstance(s, list) else s
+
+
+def _level_pct(metrics: Mapping[str, Any]) -> str:
+    return f"{round(100 * float(_settings(metrics).get('ci_level', 0.95)))}%"
+
+
+def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """One line per comparison and per prompt check: what a person reads first."""
+    lines = []
+    level = _level_pct(metrics)
+    for d in metrics.get("details", []):
+        s = d["success"]
+        diff = s["diff"]
+        verdict = ("no detectable difference" if diff["ci_low"] is None or diff["ci_low"] <= 0 <= diff["ci_high"]
+                   else ("better" if diff["value"] > 0 else "worse"))
+        lines.append(f"{d['treatment']} vs {d['control']}: success {_f(s['treatment'])} vs {_f(s['control'])}, "
+                     f"difference {_ci(diff, signed=True)} ({level} paired bootstrap), McNemar p={_p(s['p_value'])} "
+                     f"(b={s['table']['b']}, c={s['table']['c']}, {d['n_pairs']} pairs): {verdict}")
+    for r in metrics.get("prompt_identity_details", []):
+        a, b = r["conditions"]
+        mark = "identical" if r["identical"] else "NOT identical"
+        lines.append(f"prompts {a} vs {b}: {mark} ({r['tasks_compared']} tasks compared, {r['mismatches']} "
+                     f"mismatches; first turn: {r['first_turn']['episodes_compared']} compared, "
+                     f"{r['first_turn']['mismatches']} mismatches)")
+    for s in metrics.get("skipped_comparisons", []):
+        lines.append(f"skipped {s['name']}: {s['reason']}")
+    return lines
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def markdown_tables(metrics: Mapping[str, Any]) -> str:
+    """The per-condition, comparison, breakdown and prompt-check tables in Markdown."""
+    level = _level_pct(metrics)
+    parts = [f"### Conditions (value [{level} bootstrap interval])", ""]
+    rows = []
+    for m in metrics.get("conditions", []):
+        rows.append([m["condition"], m["num_episodes"], _ci(m["success_rate"]), _ci(m["won_rate"]),
+                     _ci(m["mean_reward"]), _ci(m["mean_turns"], 1), _ci(m["invalid_action_rate"]),
+                     _ci(m["repeated_action_rate"]), _ci(m["gate_pass_rate"]), _f(m["prompt_tokens_per_episode"]["value"], 0),
+                     _f(m["generated_tokens_per_episode"]["value"], 0)])
+    parts += [_table(["condition", "episodes", "success", "won", "reward", "turns", "invalid rate", "repeated rate",
+                      "gate pass", "prompt tok/ep", "gen tok/ep"], rows), ""]
+
+    details = metrics.get("details", [])
+    parts += [f"### Paired comparisons (treatment − control, {level} paired bootstrap; exact McNemar)", ""]
+    rows = [[f"{d['treatment']} − {d['control']}", d["n_pairs"], _f(d["success"]["treatment"]), _f(d["success"]["control"]),
+             _ci(d["success"]["diff"], signed=True), f"{d['success']['table']['b']} / {d['success']['table']['c']}",
+             _p(d["success"]["p_value"]), _p(d["success"].get("p_holm")), _ci(d["won"]["diff"], signed=True),
+             _ci(d["reward"]["diff"], signed=True), _ci(d["turns"]["diff"], 1, signed=True)] for d in details]
+    parts += [_table(["comparison", "pairs", "success T", "success C", "Δ success", "b / c", "p (McNemar)",
+                      "p (Holm)", "Δ won", "Δ reward", "Δ turns"], rows) if rows else "_no comparison_", ""]
+
+    for by, title in GROUP_TITLES.items():
+        rows = []
+        for d in details:
+            for g in d["breakdowns"].get(by, []):
+                rows.append([f"{d['treatment']} − {d['control']}", g["group"], g["n_pairs"], _f(g["treatment"]),
+                             _f(g["control"]), _ci(g["diff"], signed=True), _p(g["p_value"]), _ci(g["turns"], 1, signed=True)])
+        if rows:
+            parts += [f"### By {title}", "",
+                      _table(["comparison", title, "pairs", "success T", "success C", "Δ success", "p (McNemar)",
+                              "Δ turns"], rows), ""]
+
+    ident = metrics.get("prompt_identity_details", [])
+    if ident:
+        parts += ["### Byte-identical prompts", ""]
+        rows = [[f"{r['conditions'][0]} vs {r['conditions'][1]}", "yes" if r["identical"] else "**NO**",
+                 r["compared_by"] or "–", r["tasks_compared"], r["mismatches"], r["only_first"] + r["only_second"],
+                 f"{r['first_turn']['episodes_compared']} / {r['first_turn']['mismatches']}",
+                 ", ".join(r["mismatched_tasks"][:5]) or "–"] for r in ident]
+        parts += [_table(["conditions", "identical", "compared by", "tasks", "mismatches", "unmatched tasks",
+                          "first turn compared / mismatches", "first mismatches"], rows), ""]
+    skipped = metrics.get("skipped_comparisons", [])
+    if skipped:
+        parts += ["### Skipped", ""] + [f"- {s['name']}: {s['reason']}" for s in skipped] + [""]
+    return "\n".join(parts)
+
+
+def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> str:
+    """The whole report: headline, figures, tables, definitions."""
+    s = _settings(metrics)
+    conds = s.get("conditions") or [m["condition"] for m in metrics.get("conditions", [])]
+    n_eps = {m["condition"]: m["num_episodes"] for m in metrics.get("conditions", [])}
+    parts = [
+        "# Condition comparison",
+        "",
+        f"Conditions: {', '.join(f'{c} ({n_eps.get(c, 0)} episodes)' for c in conds)}. "
+        f"Seed {s.get('seed')}, {s.get('bootstrap_samples')} bootstrap resamples, "
+        f"{_level_pct(metrics)} percentile intervals. Success = `is_correct` (TextWorld `won`, and the scene's "
+        "preferences held when `user.preference_in_success`); episodes are paired by `episode_id` "
+        "(same task, same seed under every condition).",
+        "",
+        "## Headline",
+        "",
+    ]
+    parts += [f"- {line}" for line in headline_lines(metrics)] or ["- (no comparison configured)"]
+    parts.append("")
+    captions = {
+        "success_by_condition": "Success rate per condition with its bootstrap interval.",
+        "paired_differences": "Paired difference in success (treatment − control): a bar that crosses 0 means no "
+                              "detectable difference at this level.",
+        "success_by_group": "Success per scene, quest length and scene split (intervals are wide on few tasks).",
+        "turns_distribution": "Turns per episode (box: quartiles, line: median, points: episodes).",
+    }
+    parts += ["## Figures", ""]
+    for key, name in figures.items():
+        parts += [f"![{key}]({name})", "", f"_{captions.get(key, '')}_", ""]
+    parts += ["## Tables", "", markdown_tables(metrics)]
+    return "\n".join(parts).rstrip() + "\n"
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def _new_figure(width: float, height: float):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), dpi=110)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _png(fig) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", metadata={"Software": None}, bbox_inches="tight")
+    return buf.getvalue()
+
+
+def _yerr(values: Sequence[float | None], lows: Sequence[float | None], highs: Sequence[float | None]) -> np.ndarray:
+    lo = [0.0 if v is None or lw is None else max(0.0, v - lw) for v, lw in zip(values, lows)]
+    hi = [0.0 if v is None or h is None else max(0.0, h - v) for v, h in zip(values, highs)]
+    return np.asarray([lo, hi])
+
+
+def figure_success_by_condition(rows: Sequence[Mapping[str, Any]], level: str) -> bytes:
+    conds = [r["condition"] for r in rows]
+    colors = colors_for(conds)
+    vals = [r["success_rate"] for r in rows]
+    fig = _new_figure(max(4.5, 1.3 * len(rows) + 1.5), 4.2)
+    ax = fig.add_subplot()
+    x = np.arange(len(rows))
+    ax.bar(x, [v or 0.0 for v in vals], color=[colors[c] for c in conds], width=0.6, edgecolor="black", linewidth=0.6)
+    ax.errorbar(x, [v or 0.0 for v in vals], yerr=_yerr(vals, [r["ci_low"] for r in rows], [r["ci_high"] for r in rows]),
+                fmt="none", ecolor="black", capsize=6, linewidth=1.3)
+    for xi, r in zip(x, rows):
+        if r["success_rate"] is None:
+            ax.text(xi, 0.02, "no data", ha="center", va="bottom", fontsize=9)
+            continue
+        top = r["ci_high"] if r["ci_high"] is not None else r["success_rate"]
+        ax.text(xi, min(top + 0.03, 1.08), f"{r['success_rate']:.2f}\n[{_f(r['ci_low'])}, {_f(r['ci_high'])}]",
+                ha="center", va="bottom", fontsize=8.5)
+    ax.set_xticks(x, [f"{c}\nn={r['n']}" for c, r in zip(conds, rows)])
+    ax.set_xlim(-0.7, len(rows) - 0.3)
+    ax.set_ylim(0, 1.22)
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_ylabel("success rate")
+    ax.set_title(f"Success rate by condition ({level} bootstrap interval)")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return _png(fig)
+
+
+def figure_paired_differences(details: Sequence[Mapping[str, Any]], level: str) -> bytes:
+    n = max(1, len(details))
+    fig = _new_figure(7.5, 1.0 + 0.7 * n)
+    ax = fig.add_subplot()
+    ax.axvline(0, color="black", linewidth=1, linestyle="--")
+    if not details:
+        ax.text(0, 0, "no comparison (fewer than two conditions evaluated)", ha="center", va="center",
+                bbox={"facecolor": "white", "edgecolor": "none"})
+    ys = np.arange(len(details))[::-1]
+    for y, d in zip(ys, details):
+        diff = d["success"]["diff"]
+        v, lo, hi = diff["value"], diff["ci_low"], diff["ci_high"]
+        excludes_zero = lo is not None and (lo > 0 or hi < 0)
+        color = CONDITION_COLORS.get(d["treatment"], "#1f77b4") if excludes_zero else "#555555"
+        ax.plot([lo, hi], [y, y], color=color, linewidth=2.5, solid_capstyle="butt")
+        ax.plot([v], [y], "o", color=color, markersize=8, markeredgecolor="black")
+        ax.text(1.02, y, f"{v:+.2f} [{lo:+.2f}, {hi:+.2f}]   p={_p(d['success']['p_value'])}   n={d['n_pairs']}",
+                va="center", ha="left", fontsize=8.5, transform=ax.get_yaxis_transform())
+    ax.set_yticks(ys, [f"{d['treatment']} − {d['control']}" for d in details])
+    ax.set_xlim(-1.05, 1.05)
+    ax.set_ylim(-0.7, max(0.7, len(details) - 0.3))
+    ax.set_xlabel(f"difference in success rate (treatment − control), {level} paired bootstrap")
+    ax.set_title("Paired comparisons of success (coloured: interval excludes 0; p: exact McNemar)", fontsize=10)
+    ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def figure_success_by_group(groups: Sequence[Mapping[str, Any]], conditions: Sequence[str], level: str) -> bytes:
+    bys = [b for b in GROUP_TITLES if any(g["by"] == b for g in groups)]
+    colors = colors_for(conditions)
+    most = max([len({g["group"] for g in groups if g["by"] == b}) for b in bys] or [1])
+    fig = _new_figure(min(20.0, max(7.0, 2.0 + 0.45 * len(conditions) * most)), 2.8 * max(1, len(bys)) + 0.4)
+    axes = fig.subplots(max(1, len(bys)), 1, squeeze=False)[:, 0]
+    span = min(0.8, 0.22 * max(1, len(conditions)))  # a lone condition gets a bar, not a wall
+    width = span / max(1, len(conditions))
+    for ax, by in zip(axes, bys):
+        rows = [g for g in groups if g["by"] == by]
+        labels = list(dict.fromkeys(g["group"] for g in rows))
+        x = np.arange(len(labels))
+        for i, c in enumerate(conditions):
+            rc = {g["group"]: g for g in rows if g["condition"] == c}
+            vals = [rc[lab]["success_rate"]["value"] if lab in rc else None for lab in labels]
+            lows = [rc[lab]["success_rate"]["ci_low"] if lab in rc else None for lab in labels]
+            highs = [rc[lab]["success_rate"]["ci_high"] if lab in rc else None for lab in labels]
+            xs = x - span / 2 + width * (i + 0.5)
+            ax.bar(xs, [v or 0.0 for v in vals], width=width * 0.92, color=colors[c], edgecolor="black",
+                   linewidth=0.4, label=c)
+            ax.errorbar(xs, [v or 0.0 for v in vals], yerr=_yerr(vals, lows, highs), fmt="none", ecolor="black",
+                        capsize=2.5, linewidth=0.9)
+            for xv, v in zip(xs, vals):  # a zero-height bar is invisible: say it is 0, not missing
+                if v == 0:
+                    ax.text(xv, 0.01, "0", ha="center", va="bottom", fontsize=7, color=colors[c])
+        ns = {lab: max(g["success_rate"]["n"] for g in rows if g["group"] == lab) for lab in labels}
+        ax.set_xticks(x, [f"{lab}\n(n={ns[lab]})" for lab in labels])
+        ax.set_xlim(-0.6, len(labels) - 0.4)
+        ax.set_ylim(0, 1.05)
+        ax.set_ylabel("success rate")
+        ax.set_title(f"by {GROUP_TITLES[by]}", fontsize=10)
+        ax.grid(axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    axes[0].legend(ncol=len(conditions), loc="lower center", bbox_to_anchor=(0.5, 1.12), frameon=False, fontsize=9)
+    fig.suptitle(f"Success by group and condition ({level} bootstrap interval)", y=1.0)
+    fig.tight_layout()
+    return _png(fig)
+
+
+def figure_turns(turns_by_condition: Mapping[str, Sequence[int]]) -> bytes:
+    conds = list(turns_by_condition)
+    colors = colors_for(conds)
+    fig = _new_figure(max(4.5, 1.3 * len(conds) + 1.5), 4.2)
+    ax = fig.add_subplot()
+    data = [np.asarray(turns_by_condition[c], dtype=float) for c in conds]
+    present = [i for i, d in enumerate(data) if d.size]
+    if present:
+        bp = ax.boxplot([data[i] for i in present], positions=[i for i in present], widths=0.55, patch_artist=True,
+                        showfliers=False, medianprops={"color": "black", "linewidth": 1.5})
+        for patch, i in zip(bp["boxes"], present):
+            patch.set_facecolor(colors[conds[i]])
+            patch.set_alpha(0.45)
+    # Seeded jitter: the figure is an artifact and must not change between runs.
+    rng = np.random.default_rng(0)
+    for i, d in enumerate(data):
+        ax.scatter(i + rng.uniform(-0.18, 0.18, d.size), d, s=12, color=colors[conds[i]], edgecolor="black",
+                   linewidth=0.3, zorder=3)
+        if d.size:
+            ax.text(i, float(d.max()) + 0.4, f"mean {d.mean():.1f}", ha="center", va="bottom", fontsize=8.5)
+        else:
+            ax.text(i, 0.5, "no data", ha="center", fontsize=9)
+    ax.set_xticks(range(len(conds)), [f"{c}\nn={d.size}" for c, d in zip(conds, data)])
+    ax.set_xlim(-0.6, len(conds) - 0.4)
+    top = max([float(d.max()) for d in data if d.size] or [1.0])
+    ax.set_ylim(0, top * 1.15 + 1)
+    ax.set_ylabel("turns per episode")
+    ax.set_title("Turns per episode by condition")
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return _png(fig)
+
+
+def turns_from_histogram(hist: Sequence[Mapping[str, Any]], conditions: Sequence[str]) -> dict[str, list[int]]:
+    """Per-condition turn counts from the ``turns_distribution`` rows (num_turns, one count per condition)."""
+    return {c: [int(r["num_turns"]) for r in hist for _ in range(int(r.get(c, 0)))] for c in conditions}
+
+
+def write_report(metrics: Mapping[str, Any], plots: Mapping[str, Sequence[Mapping[str, Any]]],
+                 out_dir: str | Path) -> list[Path]:
+    """Write ``report.md``, ``compare.md`` and the PNG figures into ``out_dir``.
+
+    Args:
+        metrics: Content of ``metrics/compare.json``.
+        plots: The plot rows (``success_by_condition``, ``turns_distribution``, ...).
+        out_dir: The reports folder.
+
+    Returns:
+        The paths written.
+    """
+    out = Path(out_dir)
+    level = _level_pct(metrics)
+    conds = [r["condition"] for r in plots.get("success_by_condition", [])]
+    pngs = {
+        "success_by_condition": figure_success_by_condition(plots.get("success_by_condition", []), level),
+        "paired_differences": figure_paired_differences(metrics.get("details", []), level),
+        "success_by_group": figure_success_by_group(metrics.get("by_condition", []), conds, level),
+        "turns_distribution": figure_turns(turns_from_histogram(plots.get("turns_distribution", []), conds)),
+    }
+    written = [atomic_write_bytes(out / FIGURES[k], data) for k, data in pngs.items()]
+    written.append(atomic_write_text(out / "compare.md", "# Comparison tables\n\n" + markdown_tables(metrics)))
+    written.append(atomic_write_text(out / "report.md", report_markdown(metrics, FIGURES)))
+    return written

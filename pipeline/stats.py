@@ -1,0 +1,332 @@
+"""Statistics for comparing conditions: seeded bootstrap intervals, paired tests, pairing.
+
+Pure functions over numpy arrays and plain rows; nothing here reads files or config.
+Every resampling draws from a ``numpy.random.Generator`` built by :func:`make_rng` from
+the config seed and a label, so an interval depends on the seed and on what it measures,
+never on the order in which intervals are computed::
+
+    rng = make_rng(cfg.seed, "success_rate")
+    est = bootstrap_mean(won, n_resamples=2000, level=0.95, rng=rng)   # Estimate
+    diff = paired_bootstrap_diff(won_c2, won_c1, n_resamples=2000, level=0.95,
+                                 rng=make_rng(cfg.seed, "diff", "C2_vs_C1"))
+    p = mcnemar_exact(b=3, c=11)                                       # two-sided, exact
+
+Degenerate inputs are answered, not refused: zero variance or a single observation gives
+the interval ``[value, value]``; no observation gives ``Estimate(None, None, None, 0)``
+(``null`` in JSON, never NaN).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+#: Cap on resampled values held in memory at once (rows x observations per chunk).
+_CHUNK_VALUES = 4_000_000
+#: Digits kept in JSON output: enough for any rate/mean here, and it hides float noise
+#: such as a mean of identical values differing from the value in the 17th digit.
+DIGITS = 6
+
+
+class PairingError(ValueError):
+    """The paired design is broken: duplicate keys, or one task played with different seeds."""
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate with its bootstrap percentile interval.
+
+    Attributes:
+        value: The statistic on the observed data (None when there is no data).
+        ci_low: Lower interval bound (None when there is no data).
+        ci_high: Upper interval bound.
+        n: Number of observations (pairs, for a paired estimate).
+    """
+
+    value: float | None
+    ci_low: float | None
+    ci_high: float | None
+    n: int
+
+    def as_dict(self, digits: int = DIGITS) -> dict[str, Any]:
+        """JSON-ready ``{"value", "ci_low", "ci_high", "n"}`` (rounded; None stays null)."""
+        return {"value": _round(self.value, digits), "ci_low": _round(self.ci_low, digits),
+                "ci_high": _round(self.ci_high, digits), "n": int(self.n)}
+
+
+def _round(x: float | None, digits: int) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return round(float(x), digits) + 0.0  # + 0.0 turns -0.0 into 0.0
+
+
+def label_int(label: str) -> int:
+    """A stable 32-bit integer for a text label (Python's ``hash`` is salted per process)."""
+    return int.from_bytes(hashlib.sha256(label.encode("utf-8")).digest()[:4], "big")
+
+
+def make_rng(seed: int, *labels: str) -> np.random.Generator:
+    """A Generator seeded from the config seed and labels naming what it is used for.
+
+    Example:
+        >>> a = make_rng(0, "success_rate").integers(0, 100, 3)
+        >>> b = make_rng(0, "success_rate").integers(0, 100, 3)
+        >>> bool((a == b).all())
+        True
+    """
+    return np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, *(label_int(s) for s in labels)]))
+
+
+def bootstrap_statistic(
+    columns: Sequence[np.ndarray],
+    statistic: Callable[..., np.ndarray],
+    *,
+    n_resamples: int,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Bootstrap distribution of ``statistic`` over rows resampled with replacement.
+
+    The same resampled row indices are applied to every column, so columns stay aligned
+    (pairs stay pairs; a numerator stays with its denominator).
+
+    Args:
+        columns: 1-D arrays of equal length ``n`` (n >= 1).
+        statistic: Takes one ``(b, n)`` array per column and returns a ``(b,)`` array.
+        n_resamples: Number of bootstrap resamples ``B`` (>= 1).
+        rng: The Generator to draw from.
+
+    Returns:
+        Array of shape ``(B,)``.
+    """
+    cols = [np.asarray(c, dtype=np.float64) for c in columns]
+    n = len(cols[0])
+    if n < 1 or any(len(c) != n for c in cols):
+        raise ValueError(f"bootstrap needs equal-length non-empty columns, got lengths {[len(c) for c in cols]}")
+    if n_resamples < 1:
+        raise ValueError(f"n_resamples={n_resamples}: expected >= 1")
+    out = np.empty(n_resamples, dtype=np.float64)
+    step = max(1, _CHUNK_VALUES // n)
+    for start in range(0, n_resamples, step):
+        b = min(step, n_resamples - start)
+        idx = rng.integers(0, n, size=(b, n))
+        out[start:start + b] = statistic(*(c[idx] for c in cols))
+    return out
+
+
+def percentile_interval(samples: np.ndarray, level: float) -> tuple[float, float]:
+    """Percentile interval of a bootstrap distribution at ``level`` (e.g. 0.95)."""
+    if not 0 < level < 1:
+        raise ValueError(f"level={level}: expected in (0, 1)")
+    finite = samples[np.isfinite(samples)]
+    if finite.size == 0:
+        return math.nan, math.nan
+    alpha = (1.0 - level) / 2.0
+    lo, hi = np.quantile(finite, [alpha, 1.0 - alpha])
+    return float(lo), float(hi)
+
+
+def _estimate(value: float, samples: np.ndarray, level: float, n: int) -> Estimate:
+    lo, hi = percentile_interval(samples, level)
+    # A statistic with no spread (zero variance, one observation) has the interval
+    # [value, value]; floating noise in resampled means must not make it [v-1e-17, v].
+    if np.allclose(samples, value, rtol=0, atol=1e-12):
+        lo = hi = value
+    return Estimate(float(value), lo, hi, n)
+
+
+def _mean(x: np.ndarray) -> np.ndarray:
+    return x.mean(axis=1)
+
+
+def bootstrap_mean(values: Iterable[float], *, n_resamples: int, level: float,
+                   rng: np.random.Generator) -> Estimate:
+    """Mean (a rate, for 0/1 values) with its bootstrap percentile interval."""
+    x = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype=np.float64)
+    if x.size == 0:
+        return Estimate(None, None, None, 0)
+    samples = bootstrap_statistic([x], _mean, n_resamples=n_resamples, rng=rng)
+    return _estimate(float(x.mean()), samples, level, x.size)
+
+
+def bootstrap_ratio(numerators: Iterable[float], denominators: Iterable[float], *, n_resamples: int,
+                    level: float, rng: np.random.Generator) -> Estimate:
+    """Ratio of sums (e.g. invalid actions / turns) resampled by unit (episode).
+
+    Resampling whole episodes keeps the turns of one episode together (a cluster
+    bootstrap): turns of an episode are not independent. A resample whose denominator
+    sums to 0 is dropped from the interval.
+    """
+    num = np.asarray(list(numerators), dtype=np.float64)
+    den = np.asarray(list(denominators), dtype=np.float64)
+    if num.shape != den.shape:
+        raise ValueError(f"bootstrap_ratio: {num.size} numerators vs {den.size} denominators")
+    if num.size == 0 or den.sum() == 0:
+        return Estimate(None, None, None, int(num.size))
+
+    def ratio(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        s = b.sum(axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(s > 0, a.sum(axis=1) / np.where(s > 0, s, 1.0), np.nan)
+
+    samples = bootstrap_statistic([num, den], ratio, n_resamples=n_resamples, rng=rng)
+    return _estimate(float(num.sum() / den.sum()), samples, level, num.size)
+
+
+def paired_bootstrap_diff(treatment: Iterable[float], control: Iterable[float], *, n_resamples: int,
+                          level: float, rng: np.random.Generator) -> Estimate:
+    """Mean of ``treatment - control`` over pairs, with a paired bootstrap interval.
+
+    Pairs (one task under both conditions) are resampled together, so the interval
+    accounts for the correlation the paired design creates (it is narrower than the
+    interval of two independent samples when outcomes are correlated).
+    """
+    t = np.asarray(list(treatment), dtype=np.float64)
+    c = np.asarray(list(control), dtype=np.float64)
+    if t.shape != c.shape:
+        raise PairingError(f"paired_bootstrap_diff: {t.size} treatment values vs {c.size} control values")
+    if t.size == 0:
+        return Estimate(None, None, None, 0)
+    d = t - c
+    samples = bootstrap_statistic([d], _mean, n_resamples=n_resamples, rng=rng)
+    return _estimate(float(d.mean()), samples, level, d.size)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Exact two-sided McNemar p-value from the discordant pair counts.
+
+    Args:
+        b: Pairs where the treatment succeeded and the control failed.
+        c: Pairs where the control succeeded and the treatment failed.
+
+    Returns:
+        ``P(|B - n/2| >= |b - n/2|)`` for ``B ~ Binomial(n = b + c, 1/2)``: the exact
+        binomial test on the discordant pairs; 1.0 when there are none.
+
+    Example:
+        >>> mcnemar_exact(0, 5)
+        0.0625
+    """
+    b, c = int(b), int(c)
+    if b < 0 or c < 0:
+        raise ValueError(f"mcnemar_exact: counts must be >= 0, got b={b}, c={c}")
+    n = b + c
+    if n == 0:
+        return 1.0
+    from scipy.stats import binomtest
+
+    return float(min(1.0, binomtest(b, n, 0.5, alternative="two-sided").pvalue))
+
+
+def mcnemar_table(treatment: Iterable[bool], control: Iterable[bool]) -> dict[str, int]:
+    """2x2 table of paired binary outcomes: ``both``, ``b`` (treatment only), ``c`` (control only), ``neither``."""
+    t = np.asarray(list(treatment), dtype=bool)
+    c = np.asarray(list(control), dtype=bool)
+    if t.shape != c.shape:
+        raise PairingError(f"mcnemar_table: {t.size} treatment outcomes vs {c.size} control outcomes")
+    return {"both": int((t & c).sum()), "b": int((t & ~c).sum()), "c": int((~t & c).sum()),
+            "neither": int((~t & ~c).sum())}
+
+
+def paired_binary(treatment: Sequence[bool], control: Sequence[bool], *, n_resamples: int, level: float,
+                  rng: np.random.Generator) -> dict[str, Any]:
+    """Everything reported for a paired binary outcome (success under two conditions).
+
+    Returns:
+        ``{"n_pairs", "treatment", "control", "diff": Estimate dict, "table", "p_value"}``
+        where ``treatment`` / ``control`` are the success rates on the paired tasks and
+        ``p_value`` is the exact McNemar p-value.
+    """
+    table = mcnemar_table(treatment, control)
+    n = len(treatment)
+    diff = paired_bootstrap_diff(np.asarray(treatment, float), np.asarray(control, float),
+                                 n_resamples=n_resamples, level=level, rng=rng)
+    return {
+        "n_pairs": n,
+        "treatment": _round(float(np.mean(treatment)), DIGITS) if n else None,
+        "control": _round(float(np.mean(control)), DIGITS) if n else None,
+        "diff": diff.as_dict(),
+        "table": table,
+        "p_value": _round(mcnemar_exact(table["b"], table["c"]), 10),
+    }
+
+
+def paired_continuous(treatment: Sequence[float], control: Sequence[float], *, n_resamples: int, level: float,
+                      rng: np.random.Generator) -> dict[str, Any]:
+    """Means under both conditions and the paired mean difference with its interval."""
+    n = len(treatment)
+    diff = paired_bootstrap_diff(treatment, control, n_resamples=n_resamples, level=level, rng=rng)
+    return {
+        "n_pairs": n,
+        "treatment": _round(float(np.mean(treatment)), DIGITS) if n else None,
+        "control": _round(float(np.mean(control)), DIGITS) if n else None,
+        "diff": diff.as_dict(),
+    }
+
+
+def holm(pvalues: Sequence[float | None]) -> list[float | None]:
+    """Holm-Bonferroni adjusted p-values (family-wise error over several comparisons).
+
+    Example:
+        >>> holm([0.01, 0.04, 0.03])
+        [0.03, 0.06, 0.06]
+    """
+    idx = [i for i, p in enumerate(pvalues) if p is not None]
+    m = len(idx)
+    out: list[float | None] = [None] * len(pvalues)
+    running = 0.0
+    for rank, i in enumerate(sorted(idx, key=lambda j: (pvalues[j], j))):
+        running = max(running, min(1.0, (m - rank) * float(pvalues[i])))  # type: ignore[arg-type]
+        out[i] = round(running, 10)
+    return out
+
+
+def pair_rows(
+    treatment: Iterable[Mapping[str, Any]],
+    control: Iterable[Mapping[str, Any]],
+    *,
+    key: str = "episode_id",
+    seed_key: str | None = "seed",
+    where: tuple[str, str] = ("treatment", "control"),
+) -> tuple[list[tuple[Mapping[str, Any], Mapping[str, Any]]], list[Hashable], list[Hashable]]:
+    """Match rows of two conditions by ``key`` (the paired design: same task, same seed).
+
+    Args:
+        treatment: Rows of the treatment condition.
+        control: Rows of the control condition.
+        key: Column identifying the task (``episode_id`` is the same across conditions).
+        seed_key: Column that must be equal within a pair (the per-task sampling seed);
+            None skips the check.
+        where: Names of the two sides, for error messages.
+
+    Returns:
+        ``(pairs, only_treatment, only_control)``: pairs sorted by key, and the keys
+        found on one side only.
+
+    Raises:
+        PairingError: A key occurs twice on one side, or a pair's seeds differ.
+    """
+    def index(rows: Iterable[Mapping[str, Any]], side: str) -> dict[Hashable, Mapping[str, Any]]:
+        out: dict[Hashable, Mapping[str, Any]] = {}
+        for r in rows:
+            k = r[key]
+            if k in out:
+                raise PairingError(f"{side}: {key}={k!r} occurs twice; cannot pair by {key}")
+            out[k] = r
+        return out
+
+    a, b = index(treatment, where[0]), index(control, where[1])
+    common = sorted(set(a) & set(b), key=str)
+    pairs = [(a[k], b[k]) for k in common]
+    if seed_key is not None:
+        bad = [k for k in common if seed_key in a[k] and seed_key in b[k] and a[k][seed_key] != b[k][seed_key]]
+        if bad:
+            k = bad[0]
+            raise PairingError(
+                f"{len(bad)} paired task(s) were played with different seeds, e.g. {key}={k!r}: "
+                f"{where[0]} {seed_key}={a[k][seed_key]} vs {where[1]} {seed_key}={b[k][seed_key]} "
+                "(conditions must share per-task seeds)")
+    return pairs, sorted(set(a) - set(b), key=str), sorted(set(b) - set(a), key=str)
