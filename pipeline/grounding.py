@@ -27,20 +27,17 @@ reruns give the same paths and bytes)::
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from pipeline.io import atomic_write_json, atomic_write_text
+from pipeline.io import atomic_dir, atomic_write_json, atomic_write_text
 from pipeline.schemas import FEEDBACK_TYPES, STATUSES
 
 log = logging.getLogger(__name__)
@@ -533,7 +530,22 @@ def split_grounding_paths(paths: str | os.PathLike | Iterable[str | os.PathLike]
     return out
 
 
+def escapes_root(path: str | os.PathLike) -> bool:
+    """Whether a relative path leaves the folder it is relative to (``../x``, ``a/../../x``).
+
+    Lexical (no symlinks followed): a DVC cache linked from outside the project is fine.
+    """
+    norm = os.path.normpath(os.fspath(path))
+    return norm == os.pardir or norm.startswith(os.pardir + os.sep)
+
+
 def _resolve(path: str, root: str | os.PathLike | None) -> Path:
+    """A grounding path: absolute as given, relative ones under ``root`` (the project root).
+
+    Raises:
+        GroundingError: a relative path that climbs out of the root with ``..``; a file
+            outside the project is read only when its absolute path is given explicitly.
+    """
     p = Path(path)
     if p.is_absolute():
         return p
@@ -541,6 +553,9 @@ def _resolve(path: str, root: str | os.PathLike | None) -> Path:
         from pipeline.config import project_root
 
         root = project_root()
+    if escapes_root(p):
+        raise GroundingError(f"grounding file {path!r} climbs out of the project root {root} with '..': "
+                             "give its absolute path to read a file outside the project")
     return Path(root) / p
 
 
@@ -623,6 +638,8 @@ def _read_grounding_json(path: str, root: str | os.PathLike | None) -> tuple[dic
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
         return None, f"corrupt JSON ({exc})"
+    except RecursionError:  # "[[[[..." deeper than the parser's stack
+        return None, "corrupt JSON (nested too deeply to parse)"
     reason = _check_grounding_doc(doc)
     return (None, reason) if reason else (doc, None)
 
@@ -856,24 +873,7 @@ def write_latest_files(doc: Mapping[str, Any], out_dir: str | os.PathLike, save_
     return _write_doc(doc, Path(out_dir) / "grounding_latest", save_format)
 
 
-@contextlib.contextmanager
-def replace_dir(target: str | os.PathLike) -> Iterator[Path]:
-    """Yield an empty folder beside ``target``; on success it replaces ``target`` whole.
-
-    A stage's output folder is rebuilt from scratch (no stale files of a former run) and
-    a failure leaves the previous folder untouched.
-    """
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp"))
-    tmp.chmod(0o755)
-    try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = target.with_name(f".{target.name}.old-{os.getpid()}")
-    if target.exists():
-        os.replace(target, old)
-    os.replace(tmp, target)
-    shutil.rmtree(old, ignore_errors=True)
+# Yield an empty folder beside a stage's output folder; on success it replaces it whole, so
+# files of episodes that no longer exist never linger and a failure leaves the previous
+# folder untouched (the shared implementation, :func:`pipeline.io.atomic_dir`).
+replace_dir = atomic_dir

@@ -11,12 +11,15 @@ same rows give the same bytes::
 from __future__ import annotations
 
 import contextlib
+import glob
 import hashlib
 import json
 import os
+import shutil
+import socket
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,6 +47,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        if tmp.exists():  # mkstemp makes it 0600: give it the mode a plain open() would
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(OSError):
@@ -51,10 +56,81 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         raise
 
 
+_UMASK: int | None = None
+
+
+def _umask() -> int:
+    """The process umask (read once: setting it and back at once is the only portable way)."""
+    global _UMASK
+    if _UMASK is None:
+        _UMASK = os.umask(0o022)
+        os.umask(_UMASK)
+    return _UMASK
+
+
+def _dir_prefix(target: Path) -> str:
+    # Host and pid in the name: a later run can tell a dead writer's leftover from a live one.
+    return f".{target.name}.{socket.gethostname()}.{os.getpid()}."
+
+
+def _remove_stale_dirs(target: Path) -> None:
+    """Remove temp folders of ``target`` left by a killed writer of this host (SIGKILL skips cleanup)."""
+    host = socket.gethostname()
+    for cand in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+        rest = cand.name[len(target.name) + 2:].split(".")  # host parts..., pid, random, "tmp"
+        if len(rest) < 4 or ".".join(rest[:-3]) != host or not rest[-3].isdigit():
+            continue
+        pid = int(rest[-3])
+        if pid == os.getpid():
+            continue
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(cand, ignore_errors=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
+@contextlib.contextmanager
+def atomic_dir(target: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty folder beside ``target``; on success it replaces ``target`` whole.
+
+    For a stage whose outputs are several files that must agree (episodes + turns +
+    tensors): they are written into the new folder and appear together. A failure (or a
+    SIGKILL) before the swap leaves the previous folder untouched; a folder of a former
+    run never keeps stale files. The swap is two renames (``target`` aside, the new
+    folder in): a crash between them leaves the previous folder at ``.<name>.old-<pid>``.
+    """
+    target = Path(target)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_dirs(target)
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=_dir_prefix(target), suffix=".tmp"))
+    except OSError as exc:
+        raise ArtifactError(f"cannot write {target}: {exc.strerror or exc} (is the folder writable?)") from exc
+    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it 0700: give it the mode a plain mkdir would
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = target.with_name(f".{target.name}.old-{os.getpid()}")
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    return atomic_write_chunks(path, (data,))
+
+
+def atomic_write_chunks(path: str | os.PathLike, chunks: Iterable[bytes]) -> Path:
+    """Write ``chunks`` one after the other to ``path`` atomically (large files, streamed)."""
     with atomic_path(path) as tmp:
         with open(tmp, "wb") as fh:
-            fh.write(data)
+            for data in chunks:
+                fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
     return Path(path)
@@ -82,6 +158,8 @@ def read_json(path: str | os.PathLike) -> Any:
         raise ArtifactError(f"missing file {p}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ArtifactError(f"corrupt JSON in {p}: {exc}") from exc
+    except RecursionError as exc:  # "[[[[..." deeper than the parser's stack
+        raise ArtifactError(f"corrupt JSON in {p}: nested too deeply to parse") from exc
 
 
 # Parquet options fixed here so every writer produces the same bytes for the same rows.

@@ -344,10 +344,21 @@ def system_prompt_interp(
 
 
 def load_template(path: str | os.PathLike, root: str | os.PathLike | None = None) -> str:
-    """Read a template file (relative paths are taken from the project root)."""
+    """Read a template file (relative paths are taken from the project root).
+
+    Raises:
+        PromptTemplateError: missing or unreadable file, or a relative path that climbs
+            out of the project root with ``..`` (a template outside the project is read
+            only when its absolute path is given explicitly).
+    """
     p = Path(path)
     if not p.is_absolute():
-        p = Path(root or _project_root()) / p
+        base = Path(root or _project_root())
+        norm = os.path.normpath(p)
+        if norm == os.pardir or norm.startswith(os.pardir + os.sep):
+            raise PromptTemplateError(f"template path {os.fspath(path)!r} climbs out of the project root {base} "
+                                      "with '..': give its absolute path to use a template outside the project")
+        p = base / p
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError as exc:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -82,12 +83,28 @@ class Checkpoints:
         return self.root / f"{episode_id}.json"
 
     def load(self, episode_id: str) -> dict | None:
+        """The checkpointed record of ``episode_id``, or ``None`` (then it is played again).
+
+        A file that is not a record of this episode (corrupt, edited, another episode's)
+        is ignored with a warning: a checkpoint never costs more than replaying it.
+        """
         if self.root is None or not self.path(episode_id).exists():
             return None
         try:
-            return read_json(self.path(episode_id))
-        except Exception:  # a torn checkpoint is simply redone
+            rec = read_json(self.path(episode_id))
+        except Exception as exc:  # an unreadable checkpoint is simply redone
+            print(f"warning: ignoring checkpoint {self.path(episode_id)} ({exc}); the episode is played again",
+                  file=sys.stderr)
             return None
+        ok = (isinstance(rec, dict) and isinstance(rec.get("episode"), dict)
+              and rec["episode"].get("episode_id") == episode_id
+              and isinstance(rec.get("turns"), list) and isinstance(rec.get("tensors"), list)
+              and all(isinstance(t, dict) and t.get("episode_id") == episode_id for t in rec["turns"]))
+        if not ok:
+            print(f"warning: ignoring checkpoint {self.path(episode_id)} (not a finished-episode record of "
+                  f"{episode_id}); the episode is played again", file=sys.stderr)
+            return None
+        return rec
 
     def save(self, episode_id: str, record: dict) -> None:
         if self.root is not None:
@@ -167,10 +184,13 @@ def play(
     unknown_feedback: str = "keep",
     progress: Any = None,
     save_tensors: Callable[[Path, list[dict]], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[dict]:
     """Play every task; return one record ``{"episode", "turns", "tensors"}`` per task.
 
     Records of episodes already checkpointed are loaded instead of replayed.
+    ``should_stop`` is asked before every step; when it says so, ``KeyboardInterrupt`` is
+    raised (a Ctrl-C whose exception a destructor swallowed still stops the run).
     """
     checkpoints = checkpoints or Checkpoints(None)
     records: dict[str, dict] = {}
@@ -229,6 +249,8 @@ def play(
             progress.update(1)
 
     while queue or active:
+        if should_stop is not None and should_stop():
+            raise KeyboardInterrupt
         while queue and len(active) < max(1, batch_size):
             active.append(start(queue.pop(0)))
         observations = [s.obs for s in active]

@@ -672,6 +672,9 @@ class FileFeedback:
             text = self.path.read_text(encoding="utf-8")
         except FileNotFoundError as exc:
             raise FeedbackFormatError(f"{self.path}: feedback file not found (user.feedback_file)") from exc
+        except UnicodeDecodeError as exc:
+            line_no = self.path.read_bytes()[: exc.start].count(b"\n") + 1
+            raise FeedbackFormatError(f"{self.path}:{line_no}: not UTF-8 text (byte {exc.start}: {exc.reason})") from exc
         for n, raw in enumerate(text.splitlines(), start=1):
             if not raw.strip():
                 continue
@@ -680,6 +683,8 @@ class FileFeedback:
                 rec = json.loads(raw)
             except json.JSONDecodeError as exc:
                 raise FeedbackFormatError(f"{where}: not a JSON object ({exc.msg})") from exc
+            except RecursionError as exc:
+                raise FeedbackFormatError(f"{where}: JSON nested too deeply; expected a flat object") from exc
             if not isinstance(rec, dict):
                 raise FeedbackFormatError(f"{where}: expected a JSON object, got {type(rec).__name__}")
             missing = [k for k in ("episode_id", "step_id", "line") if k not in rec]

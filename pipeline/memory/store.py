@@ -18,11 +18,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 
-from pipeline.io import ArtifactError, atomic_write_text, read_parquet, sha256_file, write_parquet
+from pipeline.io import ArtifactError, atomic_write_chunks, atomic_write_text, read_parquet, sha256_file, write_parquet
 from pipeline.memory.schemas import (
     STORE_SCHEMA,
     STORE_SCHEMA_VERSION,
@@ -300,7 +300,14 @@ def build_entries(
 
 def export_jsonl(table: pa.Table) -> str:
     """The seed's ``episodic_store.jsonl``: one key-sorted JSON entry per line, UTF-8 kept."""
-    return "".join(canonical_json(r) + "\n" for r in table_to_entries(table))
+    return "".join(iter_jsonl(table))
+
+
+def iter_jsonl(table: pa.Table, batch_rows: int = 8192) -> Iterator[str]:
+    """:func:`export_jsonl` in pieces of ``batch_rows`` lines: a 10^6-entry store never
+    holds its whole export (GBs of Python objects) in memory at once."""
+    for start in range(0, table.num_rows, batch_rows):
+        yield "".join(canonical_json(r) + "\n" for r in table_to_entries(table.slice(start, batch_rows)))
 
 
 def content_hash(jsonl_text: str) -> str:
@@ -323,9 +330,19 @@ class EpisodicStore:
             table = table.select(STORE_SCHEMA.names).cast(STORE_SCHEMA)
         self.table = table.replace_schema_metadata(None)
         self._jsonl: Optional[str] = None
-        self.store_hash = store_hash or content_hash(self.jsonl())
+        self._store_hash = store_hash or None
         self.tie_seed = tie_seed
         self._index = None
+
+    @property
+    def store_hash(self) -> str:
+        """sha256 of the canonical JSONL export (computed once, streaming)."""
+        if self._store_hash is None:
+            h = hashlib.sha256()
+            for chunk in self.iter_jsonl():
+                h.update(chunk.encode("utf-8"))
+            self._store_hash = h.hexdigest()
+        return self._store_hash
 
     @classmethod
     def from_entries(cls, entries: Iterable[EpisodicMemoryEntryV1_1 | dict], tie_seed: Optional[int] = None) -> "EpisodicStore":
@@ -338,9 +355,17 @@ class EpisodicStore:
         return self.table.num_rows
 
     def jsonl(self) -> str:
+        """The whole JSONL export as one string (kept; use :meth:`iter_jsonl` for large stores)."""
         if self._jsonl is None:
             self._jsonl = export_jsonl(self.table)
         return self._jsonl
+
+    def iter_jsonl(self) -> Iterator[str]:
+        """The JSONL export in pieces (the kept string when :meth:`jsonl` already built it)."""
+        if self._jsonl is not None:
+            yield self._jsonl
+        else:
+            yield from iter_jsonl(self.table)
 
     def entries(self) -> list[dict[str, Any]]:
         """All entries as dicts (seed's JSONL shape)."""
@@ -361,12 +386,32 @@ class EpisodicStore:
 
 
 def write_store(store: EpisodicStore, out_dir: str | Path) -> str:
-    """Write Parquet, JSONL and the hash file atomically; returns the store hash."""
+    """Write JSONL, Parquet and the hash file, each atomically; returns the store hash.
+
+    The hash file is written last, after the JSONL it hashes: a crash between the writes
+    leaves a store that :func:`load_store` refuses (hash mismatch), never one that loads
+    with a table its hash does not describe. The ``store`` stage writes into a fresh
+    folder swapped in whole (:func:`pipeline.io.atomic_dir`).
+    """
     out = Path(out_dir)
+    h = hashlib.sha256()
+
+    def chunks() -> Iterator[bytes]:  # hashed while written: one pass over the export
+        for text in store.iter_jsonl():
+            data = text.encode("utf-8")
+            h.update(data)
+            yield data
+
+    atomic_write_chunks(out / STORE_JSONL, chunks())
+    digest = h.hexdigest()
+    if store._store_hash is None:
+        store._store_hash = digest
+    elif store._store_hash != digest:
+        raise ArtifactError(f"{out / STORE_JSONL}: the store's content hashes to {digest[:12]}… but it was "
+                            f"given the hash {store._store_hash[:12]}…")
     write_parquet(store.table, out / STORE_PARQUET, sort_by=["entry_id"], schema_version=STORE_SCHEMA_VERSION)
-    atomic_write_text(out / STORE_JSONL, store.jsonl())
-    atomic_write_text(out / STORE_HASH, store.store_hash + "\n")
-    return store.store_hash
+    atomic_write_text(out / STORE_HASH, digest + "\n")
+    return digest
 
 
 def load_store(store_dir: str | Path, *, tie_seed: Optional[int] = None, verify: bool = True) -> EpisodicStore:

@@ -5,24 +5,32 @@
 
 Reads ``data/games`` (manifest + scenes), writes ``data/episodes/{episodes,turns}.parquet``,
 ``data/episodes/tensors/<episode_id>.pt`` (llm agent) and ``metrics/collect.json``.
-Finished episodes are checkpointed under ``.checkpoints/collect/<config hash>/`` so an
-interrupted run (SIGKILL, Ctrl-C) resumes where it stopped.
+Finished episodes are checkpointed under ``.checkpoints/collect/<config hash>-<inputs hash>/``
+(outside the DVC outs, keyed so that a changed config or input never reuses them) so an
+interrupted run (SIGKILL, Ctrl-C, a failed model call) resumes where it stopped and
+writes the same bytes as an uninterrupted run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import shutil
+import signal
 import sys
+import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from omegaconf import DictConfig
 from tqdm import tqdm
 
 from pipeline.config import ConfigError, config_hash, load_params, project_root
 from pipeline.episodes import TENSORS_DIR, statistics, write_episodes
-from pipeline.io import ArtifactError, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.rollout import Checkpoints, Task, play, tasks_from_manifest
 
 # Config subtrees whose change invalidates checkpointed episodes.
@@ -67,43 +75,142 @@ def _scene_preferences(scenes: dict, task: Task) -> list[dict]:
     return [p for p in prefs if p["id"] in set(task.preferences)]
 
 
+def _file_digest(path: Path) -> str | None:
+    """sha256 of a file's bytes (``None`` when it does not exist)."""
+    return sha256_file(path) if path.is_file() else None
+
+
+def _tree_digest(folder: Path, *, contents: bool = True) -> list:
+    """(relative name, sha256 or size+mtime) of every file under ``folder``, sorted."""
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(q for q in folder.rglob("*") if q.is_file() and "__pycache__" not in q.parts):
+        st = p.stat()
+        out.append([p.relative_to(folder).as_posix(), sha256_file(p) if contents else [st.st_size, st.st_mtime_ns]])
+    return out
+
+
+def inputs_hash(cfg: DictConfig, root: Path, tasks: list[Task], feedback_source: Any = None) -> str:
+    """Hash of everything besides the config that decides what a collection's episodes are.
+
+    The stage's DVC deps as files: the games manifest, the tasks themselves (seeds, and the
+    rendered system prompts ``evaluate`` attaches), the feedback file, the templates and
+    knowledge base, the model directory (sizes and mtimes: weights can be large) and the
+    ``pipeline`` package's source. A change in any of them gives a fresh checkpoint
+    folder, so an interrupted run is never resumed with stale episodes.
+    """
+    import pipeline
+
+    parts: dict[str, Any] = {
+        "manifest": _file_digest(root / cfg.paths.games / "manifest.parquet"),
+        "tasks": [asdict(t) for t in tasks],
+        "code": _tree_digest(Path(pipeline.__file__).parent),
+        "conf": [_tree_digest(root / "conf" / "templates"), _tree_digest(root / "conf" / "knowledge")],
+    }
+    files = [cfg.prompts.system_template, cfg.prompts.entropy_template, cfg.agent.knowledge_base]
+    if feedback_source is not None or cfg.user.source == "file":
+        files.append(cfg.user.feedback_file)
+    parts["files"] = [[str(f), _file_digest(root / str(f))] for f in files if f]
+    if cfg.agent.name == "llm" and cfg.model.name_or_path:
+        model_dir = root / str(cfg.model.name_or_path)
+        parts["model"] = _tree_digest(model_dir, contents=False)
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def checkpoint_dir(cfg: DictConfig, root: Path, tasks: list[Task], ckpt_name: str, feedback_source: Any = None) -> Path:
+    """``<paths.checkpoints>/<ckpt_name>/<config hash>-<inputs hash>``: outside every DVC out.
+
+    DVC deletes a stage's outs before rerunning it, so checkpoints live beside them, keyed
+    so that a changed config or input never reuses them (:func:`inputs_hash`).
+    """
+    key = f"{config_hash(cfg, *CHECKPOINT_KEYS)}-{inputs_hash(cfg, root, tasks, feedback_source)}"
+    return root / cfg.paths.checkpoints / ckpt_name / key
+
+
+@contextlib.contextmanager
+def sigint_flag() -> Iterator[threading.Event]:
+    """Remember a Ctrl-C in an event, besides raising ``KeyboardInterrupt`` as usual.
+
+    A ``KeyboardInterrupt`` raised while a destructor runs (TextWorld's game interpreter
+    unloads its library in ``__del__``) would be printed and swallowed by Python: there
+    only the event is set, and the collection loop stops at its next step. Only installed
+    over Python's default handler, in the main thread; restored on exit.
+    """
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield flag
+        return
+
+    def on_sigint(signum, frame):
+        flag.set()
+        while frame is not None:
+            if frame.f_code.co_name == "__del__":  # raising here would be swallowed and printed
+                return  # the loop stops at its next step
+            frame = frame.f_back
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path, *, scenes: dict,
                    ckpt_name: str, desc: str, feedback_source: Any = None) -> tuple[list[dict], dict]:
-    """Play ``tasks`` with checkpoints, write the collection to ``out_dir``; return (records, stats)."""
-    manifest_hash = sha256_file(root / cfg.paths.games / "manifest.parquet")[:16]
-    ckpt_root = root / cfg.paths.checkpoints / ckpt_name / f"{config_hash(cfg, *CHECKPOINT_KEYS)}-{manifest_hash}"
-    ckpts = Checkpoints(ckpt_root)
+    """Play ``tasks`` with checkpoints, write the collection to ``out_dir``; return (records, stats).
+
+    Finished episodes are checkpointed one file each as they complete; a rerun after a
+    crash, SIGKILL or Ctrl-C replays only the others and writes the same bytes as an
+    uninterrupted run. ``out_dir`` (episodes, turns, tensors) is replaced whole at the end,
+    so it never mixes files of two runs. The checkpoints are removed once it is written.
+    """
     for t in tasks:  # provenance: which config produced the episode (the store records it)
         t.metadata.setdefault("config_hash", config_hash(cfg, *CHECKPOINT_KEYS))
+    ckpt_root = checkpoint_dir(cfg, root, tasks, ckpt_name, feedback_source)
+    ckpts = Checkpoints(ckpt_root)
+    resumed = sum(ckpts.load(t.episode_id) is not None for t in tasks)
+    if resumed:
+        print(f"resuming: {resumed} of {len(tasks)} episodes already finished (checkpoints in {ckpt_root})",
+              file=sys.stderr)
     make_env, make_agent_for, make_user = make_factories(cfg, root, scenes, feedback_source=feedback_source)
     model_name = str(cfg.model.name_or_path or "") if cfg.agent.name == "llm" else ""
     t0 = time.perf_counter()
+
+    def kept() -> str:
+        n = sum(ckpts.path(t.episode_id).exists() for t in tasks)
+        return f"{n} of {len(tasks)} finished episodes kept in {ckpt_root}; rerun the stage to finish the rest"
+
     try:
-        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar:
+        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted:
             records = play(tasks, make_env=make_env, make_agent=make_agent_for, make_user=make_user,
                            batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, checkpoints=ckpts,
                            agent_name=str(cfg.agent.name), model_name=model_name,
                            preference_in_success=cfg.user.preference_in_success,
-                           unknown_feedback=str(cfg.grounding.unknown_type), progress=bar)
+                           unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
+                           should_stop=interrupted.is_set)
     except KeyboardInterrupt:
-        kept = len(list(ckpt_root.glob("*.json")))
-        print(f"\ninterrupted: {kept} of {len(tasks)} finished episodes kept in {ckpt_root}; "
-              "rerun the stage to finish the rest", file=sys.stderr)
+        print(f"\ninterrupted: {kept()}", file=sys.stderr)
         raise SystemExit(130)
+    except Exception:
+        print(f"\nstopped: {kept()}", file=sys.stderr)
+        raise
     wall = time.perf_counter() - t0
     episodes = [r["episode"] for r in records]
     turns = [t for r in records for t in r["turns"]]
-    write_episodes(out_dir, episodes, turns)
-    tensor_dir = out_dir / TENSORS_DIR
-    if tensor_dir.exists():
-        shutil.rmtree(tensor_dir)
-    with_tensors = [r for r in records if r["tensors"]]
-    if with_tensors:
-        from pipeline.llm.tensors import save_episode_tensors
+    with atomic_dir(out_dir) as tmp:
+        write_episodes(tmp, episodes, turns)
+        with_tensors = [r for r in records if r["tensors"]]
+        if with_tensors:
+            from pipeline.llm.tensors import save_episode_tensors
 
-        for r in with_tensors:
-            save_episode_tensors(tensor_dir / f"{r['episode']['episode_id']}.pt", r["tensors"])
+            for r in with_tensors:
+                save_episode_tensors(tmp / TENSORS_DIR / f"{r['episode']['episode_id']}.pt", r["tensors"])
     stats = statistics(episodes, turns)
+    stats["resumed_episodes"] = resumed
     stats["wall_time_s"] = round(wall, 3)
     stats["steps_per_s"] = round(len(turns) / wall, 3) if wall > 0 else 0.0
     shutil.rmtree(ckpt_root, ignore_errors=True)
@@ -131,6 +238,13 @@ def main() -> int:
               f"success {stats['success_rate']:.2f}, repeated-action rate {stats['repeated_action_rate']:.2f}")
     except (ConfigError, ArtifactError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except RuntimeError as exc:
+        from pipeline.llm.backends import BackendError
+
+        if not isinstance(exc, BackendError):  # a bug: keep its traceback
+            raise
+        print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
         return 1
     return 0
 

@@ -19,8 +19,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.io import ArtifactError, atomic_dir, atomic_write_json, read_parquet
 from pipeline.memory.advisory import advisory_type_for
+from pipeline.memory.schemas import table_to_entries
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET, EpisodicStore, build_entries, write_store
 
 # Config subtrees that produced the episodes: the same keys as collect's checkpoint hash
@@ -38,17 +39,25 @@ def build_store(episodes: pa.Table, turns: pa.Table, *, splits: list[str] | None
 
 def store_metrics(store: EpisodicStore) -> dict[str, Any]:
     """Counts for ``dvc metrics``: entries, languages, advisory types, corrected/won shares."""
-    entries = store.entries()
-    n = len(entries)
-    types = Counter(advisory_type_for(e) for e in entries)
-    langs = Counter(e["input_signature"]["language"] for e in entries)
+    n = len(store)
+    types: Counter = Counter()
+    langs: Counter = Counter()
+    scenes: set = set()
+    corrected = won = 0
+    for start in range(0, n, 8192):  # in slices: a 10^6-entry store never becomes 10^6 dicts at once
+        for e in table_to_entries(store.table.slice(start, 8192)):
+            types[advisory_type_for(e)] += 1
+            langs[e["input_signature"]["language"]] += 1
+            scenes.add(e["provenance"]["scene_id"])
+            corrected += bool(e["correction"]["corrected"])
+            won += bool(e["evaluation"]["won"])
     return {
         "num_entries": n,
-        "num_scenes": len({e["provenance"]["scene_id"] for e in entries}),
+        "num_scenes": len(scenes),
         "advisory_types": {k: types.get(k, 0) for k in sorted(types)},
         "languages": {k: langs.get(k, 0) for k in sorted(langs)},
-        "corrected_rate": round(sum(e["correction"]["corrected"] for e in entries) / n, 6) if n else 0.0,
-        "won_rate": round(sum(e["evaluation"]["won"] for e in entries) / n, 6) if n else 0.0,
+        "corrected_rate": round(corrected / n, 6) if n else 0.0,
+        "won_rate": round(won / n, 6) if n else 0.0,
         "store_hash": store.store_hash,
     }
 
@@ -68,7 +77,8 @@ def main() -> int:
             episodes_name=str(episodes_path), turns_name=str(turns_path),
         )
         out = root / cfg.paths.store
-        write_store(store, out)
+        with atomic_dir(out) as tmp:  # parquet, jsonl and hash appear together or not at all
+            write_store(store, tmp)
         metrics = store_metrics(store)
         atomic_write_json(Path(root / cfg.paths.metrics) / "store.json", metrics)
     except (ArtifactError, ConfigError, ValueError) as exc:
