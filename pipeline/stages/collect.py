@@ -210,6 +210,9 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
             for r in with_tensors:
                 save_episode_tensors(tmp / TENSORS_DIR / f"{r['episode']['episode_id']}.pt", r["tensors"])
     stats = statistics(episodes, turns)
+    from pipeline.llm.accounting import token_statistics
+
+    stats.update(token_statistics(turns, cfg.sampling.max_new_tokens))
     stats["resumed_episodes"] = resumed
     stats["wall_time_s"] = round(wall, 3)
     stats["steps_per_s"] = round(len(turns) / wall, 3) if wall > 0 else 0.0

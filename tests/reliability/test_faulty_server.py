@@ -190,11 +190,6 @@ def test_collect_fails_clearly_with_on_backend_error_fail_then_resumes(project, 
     assert read_parquet(project.root / "data/episodes/episodes.parquet").num_rows == 2
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "pipeline/llm/backends.py OpenAIBackend.post: model.timeout_s is urllib's per-socket-operation timeout, "
-    "not a deadline per request, so a server that trickles bytes keeps one attempt alive for as long as it "
-    "likes (measured: timeout_s=1 and 1 byte every 0.3 s held an attempt 11.8 s). Needs a total deadline "
-    "per attempt (read the body in chunks against time.monotonic(), or socket-level deadline)."))
 def test_a_server_that_trickles_bytes_is_cut_off_at_the_timeout():
     sent = []
 

@@ -1,0 +1,314 @@
+"""The ``llm`` agent: seed 004's LLM baseline done properly.
+
+Seed 004's baseline sent a bare scene name to GPT-4o, asked for ``"verb target"`` text and
+fell back to ``examine`` whenever parsing failed. Here the prompt is the system template
+(``prompts.system_template``, seed 002 slots) rendered with the episode's objective,
+grounding, memory dict and the full observation; the model writes a short reasoning line
+and one JSON action, which is tracked token by token while it is generated (early stop
+when it closes), parsed, and matched against the admissible actions::
+
+    agent = build_llm_agent(cfg, seed=task.seed)       # or make_agent(cfg, seed, shared=...)
+    agent.reset({"episode_id": ..., "objective": ..., "seed": ..., "system_prompt": None})
+    step = agent.act(obs)                              # AgentStep(action, reasoning, generated_text, extra)
+    steps = LLMAgent.act_many(agents, observations)    # one batched generation for N episodes
+
+One agent plays one episode at a time (its memory dict and turn counter are per
+episode); agents built with the same ``shared`` dict share one loaded backend, and
+:meth:`LLMAgent.act_many` generates for all of them in one batched call.
+
+Unparseable or inadmissible output never crashes: the turn records
+``extra["action_valid"] = False``, the reason (``parse_error``) and the raw text, and the
+configured ``agent.fallback_action`` is taken. A failed backend call does the same when
+``agent.on_backend_error=record`` and raises when it is ``fail``.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from typing import Any, Mapping, Sequence
+
+from pipeline.agents.base import AgentStep, candidate_actions, clean_action
+
+# The user turn when the system template already shows the observation (the compact and
+# default templates do): the model is asked for its answer and nothing else.
+USER_TURN = "Your next action? One short line of reasoning, then the JSON action."
+
+# The user turn when the template shows no observation fields: the observation itself.
+OBSERVATION_TEMPLATE = """## Objective
+{objective}
+
+## Current Observation
+- Step: {step} of {max_steps}
+- Location: {agent_location}
+- Inventory: {agent_inventory}
+- Visible: {visible_entities}
+- Actions: {available_actions}
+- Valid commands: {admissible_commands}
+- Description: {description}
+
+Write one short line of reasoning, then one JSON action on one line:
+{{"action": "<verb>", "target": "<entity or null>"}}"""
+
+_NULLS = ("", "null", "none")
+
+
+def turn_seed(*parts: Any) -> int:
+    """A 63-bit sampling seed from the identity of a turn (never from batch order)."""
+    blob = json.dumps([str(p) for p in parts]).encode("utf-8")
+    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") >> 1
+
+
+def format_observation(obs: Mapping[str, Any], objective: str | None = None) -> str:
+    """The observation as a user message (for templates without observation slots)."""
+    from pipeline.prompts import observation_variables
+
+    values = observation_variables(obs)
+    return OBSERVATION_TEMPLATE.format(objective=objective or obs.get("objective") or "unknown", **values)
+
+
+def render_response(reasoning: str, action: Mapping[str, Any], memory: Mapping[str, Any] | None = None) -> str:
+    """The answer format the agent asks for: one reasoning line, then the JSON action.
+
+    Used to build demonstrations (the policy stage) in exactly the form the agent parses.
+    """
+    obj = dict(clean_action(action))
+    if memory is not None:
+        obj["memory"] = dict(memory)
+    line = " ".join(str(reasoning).split())
+    return f"{line}\n{json.dumps(obj, ensure_ascii=False)}"
+
+
+def _norm(value: Any) -> str | None:
+    if value is None:
+        return None
+    text = str(value).strip()
+    return None if text.lower() in _NULLS else text
+
+
+def parse_action(action_text: str | None, obs: Mapping[str, Any]) -> tuple[dict | None, dict | None, str | None]:
+    """Parse the tracked JSON action and match it to an admissible action.
+
+    Returns:
+        ``(action, parsed, error)``: the action dict to send (None when invalid), the
+        parsed JSON object (None when there is none) and the reason it is invalid.
+    """
+    if not action_text:
+        return None, None, "no complete JSON object in the output"
+    try:
+        parsed = json.loads(action_text, strict=False)
+    except ValueError as exc:  # the tracker only closes on valid JSON; kept for direct callers
+        return None, None, f"invalid JSON: {exc}"
+    if not isinstance(parsed, dict):
+        return None, None, "the JSON is not an object"
+    verb = parsed.get("action")
+    if not isinstance(verb, str) or not verb.strip():
+        return None, parsed, 'the JSON object has no "action" string'
+    want = {"action": verb.strip().lower().replace(" ", "_")}
+    for k in ("target", "receptacle", "key"):
+        want[k] = _norm(parsed.get(k))
+    verbs = [str(v) for v in obs.get("available_actions") or []]
+    if want["action"] == "wait" and ("wait" in verbs or not verbs):
+        return {"action": "wait", "target": None}, parsed, None
+    if not obs.get("admissible_actions") and not verbs:
+        return clean_action(want), parsed, None  # nothing to check against
+    match = _match(want, candidate_actions(obs))
+    if match is None:
+        shown = json.dumps(clean_action(want), ensure_ascii=False)
+        return None, parsed, f"inadmissible action {shown}"
+    return clean_action(match), parsed, None
+
+
+def _match(want: dict, cands: list[dict]) -> dict | None:
+    """The admissible action meant by ``want`` (names compared case-insensitively).
+
+    A field the model left out matches any value; among several matches the one whose
+    missing fields are empty wins, then the first by command (the env's own tie rule).
+    """
+    found = []
+    for a in cands:
+        if str(a.get("action", "")).lower() != want["action"]:
+            continue
+        ok = True
+        for k in ("target", "receptacle", "key"):
+            w = want.get(k)
+            if w is None:
+                continue
+            have = _norm(a.get(k))
+            if have is not None and have.lower() == w.lower():
+                continue
+            # go_to may name a direction; the admissible dict names the room it leads to.
+            if k == "target" and want["action"] == "go_to" and str(a.get("command", "")).lower() == f"go {w.lower()}":
+                continue
+            ok = False
+            break
+        if ok:
+            found.append(a)
+    if not found:
+        return None
+    unspecified = [k for k in ("target", "receptacle", "key") if want.get(k) is None]
+    exact = [a for a in found if all(_norm(a.get(k)) is None for k in unspecified)]
+    pool = exact or found
+    return sorted(pool, key=lambda a: str(a.get("command", "")))[0]
+
+
+def _reasoning(text: str, action_text: str | None) -> str:
+    """The text before the JSON action (all of it when there is none)."""
+    if action_text and action_text in text:
+        return text[: text.index(action_text)].strip()
+    return text.strip()
+
+
+class LLMAgent:
+    """A language model choosing household actions (``agent.name=llm``).
+
+    Args:
+        cfg: the composed config (``agent``, ``model``, ``sampling``, ``prompts``,
+            ``grounding``, ``memory`` groups are read).
+        seed: base seed of this agent (the task seed); each turn samples with a seed
+            derived from (``sampling.seed``, this seed, episode id, turn index).
+        shared: a dict shared by the agents of one run; the backend is loaded once and
+            kept under ``"llm_backend"``.
+        backend: an already built backend (tests, benchmarks).
+    """
+
+    name = "llm"
+
+    def __init__(self, cfg: Any, seed: int = 0, *, shared: dict | None = None, backend: Any = None):
+        from pipeline.llm.backends import make_backend
+        from pipeline.prompts import PromptOrganizer
+
+        self.cfg = cfg
+        self.seed = int(seed)
+        self.sampling_seed = int(cfg.sampling.seed)
+        agent_cfg = cfg.agent
+        fb = agent_cfg.fallback_action
+        self.fallback = clean_action({"action": fb.action, "target": fb.target})
+        self.on_backend_error = str(agent_cfg.on_backend_error)
+        self.batch_size = max(1, int(agent_cfg.batch_size))
+        if backend is None:
+            if shared is not None:
+                if "llm_backend" not in shared:
+                    shared["llm_backend"] = make_backend(cfg.model, cfg.sampling)
+                backend = shared["llm_backend"]
+            else:
+                backend = make_backend(cfg.model, cfg.sampling)
+        self.backend = backend
+        self.organizer = PromptOrganizer.from_config(cfg)
+        self.reset({})
+
+    # -- episode ------------------------------------------------------------------------
+
+    def reset(self, episode_meta: Mapping[str, Any] | None = None) -> None:
+        """Start an episode: fresh memory dict, turn 0, the episode's system prompt.
+
+        Args:
+            episode_meta: ``episode_id``, ``objective``, ``scene_id``, ``seed``, and
+                optionally ``system_prompt``: a per-episode prompt already rendered by the
+                ``render`` stage (turn slots and ``$memory[...]`` kept), used instead of
+                rendering ``prompts.system_template``.
+        """
+        meta = dict(episode_meta or {})
+        self.episode_id = str(meta.get("episode_id") or "")
+        self.objective = meta.get("objective")
+        self.turn = 0
+        self.organizer.reset_memory()
+        self.organizer.set_variables(objective=self.objective or "", scene=meta.get("scene_id") or "")
+        self._frozen: str | None = meta.get("system_prompt") or None
+        self._frozen_name = "<episode system prompt>" if self._frozen else self.organizer.system_template_path
+        self._obs_in_template: bool | None = None
+
+    def _system_prompt(self, obs: Mapping[str, Any]) -> str:
+        from pipeline.prompts import TURN_VARIABLES, template_slots
+
+        if self._frozen is None:
+            if not self.objective:  # no episode meta: the observation carries the objective
+                self.objective = obs.get("objective") or ""
+                self.organizer.set_variables(objective=self.objective)
+            self._frozen = self.organizer.freeze_system_prompt()
+        if self._obs_in_template is None:
+            names, _ = template_slots(self._frozen)
+            self._obs_in_template = bool(names & set(TURN_VARIABLES))
+        return self.organizer.render_turn(self._frozen, obs, template_name=self._frozen_name)
+
+    def messages(self, obs: Mapping[str, Any]) -> list[dict]:
+        """The chat messages for this turn: rendered system prompt, then the user turn."""
+        system = self._system_prompt(obs)
+        user = USER_TURN if self._obs_in_template else format_observation(obs, self.objective)
+        return [{"role": "system", "content": system}, {"role": "user", "content": user}]
+
+    def current_seed(self) -> int:
+        return turn_seed(self.sampling_seed, self.seed, self.episode_id, self.turn)
+
+    # -- acting -------------------------------------------------------------------------
+
+    def act(self, obs: Mapping[str, Any]) -> AgentStep:
+        """One turn for this agent's episode."""
+        return self.act_many([self], [obs])[0]
+
+    @classmethod
+    def act_many(cls, agents: Sequence["LLMAgent"], observations: Sequence[Mapping[str, Any]]) -> list[AgentStep]:
+        """One turn for each (agent, observation): batched generation, ``agent.batch_size`` at a time.
+
+        Agents sharing a backend are generated for together; the result for an agent does
+        not depend on the others in its batch (each turn samples with its own seed).
+        """
+        if len(agents) != len(observations):
+            raise ValueError(f"act_many: {len(agents)} agents but {len(observations)} observations")
+        requests = [(a, o, a.messages(o), a.current_seed()) for a, o in zip(agents, observations)]
+        steps: list[AgentStep | None] = [None] * len(requests)
+        groups: dict[int, list[int]] = {}
+        for i, (a, _, _, _) in enumerate(requests):
+            groups.setdefault(id(a.backend), []).append(i)
+        for idxs in groups.values():
+            backend, size = requests[idxs[0]][0].backend, requests[idxs[0]][0].batch_size
+            for k in range(0, len(idxs), size):
+                chunk = idxs[k:k + size]
+                gens = backend.generate([requests[i][2] for i in chunk], seeds=[requests[i][3] for i in chunk])
+                for i, gen in zip(chunk, gens):
+                    steps[i] = requests[i][0].finish_turn(requests[i][1], gen)
+        return steps  # type: ignore[return-value]
+
+    def finish_turn(self, obs: Mapping[str, Any], gen: Any) -> AgentStep:
+        """Turn a backend :class:`~pipeline.llm.backends.Generation` into this turn's step."""
+        from pipeline.llm.backends import BackendError
+
+        extra: dict[str, Any] = {
+            "prompt": gen.prompt,
+            "prompt_tokens": gen.prompt_tokens,
+            "generated_tokens": gen.generated_tokens,
+            "generated_ids": gen.generated_ids,
+            "action_token_mask": gen.action_token_mask,
+            "action_token_start_index": gen.action_token_start_index,
+            "action_token_end_index": gen.action_token_end_index,
+            "tracking_method": gen.tracking_method,
+            "stop_reason": gen.stop_reason,
+            "logprobs": gen.logprobs,
+            "action_text": gen.action_text,
+            "seed": self.current_seed(),
+        }
+        if gen.error:
+            if self.on_backend_error == "fail":
+                raise BackendError(f"episode {self.episode_id} turn {self.turn}: {gen.error}")
+            action, parsed, error = None, None, f"backend error: {gen.error}"
+        else:
+            action, parsed, error = parse_action(gen.action_text, obs)
+            if error and gen.stop_reason == "max_new_tokens" and parsed is None:
+                error += " (cut off at max_new_tokens)"
+        if parsed is not None:
+            self.organizer.update_memory_from_response(parsed)
+        extra.update(action_valid=action is not None, parse_error=error,
+                     memory=copy.deepcopy(self.organizer.memory_dict))
+        self.turn += 1
+        return AgentStep(
+            action=action if action is not None else dict(self.fallback),
+            reasoning=_reasoning(gen.text, gen.action_text),
+            generated_text=gen.text,
+            extra=extra,
+        )
+
+
+def build_llm_agent(cfg: Any, seed: int = 0, **kwargs: Any) -> LLMAgent:
+    """The ``llm`` agent for ``cfg`` (``kwargs``: ``shared`` or ``backend``)."""
+    return LLMAgent(cfg, seed=seed, **kwargs)
