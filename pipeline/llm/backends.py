@@ -454,7 +454,10 @@ class OpenAIBackend:
         prompt = plain_prompt(messages)
         try:
             data = self.post(self.request_body(messages, seed, max_new_tokens))
-            return parse_chat_response(prompt, data)
+            gen = parse_chat_response(prompt, data)
+            if gen.error:  # server-provided text: scrub the key before it is recorded
+                gen.error = self._scrub(gen.error)
+            return gen
         except BackendError as exc:
             return Generation.failed(prompt, str(exc))
 
@@ -543,7 +546,7 @@ def parse_chat_response(prompt: str, data: dict) -> Generation:
         choice = data["choices"][0]
         content = choice["message"].get("content") or ""
     except (KeyError, IndexError, TypeError, AttributeError):
-        return Generation.failed(prompt, self._scrub(f"unexpected response shape: {json.dumps(data)[:200]}"))
+        return Generation.failed(prompt, f"unexpected response shape: {json.dumps(data)[:200]}")
     usage = data.get("usage") or {}
     finish = choice.get("finish_reason")
     stop_reason = "max_new_tokens" if finish == "length" else "eos"
