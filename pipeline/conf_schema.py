@@ -169,6 +169,48 @@ class AgentConfig:
 
 
 @dataclass
+class PolicyConfig:
+    """The default policy the ``policy`` stage trains (``model=policy``; see ``pipeline.policy``)."""
+
+    rule_agent: str = "react"
+    """Rule agent whose train episodes give the demonstrations' grounding and advisories."""
+    rule_epsilon: float = 0.2
+    """Its random-action rate (mistakes draw the feedback the grounding is made of)."""
+    demos_per_quest: int = 12
+    """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
+    slip_prob: float = 0.15
+    """Per-turn probability of a wrong action the expert then recovers from (renamed demos only)."""
+    explore_cap: int = 12
+    """Search steps after which the expert follows the full plan anyway."""
+    vocab_size: int = 2048
+    """BPE vocabulary size (byte-level; special tokens included)."""
+    hidden_size: int = 128
+    """Model width."""
+    intermediate_size: int = 352
+    """MLP width."""
+    n_layer: int = 2
+    """Transformer blocks."""
+    n_head: int = 4
+    """Attention heads."""
+    max_positions: int = 2048
+    """Context length the model declares (prompts are a few hundred tokens)."""
+    epochs: int = 8
+    """Passes over the demonstrations."""
+    episodes_per_batch: int = 1
+    """Demonstration episodes per optimizer step (all their turns)."""
+    lr: float = 0.003
+    """Peak learning rate (AdamW; linear warm-up, cosine decay to 10%)."""
+    warmup_steps: int = 20
+    """Warm-up steps."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the matrices."""
+    threads: int = 1
+    """torch CPU threads of the stage (1: a busy 2-core machine trains ~4x faster than with 2)."""
+    evaluate: bool = True
+    """Measure the trained model on the eval quests (metrics/policy.json)."""
+
+
+@dataclass
 class ModelConfig:
     """The causal LM behind the ``llm`` agent (and the ``llm`` grounding generator)."""
 
@@ -185,7 +227,7 @@ class ModelConfig:
     backoff_s: float = 0.5  # first backoff delay, doubled per retry (openai backend)
     logprobs: bool = True  # keep per-token logprobs (transformers) / ask the endpoint for them (openai)
     extra_body: Dict[str, Any] = field(default_factory=dict)  # extra request fields (openai), e.g. vLLM's top_k
-    policy: Dict[str, Any] = field(default_factory=dict)  # settings of the pipeline-trained policy model
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # the pipeline-trained policy (stage `policy`)
 
 
 @dataclass

@@ -113,8 +113,59 @@ def _keys(d: Any, prefix: str = "") -> set[str]:
     return out
 
 
-def check(root: Path | None = None) -> None:
-    """Raise :class:`ConfigError` when params.yaml is stale against conf/."""
+def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
+    """Where a passed check of exactly these inputs is remembered.
+
+    The name is a hash of everything the check reads: params.yaml's bytes, every file of
+    ``conf/`` and ``hydra_plugins/``, the schema and this module's source, the versions
+    of DVC / Hydra / OmegaConf, and whether a ``dvc exp run`` is composing. Same inputs,
+    same verdict: a stage then skips the Hydra compose (most of its start-up time).
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    from pipeline import conf_schema
+
+    h = hashlib.sha256()
+
+    def add(name: str, data: bytes) -> None:
+        h.update(f"{name}\0{len(data)}\0".encode())
+        h.update(data)
+
+    add(PARAMS_FILE, params_text.encode("utf-8"))
+    for sub in (CONF_DIR, "hydra_plugins"):
+        folder = root / sub
+        if folder.is_dir():
+            for f in sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+                add(f.relative_to(root).as_posix(), f.read_bytes())
+    for mod in (conf_schema.__file__, __file__):
+        add(Path(mod).name, Path(mod).read_bytes())
+    for pkg in ("dvc", "hydra-core", "omegaconf"):
+        try:
+            add(pkg, version(pkg).encode())
+        except PackageNotFoundError:
+            add(pkg, b"?")
+    add("exp_run", b"1" if os.environ.get("DVC_EXP_BASELINE_REV") else b"0")
+    ckpt = params.get("paths", {}).get("checkpoints") if isinstance(params, dict) else None
+    folder = root / (ckpt if isinstance(ckpt, str) and ckpt else ".checkpoints") / "params_check"
+    return folder / h.hexdigest()[:32]
+
+
+def _remember(stamp: Path | None) -> None:
+    if stamp is None:
+        return
+    try:  # only a shortcut: a read-only checkout just recomposes next time
+        atomic_write_text(stamp, "params.yaml in sync with conf/\n")
+    except Exception:  # noqa: BLE001 - never fail a check over its cache
+        pass
+
+
+def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
+    """Raise :class:`ConfigError` when params.yaml is stale against conf/.
+
+    A passed check is remembered (a stamp under ``<paths.checkpoints>/params_check/``
+    named by the hash of every input, :func:`_stamp_path`), so the stages after
+    ``check_params`` skip the Hydra compose; ``use_stamp=False`` always recomposes.
+    """
     root = root or project_root()
     params_path = root / PARAMS_FILE
     if not params_path.exists():
@@ -126,9 +177,13 @@ def check(root: Path | None = None) -> None:
         params = yaml.safe_load(current)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{params_path} is not valid YAML: {exc}") from exc
+    stamp = _stamp_path(root, current, params) if use_stamp else None
+    if stamp is not None and stamp.is_file():
+        return
     validate(OmegaConf.create(params))
     expected = compose_text(root)
     if current == expected:
+        _remember(stamp)
         return
     composed = yaml.safe_load(expected)
     if os.environ.get("DVC_EXP_BASELINE_REV"):
@@ -139,6 +194,7 @@ def check(root: Path | None = None) -> None:
                 f"{params_path} does not have the structure conf/ composes to; differing keys: "
                 + ", ".join(sorted(missing)[:10])
             )
+        _remember(stamp)
         return
     diffs = _leaf_diff(params, composed)
     shown = "; ".join(diffs[:8]) + (f"; ... ({len(diffs)} in all)" if len(diffs) > 8 else "")

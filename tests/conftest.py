@@ -35,6 +35,10 @@ TINY_OVERRIDES = [
     "env.eval_quests_per_scene=1",
     "env.max_steps=15",
     "env.compile_workers=2",
+    # Rule agent, no model: the default (agent=llm, model=policy) needs the trained policy,
+    # which tests that exercise it build themselves (tests/test_policy.py).
+    "agent=react",
+    "model=none",
 ]
 
 

@@ -129,3 +129,33 @@ def test_statistics_on_known_rows():
              {"action_valid": False, "repeated": True, "feedback_lines": []}]
     s = statistics(eps, turns)
     assert s["success_rate"] == 0.5 and s["invalid_action_rate"] == 0.5 and s["repeated_action_rate"] == 0.5
+
+
+def test_sharded_collection_merges_to_the_same_bytes(tiny_cfg, tiny_games, tmp_path):
+    from pipeline.config import ConfigError
+    from pipeline.stages.collect import collect_shard, merge_shards, parse_shard
+
+    _collect(tiny_cfg, tiny_games, tmp_path / "whole")
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=tiny_cfg.seed)
+    shards = [tmp_path / f"s{k}" for k in range(2)]
+    for k, d in enumerate(shards):
+        collect_shard(tiny_cfg, tiny_games.root, tasks, k, 2, d, scenes=tiny_games.scenes)
+    assert {p.name for p in shards[0].iterdir()} >= {"episodes.parquet", "turns.parquet", "shard.json"}
+    stats = merge_shards(tiny_cfg, tasks, list(reversed(shards)), tmp_path / "merged")
+    assert stats["shards"] == 2 and stats["num_episodes"] == len(tasks)
+    for name in ("episodes.parquet", "turns.parquet"):  # rule agent: the very same bytes
+        assert (tmp_path / "merged" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes()
+
+    with pytest.raises(ArtifactError, match=r"shards missing: \[1\]"):
+        merge_shards(tiny_cfg, tasks, shards[:1], tmp_path / "m2")
+    with pytest.raises(ArtifactError, match="given twice"):
+        merge_shards(tiny_cfg, tasks, [shards[0], shards[0]], tmp_path / "m3")
+    other = tiny_cfg.copy()
+    other.seed = int(tiny_cfg.seed) + 1
+    with pytest.raises(ArtifactError, match="another config"):
+        merge_shards(other, tasks, shards, tmp_path / "m4")
+    assert not (tmp_path / "m2").exists() and not (tmp_path / "m4").exists()  # nothing half-written
+    for bad in ("2/2", "1", "a/3", "-1/2"):
+        with pytest.raises(ConfigError, match="expected K/N"):
+            parse_shard(bad)
+    assert parse_shard("1/4") == (1, 4)

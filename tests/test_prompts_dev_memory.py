@@ -63,7 +63,7 @@ def test_cli_with_canned_response(tmp_path, capsys):
 def test_cli_without_model_is_a_clear_error(tmp_path, capsys):
     prompt = tmp_path / "p.txt"
     prompt.write_text(TEMPLATE, encoding="utf-8")
-    assert dev_memory.main(["--prompt", str(prompt)]) == 2
+    assert dev_memory.main(["--prompt", str(prompt), "model=none"]) == 2  # the default (policy) has a model
     assert "model.name_or_path" in capsys.readouterr().err
     assert dev_memory.main(["--prompt", str(tmp_path / "missing.txt"), "--response", "x"]) == 2
     assert "missing.txt does not exist" in capsys.readouterr().err

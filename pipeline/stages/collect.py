@@ -2,6 +2,8 @@
 
     python -m pipeline.stages.collect          # what `dvc repro collect` runs
     dvc exp run -S agent=rag                   # collect with another agent
+    python -m pipeline.stages.collect --shard 1/4    # one of 4 machines: every 4th task, from the 2nd
+    python -m pipeline.stages.collect --merge data/episodes_shards/*-of-4 && dvc commit collect
 
 Reads ``data/games`` (manifest + scenes), writes ``data/episodes/{episodes,turns}.parquet``,
 ``data/episodes/tensors/<episode_id>.pt`` (llm agent) and ``metrics/collect.json``.
@@ -35,6 +37,30 @@ from pipeline.rollout import Checkpoints, Task, play, tasks_from_manifest
 
 # Config subtrees whose change invalidates checkpointed episodes.
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type")
+
+# torch intra-op threads while a local model generates. A fixed count keeps the sampled
+# tokens (float reduction order) independent of the machine's core count, so the same
+# config gives the same Parquet on another machine; one thread also cannot oversubscribe
+# cores that DVC, the simulated user or other jobs share. Its cost with the default model
+# on an idle 2-core machine: 0.90x the agent steps/s of 2 threads (`python -m benchmarks
+# --only collect_memory`); a large user model wants more (model.threads is future work).
+INFERENCE_THREADS = 1
+
+
+@contextlib.contextmanager
+def inference_threads(cfg: DictConfig) -> Iterator[None]:
+    """Run a local transformers model on :data:`INFERENCE_THREADS` threads; restore after."""
+    if cfg.agent.name != "llm" or str(cfg.model.backend) != "transformers":
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(INFERENCE_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def load_games(root: Path, cfg: DictConfig) -> tuple[list[dict], dict]:
@@ -185,7 +211,8 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
         return f"{n} of {len(tasks)} finished episodes kept in {ckpt_root}; rerun the stage to finish the rest"
 
     try:
-        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted:
+        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted, \
+                inference_threads(cfg):
             records = play(tasks, make_env=make_env, make_agent=make_agent_for, make_user=make_user,
                            batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, checkpoints=ckpts,
                            agent_name=str(cfg.agent.name), model_name=model_name,
@@ -220,7 +247,121 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
     return records, stats
 
 
-def main() -> int:
+# ----------------------------------------------------------------------------- shards
+# Collection past one machine: `--shard K/N` plays every N-th train task (K-th of them)
+# into a shard folder, on any machine with the same checkout and params; `--merge DIR...`
+# checks that the shards are the N pieces of this very config and writes the union to
+# <paths.episodes> in the canonical order (what `ground` and `store` read). Tasks are
+# seeded one by one (task_seed), so a merged collection holds the same episodes as one
+# run; with a rule agent or agent.batched=false it is byte-identical (batched generation
+# pads other prompts beside a task's, which may move a sampled token).
+
+SHARD_FILE = "shard.json"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)`` with ``0 <= K < N``.
+
+    Raises:
+        ConfigError: anything else, naming the value.
+    """
+    k, sep, n = str(text).partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit() or not 0 <= int(k) < int(n):
+        raise ConfigError(f"--shard {text!r}: expected K/N with 0 <= K < N (e.g. 0/4)")
+    return int(k), int(n)
+
+
+def shard_tasks(tasks: list[Task], k: int, n: int) -> list[Task]:
+    """The K-th of N interleaved shards of ``tasks`` (every task in exactly one shard)."""
+    return [t for i, t in enumerate(tasks) if i % n == k]
+
+
+def collect_shard(cfg: DictConfig, root: Path, tasks: list[Task], k: int, n: int, out_dir: Path, *, scenes: dict,
+                  feedback_source: Any = None) -> dict:
+    """Play shard ``k`` of ``n`` of ``tasks`` into ``out_dir`` (+ its ``shard.json``); the stats."""
+    part = shard_tasks(tasks, k, n)
+    if not part:
+        raise ConfigError(f"--shard {k}/{n}: no train task falls in this shard ({len(tasks)} tasks)")
+    _, stats = run_collection(cfg, root, part, out_dir, scenes=scenes, ckpt_name=f"collect_shard_{k}of{n}",
+                              desc=f"collect [{cfg.agent.name}] shard {k}/{n}", feedback_source=feedback_source)
+    atomic_write_json(out_dir / SHARD_FILE, {
+        "shard": k, "num_shards": n, "config_hash": config_hash(cfg, *CHECKPOINT_KEYS),
+        "episode_ids": sorted(t.episode_id for t in part), "wall_time_s": stats["wall_time_s"]})
+    return stats
+
+
+def merge_shards(cfg: DictConfig, tasks: list[Task], shard_dirs: list[Path], out_dir: Path) -> dict:
+    """Union of shard folders into ``out_dir`` (episodes, turns, tensors); returns the stats.
+
+    Raises:
+        ArtifactError: a shard folder without its ``shard.json``, shards of another config
+            or another split into N, a missing or repeated shard or episode.
+    """
+    from pipeline.llm.accounting import token_statistics
+
+    want_hash = config_hash(cfg, *CHECKPOINT_KEYS)
+    want_ids = [t.episode_id for t in tasks]
+    seen: dict[int, Path] = {}
+    episodes: list[dict] = []
+    turns: list[dict] = []
+    tensors: list[Path] = []
+    wall = 0.0
+    num = None
+    for d in shard_dirs:
+        meta = read_json(d / SHARD_FILE)
+        if not isinstance(meta, dict) or not {"shard", "num_shards", "config_hash", "episode_ids"} <= set(meta):
+            raise ArtifactError(f"{d / SHARD_FILE}: expected shard, num_shards, config_hash and episode_ids")
+        if meta["config_hash"] != want_hash:
+            raise ArtifactError(f"{d}: collected under another config (config_hash {meta['config_hash']}, "
+                                f"this params.yaml gives {want_hash}); rerun that shard with this config")
+        if num is not None and meta["num_shards"] != num:
+            raise ArtifactError(f"{d}: shard {meta['shard']}/{meta['num_shards']}, the others are of {num}")
+        num = int(meta["num_shards"])
+        if meta["shard"] in seen:
+            raise ArtifactError(f"shard {meta['shard']}/{num} given twice: {seen[meta['shard']]} and {d}")
+        seen[int(meta["shard"])] = d
+        expected = [t.episode_id for t in shard_tasks(tasks, int(meta["shard"]), num)]
+        if sorted(meta["episode_ids"]) != sorted(expected):
+            raise ArtifactError(f"{d}: its episodes are not shard {meta['shard']}/{num} of this config's train tasks")
+        episodes += read_parquet(d / "episodes.parquet").to_pylist()
+        turns += read_parquet(d / "turns.parquet").to_pylist()
+        tensors += sorted((d / TENSORS_DIR).glob("*.pt")) if (d / TENSORS_DIR).is_dir() else []
+        wall += float(meta.get("wall_time_s") or 0.0)
+    missing = sorted(set(range(num or 0)) - set(seen))
+    if num is None or missing:
+        raise ArtifactError(f"shards missing: {missing or 'all'} of {num}; collect them with --shard K/{num}")
+    got = sorted(e["episode_id"] for e in episodes)
+    if got != sorted(want_ids):
+        raise ArtifactError(f"the shards hold {len(got)} episodes, expected the {len(want_ids)} train tasks once each")
+    with atomic_dir(out_dir) as tmp:
+        write_episodes(tmp, episodes, turns)
+        if tensors:
+            (tmp / TENSORS_DIR).mkdir(parents=True, exist_ok=True)
+            for f in tensors:
+                shutil.copy2(f, tmp / TENSORS_DIR / f.name)
+    stats = statistics(episodes, turns)
+    stats.update(token_statistics(turns, cfg.sampling.max_new_tokens))
+    stats.update({"resumed_episodes": 0, "shards": num, "wall_time_s": round(wall, 3),
+                  "steps_per_s": round(len(turns) / wall, 3) if wall > 0 else 0.0})
+    return stats
+
+
+def _args(argv: list[str] | None) -> Any:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m pipeline.stages.collect",
+                                 description="Play the train quests (the `collect` stage).")
+    g = ap.add_mutually_exclusive_group()
+    g.add_argument("--shard", metavar="K/N", help="play only shard K of N of the train tasks (another machine)")
+    g.add_argument("--merge", metavar="DIR", nargs="+", type=Path,
+                   help="merge shard folders into <paths.episodes> (then `dvc commit collect`)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="shard folder (default: <paths.data>/episodes_shards/K-of-N)")
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _args(argv)
     try:
         cfg = load_params()
         root = project_root()
@@ -234,6 +375,18 @@ def main() -> int:
         if not tasks:
             raise ConfigError("the games manifest has no train quests (env.train_quests_per_scene=0?)")
         out_dir = root / cfg.paths.episodes
+        if args.merge:
+            stats = merge_shards(cfg, tasks, [Path(d) for d in args.merge], out_dir)
+            atomic_write_json(root / cfg.paths.metrics / "collect.json", stats)
+            print(f"merged {stats['shards']} shards: {stats['num_episodes']} episodes ({stats['num_turns']} turns) "
+                  f"-> {out_dir}; record them as the stage's output with `dvc commit collect`")
+            return 0
+        if args.shard:
+            k, n = parse_shard(args.shard)
+            out_dir = args.out or root / cfg.paths.data / "episodes_shards" / f"{k}-of-{n}"
+            stats = collect_shard(cfg, root, tasks, k, n, out_dir, scenes=scenes, feedback_source=feedback_source)
+            print(f"shard {k}/{n}: {stats['num_episodes']} episodes ({stats['num_turns']} turns) -> {out_dir}")
+            return 0
         _, stats = run_collection(cfg, root, tasks, out_dir, scenes=scenes, ckpt_name="collect",
                                   desc=f"collect [{cfg.agent.name}]", feedback_source=feedback_source)
         atomic_write_json(root / cfg.paths.metrics / "collect.json", stats)

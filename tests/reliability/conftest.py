@@ -145,7 +145,13 @@ def project_template(tiny_games, tmp_path_factory) -> Path:
         else:
             shutil.copy(src, root / name)
     cfg = root / "conf" / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("- env: household", "- env: tiny"))
+    text = cfg.read_text()
+    # The rule agent and no model: stages run without the trained default policy.
+    for old, new in (("- env: household", "- env: tiny"), ("- agent: llm", "- agent: react"),
+                     ("- model: policy", "- model: none")):
+        assert old in text, f"conf/config.yaml no longer has {old!r}"
+        text = text.replace(old, new)
+    cfg.write_text(text)
     shutil.copytree(tiny_games.games_dir, root / "data" / "games")
     from pipeline.config import compose
 

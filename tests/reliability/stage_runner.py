@@ -121,6 +121,7 @@ def main(argv: list[str]) -> int:
     """Run one stage, or several in a row separated by ``+`` (``ground + merge + store``)."""
     install()
     import importlib
+    import inspect
 
     commands: list[list[str]] = [[]]
     for arg in argv:
@@ -132,7 +133,8 @@ def main(argv: list[str]) -> int:
         if stage not in STAGES:
             raise SystemExit(f"stage_runner: unknown stage {stage!r} ({' | '.join(STAGES)})")
         stage_main = importlib.import_module(f"pipeline.stages.{stage}").main
-        rc = stage_main(args) if args else stage_main()
+        # A stage that takes argv gets exactly its own (never this runner's sys.argv).
+        rc = stage_main(args) if inspect.signature(stage_main).parameters else stage_main()
         if rc:
             return rc
     return 0

@@ -281,6 +281,8 @@ ALLOWED = {
         "torch.save into an in-memory buffer, then pipeline.io.atomic_write_bytes",
     ("pipeline/report.py", "_png", "fig.savefig(...)"):
         "savefig into an in-memory buffer, then pipeline.io.atomic_write_bytes",
+    ("pipeline/stages/collect.py", "merge_shards", "shutil.copy2(...)"):
+        "copies shard tensors into pipeline.io.atomic_dir's temp folder, swapped in whole",
     ("pipeline/sweep.py", "prepare_job", "*"):
         "sets up a sweep job's scratch workspace (copied code, frozen conf), re-prepared on rerun; not an artifact",
     ("pipeline/sweep.py", "*", "open(..., 'a')"): "appends to a sweep job's log file (a log, not an artifact)",

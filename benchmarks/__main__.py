@@ -1,0 +1,699 @@
+"""Every benchmark of the project, one command, one table (issue 9).
+
+    python -m benchmarks                       # everything (about half an hour on 2 cores)
+    python -m benchmarks --quick               # a smoke version of everything (minutes)
+    python -m benchmarks --only retrieval render
+    python -m benchmarks --list                # names and what each measures
+
+Each benchmark runs in its own subprocess (``python -m benchmarks --child NAME``), so a
+failure or a memory peak in one never affects another, and peak memory is that process's
+own. The table has one row per figure: value, unit, the ratio against a baseline measured
+in the same run (named in the ``vs`` column), and the issue's target where it sets one.
+Above it: date, machine (cores, CPU model) and the load average before and after every
+benchmark (the machine is shared: prefer the ratios).
+
+A full run writes ``benchmarks/results.json`` (the README's performance figures come
+from it; it is not a DVC output); ``--only`` updates just those benchmarks in it;
+``--quick`` writes nothing unless ``--out`` is given. Nothing here is a test assertion.
+
+Pipeline benchmarks run in a scratch copy of the project (``conf``, ``hydra_plugins``,
+``pipeline``, ``dvc.yaml``, ``params.yaml``, ``.dvc/config``) under
+``$TMPDIR/pipeline_bench/``, never in the working tree; ``--keep`` keeps it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # allow `python benchmarks/__main__.py`
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import (  # noqa: E402
+    load_average,
+    machine_info,
+    make_scratch_repo,
+    peak_rss_gib,
+    run_timed,
+    venv_env,
+)
+
+RESULTS = ROOT / "benchmarks" / "results.json"
+BENCH_DIR_ENV = "PIPELINE_BENCH_DIR"  # the parent's scratch folder, shared by its children
+RESULT_TAG = "BENCH_RESULT "
+DEFAULTS_ENV = "PIPELINE_BENCH_DEFAULTS"  # --set-default, for the pipeline benchmark's scratch copy
+
+
+def row(figure: str, value: float | None, unit: str, *, ratio: float | None = None, vs: str | None = None,
+        target: str | None = None, met: bool | None = None, note: str | None = None) -> dict[str, Any]:
+    """One line of the table. ``ratio`` is ``value`` against ``vs`` (measured in the same run)."""
+    return {"figure": figure, "value": value, "unit": unit, "ratio": ratio, "vs": vs, "target": target,
+            "met": met, "note": note}
+
+
+def bench_dir() -> Path:
+    return Path(os.environ.get(BENCH_DIR_ENV) or Path(tempfile.gettempdir()) / "pipeline_bench")
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
+
+
+def _ratio(a: float | None, b: float | None, nd: int = 2) -> float | None:
+    return round(a / b, nd) if a is not None and b not in (None, 0) else None
+
+
+# ----------------------------------------------------------------------------- pipeline
+
+
+def bench_pipeline(variant: str, quick: bool) -> dict[str, Any]:
+    """Cold default ``dvc repro`` per stage, then warm no-op ``dvc repro`` and ``dvc status``."""
+    defaults = [d for d in os.environ.get(DEFAULTS_ENV, "").split(",") if d]
+    repo_info = make_scratch_repo(bench_dir() / "repo", tiny=quick, defaults=defaults)
+    repo = Path(repo_info["path"])
+    env = venv_env()
+    dvc = [sys.executable, "-m", "dvc"]
+    marks: list[tuple[float, str]] = []
+
+    def on_line(t: float, line: str) -> None:
+        if line.startswith("Running stage '"):
+            marks.append((t, line.split("'")[1]))
+
+    load_before = load_average()
+    cold = run_timed(dvc + ["repro"], repo, env, timeout=3000, on_line=on_line)
+    if cold["returncode"] != 0:
+        raise RuntimeError(f"cold dvc repro failed (exit {cold['returncode']}):\n{cold['output'][-3000:]}")
+    total = cold["wall_s"]
+    stages = []
+    for i, (t, name) in enumerate(marks):  # a stage's span: its "Running stage" line to the next one
+        end = marks[i + 1][0] if i + 1 < len(marks) else total
+        stages.append((name, end - t))
+    rows = [row(f"cold repro: {name}", _r(s, 1), "s", ratio=_ratio(s, total, 3), vs="cold total")
+            for name, s in stages]
+    rows.append(row("cold repro: DVC before the first stage", _r(marks[0][0] if marks else total, 1), "s"))
+    rows.append(row("cold default `dvc repro` (total)", _r(total, 1), "s", target="< 600 s", met=total < 600,
+                    note=f"CPU {cold['cpu_s']:.0f} s; load {load_before} -> {load_average()}"))
+
+    runs = {"repro": [], "status": [], "version": []}
+    for _ in range(3 if not quick else 2):
+        for name, args in (("version", ["version"]), ("repro", ["repro"]), ("status", ["status"])):
+            res = run_timed(dvc + args, repo, env, timeout=300)
+            if res["returncode"] != 0:
+                raise RuntimeError(f"dvc {' '.join(args)} failed:\n{res['output'][-2000:]}")
+            if name == "repro" and "up to date" not in res["output"]:
+                raise RuntimeError(f"the warm dvc repro was not a no-op:\n{res['output'][-2000:]}")
+            runs[name].append(res)
+
+    def med(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in runs[name])
+
+    ver = med("version", "wall_s")
+    rows += [
+        row("warm no-op `dvc repro`", _r(med("repro", "wall_s"), 2), "s", ratio=_ratio(med("repro", "wall_s"), ver),
+            vs="`dvc version`", target="< 2 s", met=med("repro", "wall_s") < 2,
+            note=f"CPU {med('repro', 'cpu_s'):.2f} s"),
+        row("warm `dvc status`", _r(med("status", "wall_s"), 2), "s", ratio=_ratio(med("status", "wall_s"), ver),
+            vs="`dvc version`", note=f"CPU {med('status', 'cpu_s'):.2f} s"),
+        row("`dvc version` (DVC start-up alone)", _r(ver, 2), "s", note=f"CPU {med('version', 'cpu_s'):.2f} s"),
+    ]
+    return {"rows": rows, "details": {"repo": repo_info, "stages_s": {n: round(s, 2) for n, s in stages},
+                                      "cold_cpu_s": round(cold["cpu_s"], 1),
+                                      "cold_output_tail": cold["output"][-1500:]}}
+
+
+# ----------------------------------------------------------------------------- start-up
+
+STAGE_MODULES = ("games", "policy", "collect", "ground", "merge", "store", "render", "evaluate", "compare")
+
+
+def bench_startup(variant: str, quick: bool) -> dict[str, Any]:
+    """Fresh-process costs every stage pays: imports, and ``load_params`` with / without its stamp."""
+    repo = bench_dir() / "startup"
+    make_scratch_repo(repo, tiny=False)
+    env = venv_env()
+    py = [sys.executable, "-c"]
+    reps = 2 if quick else 5
+
+    def med(code: str) -> float:
+        times = []
+        for _ in range(reps):
+            res = run_timed(py + [code], repo, env, timeout=300)
+            if res["returncode"] != 0:
+                raise RuntimeError(f"{code!r} failed:\n{res['output'][-1500:]}")
+            times.append(res["wall_s"])
+        return statistics.median(times)
+
+    bare = med("pass")
+    check_cold = med("from pipeline.config import check; check(use_stamp=False)")
+    med("from pipeline.config import check; check()")  # leaves the stamp
+    check_stamp = med("from pipeline.config import check; check()")
+    lp_cold = med("from pipeline.config import check, load_params; check(use_stamp=False); "
+                  "load_params(check_stale=False)")
+    lp_stamp = med("from pipeline.config import load_params; load_params()")
+    rows = [
+        row("`python -c pass` (interpreter start-up)", _r(bare, 3), "s"),
+        row("stale check, Hydra compose every time (before)", _r(check_cold, 3), "s",
+            ratio=_ratio(check_cold, check_stamp), vs="stamped check (after)"),
+        row("stale check, stamped (after)", _r(check_stamp, 3), "s"),
+        row("stage `load_params()` before (compose + validate twice)", _r(lp_cold, 3), "s",
+            ratio=_ratio(lp_cold, lp_stamp), vs="stamped `load_params()`"),
+        row("stage `load_params()` after (stamp hit)", _r(lp_stamp, 3), "s"),
+    ]
+    for lib in ("textworld", "torch", "transformers"):
+        t = med(f"import {lib}")
+        rows.append(row(f"`import {lib}`", _r(t, 3), "s", ratio=_ratio(t, bare), vs="`python -c pass`"))
+    for stage in STAGE_MODULES:
+        if not (repo / "pipeline" / "stages" / f"{stage}.py").exists():
+            continue
+        t = med(f"import pipeline.stages.{stage}")
+        rows.append(row(f"`import pipeline.stages.{stage}`", _r(t, 3), "s", ratio=_ratio(t, bare),
+                        vs="`python -c pass`"))
+    shutil.rmtree(repo, ignore_errors=True)
+    return {"rows": rows, "details": {"repetitions": reps}}
+
+
+# ----------------------------------------------------------------------------- data formats
+
+
+def _table_before(rows: list[dict], schema) -> Any:
+    """``pipeline.schemas._table`` as it was before issue 9's fix (per-row loop), for the ratio."""
+    import pyarrow as pa
+
+    cols = {}
+    for f in schema:
+        values = []
+        for i, r in enumerate(rows):
+            if f.name not in r:
+                if f.nullable:
+                    values.append(None)
+                    continue
+                raise ValueError(f"row {i}: missing field {f.name!r}")
+            values.append(r[f.name])
+        cols[f.name] = pa.array(values, type=f.type)
+    extra = set().union(*(r.keys() for r in rows)) - set(schema.names) if rows else set()
+    if extra:
+        raise ValueError(f"unknown fields {sorted(extra)}")
+    return pa.table(cols, schema=schema)
+
+
+def bench_parquet(variant: str, quick: bool) -> dict[str, Any]:
+    """Canonical Parquet write / read of 10^6 turns; dict rows -> Arrow of 10^5 turns."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from benchmarks.common import synthetic_turns
+    from pipeline.io import read_parquet, write_parquet
+    from pipeline.schemas import TURN_SCHEMA, turns_table
+
+    n = 10_000 if quick else 1_000_000
+    t0 = time.perf_counter()
+    table = synthetic_turns(n, seed=0)
+    build_s = time.perf_counter() - t0
+    # Shuffled rows: the canonical writer sorts them (as write_episodes does).
+    import numpy as np
+
+    table = table.take(pa.array(np.random.default_rng(1).permutation(n)))
+    with tempfile.TemporaryDirectory() as tmp:
+        canon, plain = Path(tmp) / "turns.parquet", Path(tmp) / "plain.parquet"
+        t0 = time.perf_counter()
+        write_parquet(table, canon, sort_by=["episode_id", "turn_index"], schema_version="1")
+        write_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pq.write_table(table, plain)
+        plain_write_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        back = read_parquet(canon)
+        read_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        pq.read_table(plain)
+        plain_read_s = time.perf_counter() - t0
+        size, plain_size = canon.stat().st_size, plain.stat().st_size
+    assert back.num_rows == n
+    mem_mib = table.nbytes / 2**20
+
+    m = 2_000 if quick else 100_000
+    rows = table.slice(0, m).to_pylist()
+    t0 = time.perf_counter()
+    after = turns_table(rows)
+    conv_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    before = _table_before(rows, TURN_SCHEMA)
+    conv_before_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    pa.Table.from_pylist(rows, schema=TURN_SCHEMA)
+    pylist_s = time.perf_counter() - t0
+    assert after.equals(before)
+    label = f"{n:,} turns"
+    return {"rows": [
+        row(f"write_parquet {label} (sorted, zstd, atomic)", _r(write_s, 2), "s", ratio=_ratio(write_s, plain_write_s),
+            vs="pq.write_table defaults, unsorted", note=f"{n / write_s / 1e3:,.0f}k rows/s; "
+            f"{size / 2**20:.0f} MiB on disk (plain {plain_size / 2**20:.0f} MiB), {mem_mib:.0f} MiB in Arrow"),
+        row(f"read_parquet {label}", _r(read_s, 2), "s", ratio=_ratio(read_s, plain_read_s),
+            vs="pq.read_table of the plain file", note=f"{n / read_s / 1e3:,.0f}k rows/s"),
+        row(f"turns_table: {m:,} dict rows -> Arrow (after)", _r(conv_s, 2), "s",
+            ratio=_ratio(conv_before_s, conv_s), vs="per-row loop (before)",
+            note=f"before {conv_before_s:.2f} s; pa.Table.from_pylist {pylist_s:.2f} s"),
+    ], "details": {"turns": n, "synthetic_build_s": round(build_s, 2), "file_bytes": size,
+                   "plain_file_bytes": plain_size, "arrow_mib": round(mem_mib, 1), "peak_rss_gib": _r(peak_rss_gib())}}
+
+
+def _store_build(num_episodes: int) -> dict[str, float]:
+    from benchmarks.common import synthetic_episodes
+    from pipeline.io import atomic_dir
+    from pipeline.memory.store import build_entries, EpisodicStore, write_store
+    from pipeline.stages.store import store_metrics
+
+    episodes, turns = synthetic_episodes(num_episodes, seed=0)
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    entries = build_entries(episodes, turns, splits=["train"], config_hash="bench")
+    out["build_entries_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store = EpisodicStore.from_entries(entries)
+    out["to_table_s"] = time.perf_counter() - t0
+    del entries
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        with atomic_dir(Path(tmp) / "store") as d:
+            write_store(store, d)
+        out["write_store_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    store_metrics(store)
+    out["metrics_s"] = time.perf_counter() - t0
+    out["total_s"] = sum(out.values())
+    out["entries"] = len(store)
+    return out
+
+
+def bench_store(variant: str, quick: bool) -> dict[str, Any]:
+    """The store stage's core on synthetic episodes: 10^5 (and 10^4 for the scaling ratio)."""
+    big, small = (1_000, 100) if quick else (100_000, 10_000)
+    s = _store_build(small)
+    b = _store_build(big)
+    parts = ", ".join(f"{k[:-2]} {v:.1f} s" for k, v in b.items() if k.endswith("_s") and k != "total_s")
+    return {"rows": [
+        row(f"store build, {big:,} episodes (6 turns each)", _r(b["total_s"], 1), "s",
+            ratio=_ratio(b["total_s"], s["total_s"]), vs=f"{small:,} episodes (10 = linear)",
+            note=f"{big / b['total_s']:,.0f} episodes/s; {parts}"),
+    ], "details": {"big": b, "small": s, "peak_rss_gib": _r(peak_rss_gib())}}
+
+
+# ----------------------------------------------------------------------------- existing benchmarks
+
+
+def bench_retrieval(variant: str, quick: bool) -> dict[str, Any]:
+    """Top-3 retrieval (issue 5): the vectorised index against a per-entry Python loop."""
+    from benchmarks.bench_retrieval import bench_size
+
+    sizes = [1_000, 10_000] if quick else [1_000, 100_000, 1_000_000]
+    rows, details = [], []
+    for n in sizes:
+        r = bench_size(n, queries=5 if quick else 31, loop_max=10_000 if quick else 100_000,
+                       loop_queries=2 if quick else 3, seed=0)
+        details.append(r)
+        big = n >= 1_000_000
+        rows.append(row(f"top-3 retrieval over {n:,} entries", _r(r["vectorised_ms"], 2), "ms",
+                        ratio=_ratio(r["loop_ms"], r["vectorised_ms"], 0),
+                        vs="per-entry Python loop" + (" (extrapolated)" if r["extrapolated"] else ""),
+                        target="< 50 ms, >= 50x" if big else None,
+                        met=(r["vectorised_ms"] < 50 and r["ratio"] >= 50) if big else None,
+                        note=f"index build {r['index_build_s']:.2f} s; pre-tokenised loop "
+                             f"{r['ratio_pretok']:.0f}x; same results: {r['agree']}"))
+    return {"rows": rows, "details": details}
+
+
+def bench_render(variant: str, quick: bool) -> dict[str, Any]:
+    """System prompts per second (issue 6)."""
+    from benchmarks.bench_render import run
+
+    r = run(n=2_000 if quick else 20_000, repeats=1 if quick else 3)
+    full = r["get_system_prompt_per_s"]
+    return {"rows": [
+        row("get_system_prompt (per turn, llm agent)", full, "prompts/s", target=">= 10,000/s", met=full >= 10_000,
+            note=f"{r['prompt_chars']} characters"),
+        row("render_turn (frozen per-episode prompt)", r["render_turn_per_s"], "prompts/s",
+            ratio=_ratio(r["render_turn_per_s"], full), vs="get_system_prompt"),
+        row("freeze_system_prompt (per task, render stage)", r["freeze_per_s"], "prompts/s",
+            ratio=_ratio(r["freeze_per_s"], full), vs="get_system_prompt"),
+        row("render_memory_value (nested memory dict)", r["render_memory_value_per_s"], "renders/s"),
+    ], "details": r}
+
+
+def bench_collect_llm(variant: str, quick: bool) -> dict[str, Any]:
+    """Batched vs sequential generation and early stop (issue 3), tiny GPT-2 fitted on real prompts."""
+    from benchmarks.bench_collect_llm import run
+
+    kw = dict(turns_n=8, batch=4, fit_steps=20, fit_examples=4, repeats=1) if quick else dict(turns_n=32, batch=8)
+    r = run(**kw)
+    runs = r["runs"]
+    b, s = runs["batched"], runs["sequential"]
+    return {"rows": [
+        row(f"batched collection N={r['batch']}, real prompts", _r(b["steps_per_s"], 2), "steps/s",
+            ratio=r["speedup_real_prompts_steps"], vs="sequential (one at a time)", target=">= 4x",
+            met=r["speedup_real_prompts_steps"] >= 4, note=f"same actions: {r['same_actions_batched_vs_sequential']}"),
+        row(f"batched generation N={r['batch']}, decode-bound", _r(runs["short_batched"]["tokens_per_s"], 1),
+            "tokens/s", ratio=r["speedup_short_prompts_tokens"], vs="sequential", target=">= 4x",
+            met=r["speedup_short_prompts_tokens"] >= 4, note=f"same ids: {r['same_ids_short_batched_vs_sequential']}"),
+        row("early stop: generated tokens per turn", _r(b["tokens_per_turn"], 1), "tokens",
+            ratio=r["early_stop_tokens_per_turn_ratio"], vs="no early stop"),
+        row("early stop: wall time, batched", _r(b["wall_s"], 2), "s", ratio=r["early_stop_wall_ratio_batched"],
+            vs="no early stop"),
+        row("early stop: wall time, sequential", _r(s["wall_s"], 2), "s",
+            ratio=r["early_stop_wall_ratio_sequential"], vs="no early stop"),
+    ], "details": r}
+
+
+# ----------------------------------------------------------------------------- collect memory
+
+
+def _collect_setup(quick: bool) -> tuple[Any, Path, list, dict, str]:
+    """(cfg, root, manifest rows, scenes, model label): the default model when the pipeline
+    benchmark left one in its scratch copy, else the tiny test model in the tiny world."""
+    from omegaconf import OmegaConf
+
+    from pipeline.config import compose_text, validate
+
+    repo = bench_dir() / "repo"
+    if (repo / "params.yaml").exists() and Path.cwd().resolve() == repo.resolve():
+        cfg = validate(OmegaConf.create((repo / "params.yaml").read_text()))
+        model_dir = repo / str(cfg.model.name_or_path or "")
+        if cfg.agent.name == "llm" and cfg.model.name_or_path and (model_dir / "config.json").exists():
+            from pipeline.stages.collect import load_games
+
+            manifest, scenes = load_games(repo, cfg)
+            return cfg, repo, manifest, scenes, f"default model ({cfg.model.name_or_path})"
+    from benchmarks.bench_load import tiny_model_dir
+    from pipeline.stages.games import build_games
+
+    cfg = validate(OmegaConf.create(compose_text(ROOT, ["env=tiny", "env.compile_workers=2", "agent=llm",
+                                                        "model=local", "sampling=greedy"])))
+    root = bench_dir() / "tiny_world"
+    shutil.rmtree(root, ignore_errors=True)
+    games = build_games(cfg, root, progress=False)
+    cfg.model.name_or_path = str(tiny_model_dir(cfg, games, root))
+    return cfg, root, games.rows, games.scenes, "TINY TEST MODEL (pipeline/llm/tiny.py; no default model yet)"
+
+
+def _warm_up(cfg: Any, root: Path, tasks: list, scenes: dict) -> None:
+    """One short episode first: imports, TextWorld's grammar and the model's first load are
+    paid once per process, so the timed runs measure steady-state collection."""
+    from pipeline.stages.collect import run_collection
+
+    steps = cfg.env.max_steps
+    cfg.env.max_steps = 1
+    with tempfile.TemporaryDirectory() as tmp:
+        run_collection(cfg, root, tasks[:1], Path(tmp) / "episodes", scenes=scenes, ckpt_name="bench_warm_up",
+                       desc="warm-up")
+    cfg.env.max_steps = steps
+
+
+def _collect_threads(quick: bool) -> dict[str, Any]:
+    """Collect at batch 8 with torch's default thread count (before issue 9) and with the fix's."""
+    import torch
+
+    from pipeline.rollout import tasks_from_manifest
+    from pipeline.stages import collect as C
+
+    cfg, root, manifest, scenes, label = _collect_setup(quick)
+    cfg.agent.batch_size, cfg.agent.batched, cfg.env.max_steps = 8, True, 3 if quick else 5
+    train = [r for r in manifest if r["split"] == "train"]
+    tasks = tasks_from_manifest(manifest, split="train", master_seed=0, repeats=-(-8 // len(train)))[:8]
+    default = torch.get_num_threads()
+    fixed = C.INFERENCE_THREADS
+    _warm_up(cfg, root, tasks, scenes)
+    times: dict[int, list[float]] = {default: [], fixed: []}
+    turns = 0
+    for threads in [default, fixed] * (1 if quick else 2):
+        C.INFERENCE_THREADS = threads
+        with tempfile.TemporaryDirectory() as tmp:
+            t0 = time.perf_counter()
+            _, stats = C.run_collection(cfg, root, tasks, Path(tmp) / "episodes", scenes=scenes,
+                                        ckpt_name="bench_threads", desc=f"collect, {threads} threads")
+            times[threads].append(time.perf_counter() - t0)
+            turns = stats["num_turns"]
+    C.INFERENCE_THREADS = fixed
+    before, after = min(times[default]), min(times[fixed])
+    return {"rows": [
+        row(f"collect batch 8, torch threads = cores ({default}) (before)", _r(turns / before, 2), "steps/s",
+            note=f"{label}; {turns} steps, best of {len(times[default])}: {before:.1f} s"),
+        row(f"collect batch 8, torch threads = {fixed} (after)", _r(turns / after, 2), "steps/s",
+            ratio=_ratio(before, after), vs=f"{default} threads (before)",
+            note=f"best of {len(times[fixed])}: {after:.1f} s; load {load_average()}"),
+    ], "details": {"model": label, "times_s": {str(k): [round(x, 2) for x in v] for k, v in times.items()},
+                   "turns": turns}}
+
+
+def bench_collect_memory(variant: str, quick: bool) -> dict[str, Any]:
+    """Peak memory and speed of collect with the llm agent at one batch size (``variant``)."""
+    from pipeline.rollout import tasks_from_manifest
+    from pipeline.stages.collect import INFERENCE_THREADS, run_collection
+
+    if variant == "threads":
+        return _collect_threads(quick)
+    batch = int(variant)
+    episodes, steps = (4, 3) if quick else (32, 10)
+    cfg, root, manifest, scenes, label = _collect_setup(quick)
+    cfg.agent.batch_size = batch
+    cfg.agent.batched = batch > 1
+    cfg.env.max_steps = steps
+    train = [r for r in manifest if r["split"] == "train"]
+    tasks = tasks_from_manifest(manifest, split="train", master_seed=0, repeats=-(-episodes // len(train)))[:episodes]
+    _warm_up(cfg, root, tasks, scenes)
+    rss0 = peak_rss_gib()
+    with tempfile.TemporaryDirectory() as tmp:
+        t0 = time.perf_counter()
+        _, stats = run_collection(cfg, root, tasks, Path(tmp) / "episodes", scenes=scenes,
+                                  ckpt_name=f"bench_collect_{batch}", desc=f"collect batch {batch}")
+        wall = time.perf_counter() - t0
+    peak = peak_rss_gib()
+    sps = stats["num_turns"] / wall
+    return {"rows": [
+        row(f"collect batch {batch}: peak memory [{label.split(' (')[0]}]", _r(peak, 3), "GiB",
+            target="< 2 GiB" if batch == 32 else None, met=(peak < 2) if batch == 32 else None,
+            note=f"{label}; {len(tasks)} episodes x <= {steps} steps; after a 1-step warm-up {rss0:.2f} GiB"),
+        row(f"collect batch {batch}: agent steps/s", _r(sps, 2), "steps/s",
+            vs=None if batch == 1 else "collect batch 1: agent steps/s",  # ratio filled in by the parent
+            note=f"{stats['num_turns']} steps in {wall:.1f} s; {stats.get('generated_tokens_per_turn', 0):.1f} "
+                 f"generated tokens/turn; torch threads while generating: {INFERENCE_THREADS}"),
+    ], "details": {"batch": batch, "model": label, "wall_s": round(wall, 2), "steps_per_s": round(sps, 3),
+                   "peak_rss_gib": _r(peak), "stats": stats}}
+
+
+def bench_load(variant: str, quick: bool) -> dict[str, Any]:
+    """Issue 10's load figures: collect with 64 environments batched, a 10^6-entry store."""
+    from types import SimpleNamespace
+
+    from benchmarks import bench_load as bl
+
+    args = SimpleNamespace(envs=4 if quick else 64, steps=3 if quick else 15, max_new_tokens=48,
+                           entries=10_000 if quick else 1_000_000, seed=0, tracemalloc=False)
+    res = bl.child(variant, args)
+    if variant == "store-load":
+        shutil.rmtree(bl.store_dir(args.entries, args.seed), ignore_errors=True)
+    what = {"collect-llm": f"collect, {args.envs} environments batched (tiny model)",
+            "store-write": f"store write, {args.entries:,} entries", "store-load": f"store load + index + 20 queries, "
+            f"{args.entries:,} entries"}[variant]
+    return {"rows": [row(f"{what}: peak memory", res["peak_rss_gib"], "GiB", target="< 4 GiB",
+                         met=res["within_target"], note=f"wall {res['wall_s']} s")], "details": res}
+
+
+# ----------------------------------------------------------------------------- driver
+
+# name -> (function, variants (full), variants (quick), what it measures). Order = run order:
+# the pipeline first, so collect_memory finds the default model it trained.
+BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], str]] = {
+    "pipeline": (bench_pipeline, [""], [""], "cold default `dvc repro` per stage; warm no-op `dvc repro`, `dvc status`"),
+    "startup": (bench_startup, [""], [""], "per-process costs: imports, load_params before/after its stamp"),
+    "parquet": (bench_parquet, [""], [""], "write/read 10^6 turns canonically; dict rows -> Arrow"),
+    "store": (bench_store, [""], [""], "store stage core on 10^5 synthetic episodes"),
+    "retrieval": (bench_retrieval, [""], [""], "top-3 retrieval at 10^3 / 10^5 / 10^6 vs a per-entry loop"),
+    "render": (bench_render, [""], [""], "system prompts per second"),
+    "collect_llm": (bench_collect_llm, [""], [""], "batched vs sequential generation; early stop"),
+    "collect_memory": (bench_collect_memory, ["1", "8", "32", "threads"], ["1", "4", "threads"],
+                       "collect peak memory and steps/s at batch 1 / 8 / 32 with the default model; "
+                       "torch threads before / after"),
+    "load": (bench_load, ["collect-llm", "store-write", "store-load"], ["collect-llm", "store-write", "store-load"],
+             "issue 10: peak memory of 64 batched environments and a 10^6-entry store"),
+}
+
+
+def run_child(name: str, variant: str, quick: bool) -> int:
+    fn = BENCHMARKS[name][0]
+    t0 = time.perf_counter()
+    res = fn(variant, quick)
+    res["wall_s"] = round(time.perf_counter() - t0, 1)
+    res["peak_rss_gib"] = _r(peak_rss_gib())
+    print(RESULT_TAG + json.dumps(res, default=str), flush=True)
+    return 0
+
+
+# Benchmarks that play with the pipeline benchmark's products (its trained default model)
+# run inside its scratch copy, with the code and params.yaml of that copy.
+IN_SCRATCH = ("collect_memory",)
+
+
+def run_parent_one(name: str, variant: str, quick: bool, timeout: float, log) -> dict[str, Any]:
+    cmd = [sys.executable, "-m", "benchmarks", "--child", name, "--variant", variant] + (["--quick"] if quick else [])
+    repo = bench_dir() / "repo"
+    cwd = repo if name in IN_SCRATCH and (repo / "benchmarks" / "__main__.py").exists() else ROOT
+    load_before = load_average()
+    t0 = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout, env={**os.environ})
+        out, err, code = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        err, code = f"timed out after {timeout:.0f} s", -1
+    wall = time.perf_counter() - t0
+    if log is not None:
+        log.write(f"===== {name} {variant} (exit {code})\n{out}\n{err}\n")
+    line = next((ln for ln in reversed(out.splitlines()) if ln.startswith(RESULT_TAG)), None)
+    base = {"variant": variant, "wall_s": round(wall, 1), "load_before": load_before, "load_after": load_average()}
+    if code != 0 or line is None:
+        tail = (err or out).strip().splitlines()[-8:]
+        return {**base, "status": "failed", "error": f"exit {code}: " + " | ".join(tail)[-800:], "rows": []}
+    return {**base, "status": "ok", **json.loads(line[len(RESULT_TAG):])}
+
+
+def cross_variant_ratios(results: dict[str, list[dict]]) -> None:
+    """A row whose ``vs`` names a figure of another process of the same benchmark gets its ratio here."""
+    for runs in results.values():
+        values = {r["figure"]: r["value"] for run in runs for r in run.get("rows", [])}
+        for run in runs:
+            for r in run.get("rows", []):
+                if r["ratio"] is None and r["vs"] in values:
+                    r["ratio"] = _ratio(r["value"], values[r["vs"]])
+
+
+def fmt_value(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 100 else f"{v:,.0f}"
+    if isinstance(v, int):
+        return f"{v:,d}"
+    return str(v)
+
+
+def print_table(meta: dict[str, Any], results: dict[str, list[dict]], out=None) -> None:
+    out = out or sys.stdout
+    print(f"benchmarks {meta['date']} on {meta['host']}: {meta['cores']} cores, {meta['cpu_model']}, "
+          f"{meta['memory_gib']} GiB; python {meta['python']}, torch {meta['packages'].get('torch')}; "
+          f"git {meta.get('git')}; load average at start {meta['load_average']}"
+          + (" [QUICK smoke run: not the real figures]" if meta.get("quick") else ""), file=out)
+    head = ("figure", "value", "unit", "ratio", "vs", "target", "met")
+    table = []
+    for name, runs in results.items():
+        for run in runs:
+            if run["status"] != "ok":
+                table.append((f"{name} {run['variant']}".strip() + ": FAILED", "-", "", "", run["error"][:90], "", ""))
+                continue
+            for r in run["rows"]:
+                met = "" if r["met"] is None else ("yes" if r["met"] else "NO")
+                table.append((r["figure"], fmt_value(r["value"]), r["unit"],
+                              "" if r["ratio"] is None else f"{r['ratio']:,.2f}x", r["vs"] or "", r["target"] or "",
+                              met))
+    widths = [max(len(str(x[i])) for x in [head, *table]) for i in range(len(head))]
+    widths[4] = min(widths[4], 40)
+    line = " | ".join(h.ljust(w) for h, w in zip(head, widths))
+    print(line, file=out)
+    print("-" * len(line), file=out)
+    for t in table:
+        cells = [str(c)[:w].rjust(w) if i in (1, 3) else str(c)[:w].ljust(w) for i, (c, w) in enumerate(zip(t, widths))]
+        print(" | ".join(cells), file=out)
+    for name, runs in results.items():
+        for run in runs:
+            print(f"  {name} {run['variant']}".rstrip() + f": {run['wall_s']} s, load {run['load_before']} -> "
+                  f"{run['load_after']}" + (f", peak {run.get('peak_rss_gib')} GiB" if run.get("peak_rss_gib") else ""),
+                  file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), metavar="NAME",
+                        help="run only these benchmarks: " + ", ".join(BENCHMARKS))
+    parser.add_argument("--quick", action="store_true", help="smoke version: small sizes, seconds to minutes each")
+    parser.add_argument("--list", action="store_true", help="list the benchmarks and exit")
+    parser.add_argument("--out", type=Path, help=f"results file (default {RESULTS.relative_to(ROOT)}; "
+                        "a --quick run writes one only when given)")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds per benchmark process")
+    parser.add_argument("--keep", action="store_true", help="keep the scratch folder (pipeline copy, games)")
+    parser.add_argument("--scratch", type=Path, help="reuse this kept scratch folder (e.g. the pipeline "
+                        "benchmark's copy with its trained model, for --only collect_memory); implies --keep")
+    parser.add_argument("--log", type=Path, help="write every child's output to this file")
+    parser.add_argument("--set-default", action="append", default=[], metavar="GROUP=OPTION",
+                        help="pipeline benchmark: change a defaults-list entry of the scratch copy's "
+                             "conf/config.yaml, e.g. agent=llm (repeatable)")
+    parser.add_argument("--child", choices=list(BENCHMARKS), help=argparse.SUPPRESS)
+    parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        return run_child(args.child, args.variant, args.quick)
+    if args.list:
+        for name, (_, full, quick, what) in BENCHMARKS.items():
+            print(f"{name:15s} {what}" + (f"  [variants: {', '.join(full)}]" if full != [""] else ""))
+        return 0
+
+    names = args.only or list(BENCHMARKS)
+    scratch = args.scratch.resolve() if args.scratch else Path(tempfile.mkdtemp(prefix="pipeline_bench_"))
+    args.keep = args.keep or bool(args.scratch)
+    os.environ[BENCH_DIR_ENV] = str(scratch)
+    os.environ[DEFAULTS_ENV] = ",".join(args.set_default)
+    meta = machine_info()
+    meta["quick"] = args.quick
+    meta["set_default"] = args.set_default
+    results: dict[str, list[dict]] = {}
+    log = open(args.log, "w", encoding="utf-8") if args.log else None
+    try:
+        for name in names:
+            variants = BENCHMARKS[name][2] if args.quick else BENCHMARKS[name][1]
+            for variant in variants:
+                print(f"[benchmarks] {name} {variant}".rstrip() + f" (load {load_average()}) ...", file=sys.stderr,
+                      flush=True)
+                res = run_parent_one(name, variant, args.quick, args.timeout, log)
+                print(f"[benchmarks]   {res['status']} in {res['wall_s']} s"
+                      + (f": {res['error']}" if res["status"] != "ok" else ""), file=sys.stderr, flush=True)
+                results.setdefault(name, []).append(res)
+    finally:
+        if log:
+            log.close()
+        if args.keep:
+            print(f"[benchmarks] scratch kept in {scratch}", file=sys.stderr)
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+    meta["load_average_end"] = load_average()
+    cross_variant_ratios(results)
+    print_table(meta, results)
+
+    out = args.out or (None if args.quick else RESULTS)
+    if out is not None:
+        doc = {"meta": meta, "benchmarks": {}}
+        if args.only and out.exists():  # update just these benchmarks, keep the others' figures
+            try:
+                doc["benchmarks"] = json.loads(out.read_text(encoding="utf-8")).get("benchmarks", {})
+            except (OSError, json.JSONDecodeError):
+                pass
+        for name, runs in results.items():
+            doc["benchmarks"][name] = {"meta": meta, "runs": runs}
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        os.replace(tmp, out)
+        print(f"wrote {out}", file=sys.stderr)
+    failed = [f"{n} {r['variant']}".strip() for n, runs in results.items() for r in runs if r["status"] != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

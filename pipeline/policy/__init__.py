@@ -1,0 +1,15 @@
+"""The default offline policy: a small causal LM the pipeline trains itself (stage ``policy``).
+
+Nothing can be downloaded on the machines this project runs on, yet the default run must
+exercise the real LLM path (a transformers model sampling text, the JSON action tracked
+token by token, tensors stored). So the ``policy`` stage builds one:
+
+- :mod:`pipeline.policy.expert`: the knowledge-limited expert that plays the demonstrations;
+- :mod:`pipeline.policy.demos`: grounding and advisories from a rule agent's train
+  episodes, expert episodes per prompt variant, rendered by the ``llm`` agent's own code;
+- :mod:`pipeline.policy.model`: byte-level BPE tokenizer, small Llama-style model, training;
+- :mod:`pipeline.policy.quality`: the model against the rule agents on the eval quests.
+
+Modules are imported explicitly (``from pipeline.policy.model import train_policy_model``);
+this package imports nothing heavy.
+"""

@@ -1,0 +1,363 @@
+"""Expert demonstrations for the default policy, in exactly the form the ``llm`` agent sees.
+
+Three steps, all on the *train* quests of the games manifest (eval quests are never
+played here):
+
+1. :func:`build_scene_memory`: a rule agent (``policy.rule_agent``, with
+   ``policy.rule_epsilon`` random slips so that the simulated user has something to
+   say) plays the train quests; its feedback goes through the ``ground`` stage's core
+   (:func:`pipeline.stages.ground.ground`), the merge rules of the ``merge`` stage
+   (per scene) and the ``store`` stage's core. That gives, per scene, a
+   ``$grounding_content`` text and an episodic store to retrieve advisories from, built
+   by the same code that builds them for the real run.
+2. :func:`play_demos`: for every train quest, prompt *variants* (no grounding / the
+   scene's grounding, times no advisory / each configured condition's injected block, as
+   ``build_memory_slot`` makes it for the ``render`` stage), and ``policy.demos_per_quest``
+   episodes of :class:`pipeline.policy.expert.BeliefExpert` replayed in
+   :class:`pipeline.env.HouseholdEnv`, the variants in turn. The expert reads the
+   variant's frozen system prompt, so what it knows is exactly what the prompt says. The
+   first demo of each variant keeps the scene's names and makes no slip; the others
+   rename the house (:func:`pipeline.policy.expert.draw_renaming`) and slip now and then.
+3. :func:`render_demos`: every turn rendered by the ``llm`` agent's own code
+   (:class:`pipeline.agents.llm.LLMAgent`: ``reset`` with the frozen prompt, ``messages``
+   per observation, the memory dict updated from each answer by the agent's
+   ``PromptOrganizer``), so the model is trained on the very prompts it will be given.
+
+    memory = build_scene_memory(cfg, root, manifest, scenes)
+    demos = play_demos(cfg, root, manifest, scenes, memory)
+    turns = render_demos(cfg, demos)      # [RenderedTurn(messages, response, train, ...)]
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from pipeline.policy.expert import (
+    DemoEpisode,
+    draw_renaming,
+    expert_episode,
+    read_knowledge,
+    rename_obj,
+    rename_pattern,
+    rename_text,
+)
+
+
+@dataclass
+class SceneMemory:
+    """Grounding and episodic store built from a rule agent's train episodes.
+
+    Attributes:
+        grounding: scene_id -> merged grounding Markdown (``""`` when the scene has none).
+        store: an :class:`pipeline.memory.EpisodicStore` of those episodes.
+        episodes, turns: the rule agent's episode and turn rows.
+    """
+
+    grounding: dict[str, str]
+    store: Any
+    episodes: list[dict]
+    turns: list[dict]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a demonstration's system prompt carries beyond the observation.
+
+    ``grounding`` is the scene's grounding text (None: none, as for a held-out scene or
+    the ``collect`` stage); ``block`` the injected advisory block (``""``: none) and
+    ``source`` the condition that produced it.
+    """
+
+    name: str
+    grounding: str | None
+    block: str
+    source: str = ""
+
+    @property
+    def bare(self) -> bool:
+        return self.grounding is None and not self.block
+
+
+@dataclass
+class Demo:
+    """One demonstration episode: the quest, the prompt variant, the renaming, the turns."""
+
+    demo_id: str
+    task: dict  # manifest row
+    variant: Variant
+    mapping: dict[str, str]
+    episode: DemoEpisode
+    index: int = 0  # k-th demo of its quest
+
+
+@dataclass
+class RenderedTurn:
+    """One demonstration turn as the agent would send it to the model."""
+
+    demo_id: str
+    turn_index: int
+    variant: str
+    messages: list[dict]
+    response: str
+    train: bool
+
+
+def _rng(seed: int, *parts: Any) -> np.random.Generator:
+    key = [int(seed)] + [zlib.crc32(str(p).encode("utf-8")) for p in parts]
+    return np.random.default_rng(key)
+
+
+def _scene_prefs(scenes: Mapping[str, Any], row: Mapping[str, Any]) -> list[dict]:
+    wanted = set(row.get("preferences") or [])
+    return [dict(p) for p in scenes[row["scene_id"]].get("preferences", []) if p["id"] in wanted]
+
+
+def make_env(cfg: Any, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any]) -> Any:
+    """The ``HouseholdEnv`` of a manifest row, built as the ``collect`` stage builds it
+    (minus ``info["expert_plan"]``: the expert plans for itself)."""
+    from pipeline.env import HouseholdEnv
+
+    return HouseholdEnv(str(root / row["game_file"]), scene_id=row["scene_id"], quest_id=row["quest_id"],
+                        objective=row["objective"], max_steps=cfg.env.max_steps, reward=cfg.env.reward,
+                        preferences=_scene_prefs(scenes, row), compute_expert_plan=False)
+
+
+# --------------------------------------------------------------------------- scene memory
+
+
+def build_scene_memory(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                       *, progress: Callable[[int], None] | None = None) -> SceneMemory:
+    """Play the train quests with the rule agent and build grounding + store from them.
+
+    The ``ground`` stage's extractive generator is used whatever ``grounding.generator``
+    says (there is no model yet); merging follows ``grounding.dedupe_contents``.
+    """
+    from pipeline.grounding import merge_grounding_docs, render_grounding_to_markdown
+    from pipeline.memory import EpisodicStore, build_entries
+    from pipeline.rollout import play, tasks_from_manifest
+    from pipeline.schemas import episodes_table, turns_table
+    from pipeline.stages.collect import make_factories
+    from pipeline.stages.ground import ground
+
+    pol = cfg.model.policy
+    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": float(pol.rule_epsilon)}})
+    tasks = tasks_from_manifest(manifest, split="train", master_seed=int(cfg.seed))
+    make_env_, make_agent_, make_user_ = make_factories(rule_cfg, root, dict(scenes))
+    bar = _Progress(progress)
+    records = play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
+                   agent_name=str(pol.rule_agent), preference_in_success=bool(cfg.user.preference_in_success),
+                   unknown_feedback=str(cfg.grounding.unknown_type), progress=bar)
+    episodes = [r["episode"] for r in records]
+    turns = [t for r in records for t in r["turns"]]
+    docs = ground(episodes, turns, generator="extractive", timestamp=str(cfg.grounding.timestamp),
+                  unknown_type=str(cfg.grounding.unknown_type))
+    by_scene: dict[str, list[dict]] = {}
+    for doc in docs:
+        by_scene.setdefault(doc["expr_info"].get("scene_id") or "unknown", []).append(doc)
+    grounding = {scene: render_grounding_to_markdown(
+        merge_grounding_docs(ds, dedupe_contents=bool(cfg.grounding.dedupe_contents))).strip()
+        for scene, ds in sorted(by_scene.items())}
+    splits = list(cfg.memory.store_splits) or None
+    entries = build_entries(episodes_table(episodes), turns_table(turns), splits=splits, config_hash=None)
+    store = EpisodicStore.from_entries(entries, tie_seed=int(cfg.seed))
+    return SceneMemory(grounding=grounding, store=store, episodes=episodes, turns=turns)
+
+
+class _Progress:
+    """``progress.update(n)`` for :func:`pipeline.rollout.play` over a plain callback."""
+
+    def __init__(self, fn: Callable[[int], None] | None):
+        self.fn = fn
+
+    def update(self, n: int = 1) -> None:
+        if self.fn is not None:
+            self.fn(n)
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def grounding_text(cfg: Any, memory: SceneMemory, scene_id: str, organizer: Any) -> str | None:
+    """``$grounding_content`` of a task, as the ``render`` stage assembles it (None: nothing).
+
+    The scene's merged grounding, then the merge of ``grounding.files`` when set, joined
+    like the merged files are; None when ``grounding.use_in_prompt`` is off or both are empty.
+    """
+    from pipeline.grounding import TEXT_JOINER
+
+    if not bool(cfg.grounding.use_in_prompt):
+        return None
+    parts = [memory.grounding.get(scene_id, "")]
+    if organizer.grounding_file_path:
+        configured = organizer.grounding_content()
+        parts.append("" if configured == organizer.empty_grounding_text else configured)
+    parts = [p.strip() for p in parts if p and p.strip()]
+    return TEXT_JOINER.join(parts) if parts else None
+
+
+def freeze_prompt(organizer: Any, objective: str, scene_id: str, grounding: str | None, block: str) -> str:
+    """The per-episode system prompt, rendered as ``pipeline.stages.render.Renderer.prompt`` does.
+
+    With neither grounding nor block it is the prompt the ``llm`` agent renders for itself
+    in ``collect`` (the default grounding files, no advisory slot).
+    """
+    organizer.set_variables(objective=objective, scene=scene_id)
+    organizer.set_memory_block(block)
+    if grounding is None and not block:
+        return organizer.freeze_system_prompt()
+    content = grounding if grounding is not None else organizer.empty_grounding_text
+    return organizer.freeze_system_prompt(None, grounding_content=content)
+
+
+def prompt_variants(cfg: Any, memory: SceneMemory, row: Mapping[str, Any], organizer: Any) -> list[Variant]:
+    """The prompt variants of a task: {no grounding, scene grounding} x {no block, each
+    distinct block the configured conditions inject}."""
+    from pipeline.memory import build_memory_slot
+
+    groundings: list[tuple[str, str | None]] = [("plain", None)]
+    text = grounding_text(cfg, memory, str(row["scene_id"]), organizer)
+    if text is not None:
+        groundings.append(("grounded", text))
+    blocks: list[tuple[str, str]] = [("", "")]
+    for name in cfg.condition:
+        slot = build_memory_slot(memory.store, dict(row), cfg.condition[name], cfg.memory, rng=int(cfg.seed),
+                                 condition_name=str(name))
+        block = slot.injected_block_text
+        if block and block not in [b for _, b in blocks]:
+            blocks.append((str(name), block))
+    out = []
+    for gname, gtext in groundings:
+        for source, block in blocks:
+            out.append(Variant(f"{gname}+{source}" if source else gname, gtext, block, source))
+    return out
+
+
+# --------------------------------------------------------------------------- demonstrations
+
+
+def play_demos(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+               memory: SceneMemory, *, progress: Callable[[int], None] | None = None) -> list[Demo]:
+    """Expert episodes on every train quest and prompt variant (see the module docstring)."""
+    from pipeline.prompts import PromptOrganizer
+
+    pol = cfg.model.policy
+    seed = int(cfg.seed)
+    organizer = PromptOrganizer.from_config(cfg)
+    eval_objectives = {r["objective"] for r in manifest if r["split"] != "train"}
+    demos: list[Demo] = []
+    rows = sorted((r for r in manifest if r["split"] == "train"), key=lambda r: (r["scene_id"], r["quest_id"]))
+    for row in rows:
+        spec = scenes[row["scene_id"]]
+        variants = prompt_variants(cfg, memory, row, organizer)
+        frozen = [freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block) for v in variants]
+        for k in range(int(pol.demos_per_quest)):
+            # One demo per variant with the scene's own names and no slip, then renamed
+            # houses (other names, places and directions) with slips, variants in turn.
+            vi = k % len(variants)
+            variant = variants[vi]
+            rng = _rng(seed, "demo", row["scene_id"], row["quest_id"], k)
+            mapping: dict[str, str] = {}
+            if k >= len(variants):
+                for _ in range(20):  # a renamed train quest must not read like an eval quest
+                    mapping = draw_renaming(spec, rng)
+                    if rename_text(row["objective"], mapping) not in eval_objectives:
+                        break
+                else:
+                    mapping = {}
+            env = make_env(cfg, root, scenes, row)
+            try:
+                env.reset()
+                know = read_knowledge(frozen[vi], env.world, _scene_prefs(scenes, row))
+                episode = expert_episode(env, know, slip_prob=float(pol.slip_prob) if mapping else 0.0,
+                                         rng=rng, explore_cap=int(pol.explore_cap))
+            finally:
+                env.close()
+            demo_id = f"demo_{row['scene_id']}_{row['quest_id']}_{k:02d}"
+            demos.append(Demo(demo_id, dict(row), variant, mapping, episode, k))
+            if progress is not None:
+                progress(1)
+    return demos
+
+
+class _NoBackend:
+    """Stands in for a model when the agent is only used to build prompts."""
+
+    name = "none"
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never called
+        raise RuntimeError("the demonstration renderer does not generate")
+
+
+def render_demos(cfg: Any, demos: Sequence[Demo]) -> list[RenderedTurn]:
+    """Every demonstration turn as the ``llm`` agent's chat messages and the expert's answer.
+
+    The agent is reset with the demonstration's frozen prompt (None for a bare variant, so
+    the agent renders ``prompts.system_template`` itself, as in ``collect``); after each
+    turn its memory dict is updated from the answer exactly as ``LLMAgent.finish_turn``
+    does. Renamed demonstrations rename the objective, grounding, block, observations and
+    answers consistently before anything is rendered.
+    """
+    from pipeline.agents.llm import LLMAgent
+    from pipeline.prompts import PromptOrganizer, extract_json_object
+
+    agent = LLMAgent(cfg, backend=_NoBackend())
+    organizer = PromptOrganizer.from_config(cfg)
+    out: list[RenderedTurn] = []
+    for demo in demos:
+        m = demo.mapping
+        pat = rename_pattern(m)
+        task = demo.task
+        objective = rename_text(task["objective"], m, pat)
+        system_prompt = None
+        if not demo.variant.bare:
+            g = demo.variant.grounding
+            system_prompt = freeze_prompt(organizer, objective, task["scene_id"],
+                                          rename_text(g, m, pat) if g is not None else None,
+                                          rename_text(demo.variant.block, m, pat))
+        agent.reset({"episode_id": demo.demo_id, "scene_id": task["scene_id"], "quest_id": task["quest_id"],
+                     "objective": objective, "seed": 0, "system_prompt": system_prompt})
+        for i, turn in enumerate(demo.episode.turns):
+            obs = rename_obj(turn.obs, m, pat)
+            response = rename_text(turn.response, m, pat)
+            out.append(RenderedTurn(demo.demo_id, i, demo.variant.name, agent.messages(obs), response, turn.train))
+            parsed = extract_json_object(response)
+            if parsed is not None:
+                agent.organizer.update_memory_from_response(parsed)
+            agent.turn += 1
+    return out
+
+
+def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
+    """Counts for ``metrics/policy.json``: episodes, turns, expert success per variant kind."""
+    by: dict[str, list[Demo]] = {}
+    for d in demos:
+        by.setdefault(d.variant.name.split("+")[0] + ("+memory" if d.variant.block else ""), []).append(d)
+
+    def rate(ds: list[Demo], f: Callable[[Demo], bool]) -> float:
+        return round(sum(map(f, ds)) / len(ds), 6) if ds else 0.0
+
+    return {
+        "episodes": len(demos),
+        "turns": len(turns),
+        "train_turns": sum(t.train for t in turns),
+        "renamed_episodes": sum(bool(d.mapping) for d in demos),
+        "slips": sum(not t.train for t in turns),
+        "by_variant": {k: {"episodes": len(v), "expert_won": rate(v, lambda d: d.episode.won),
+                           "expert_success": rate(v, lambda d: d.episode.won and d.episode.preferences_ok),
+                           "mean_turns": round(sum(len(d.episode.turns) for d in v) / len(v), 3),
+                           "mean_search_steps": round(sum(d.episode.searched_steps for d in v) / len(v), 3)}
+                       for k, v in sorted(by.items())},
+    }
+
+
+def demo_rows(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> list[dict]:
+    """Rows of ``data/policy/demos.parquet``: what the model was trained on, verbatim."""
+    return [{"demo_id": t.demo_id, "turn_index": t.turn_index, "variant": t.variant, "prompt": p,
+             "response": t.response, "train": t.train} for t, p in zip(turns, prompts)]
+

@@ -1,0 +1,263 @@
+"""The default policy (stage ``policy``): expert, demonstrations, tokenizer, training, reload.
+
+Runs the real code on the session's tiny games: a rule agent's train episodes give the
+grounding and advisories, the knowledge-limited expert plays demonstrations rendered by
+the ``llm`` agent's own prompt code, and a tiny model trained for a few dozen steps on
+one quest's demonstrations is saved, reloaded with ``AutoModelForCausalLM`` /
+``AutoTokenizer`` and plays that quest with parseable actions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+TINY_POLICY = {
+    "rule_agent": "react", "rule_epsilon": 0.6, "demos_per_quest": 8, "slip_prob": 0.2, "explore_cap": 12,
+    "vocab_size": 400, "hidden_size": 48, "intermediate_size": 96, "n_layer": 2, "n_head": 2, "max_positions": 1024,
+    "epochs": 1, "episodes_per_batch": 2, "lr": 0.005, "warmup_steps": 3, "weight_decay": 0.0, "threads": 1,
+    "evaluate": True,
+}
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_cfg):
+    """The tiny config with the llm agent, the policy model group and a tiny policy."""
+    return OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm", "batch_size": 4},
+                                      "model": {"name_or_path": "data/policy/model", "train_policy": True,
+                                                "policy": TINY_POLICY}})
+
+
+@pytest.fixture(scope="module")
+def memory(cfg, tiny_games):
+    from pipeline.policy.demos import build_scene_memory
+
+    return build_scene_memory(cfg, tiny_games.root, tiny_games.rows, tiny_games.scenes)
+
+
+@pytest.fixture(scope="module")
+def demos(cfg, tiny_games, memory):
+    from pipeline.policy.demos import play_demos, render_demos
+
+    demos = play_demos(cfg, tiny_games.root, tiny_games.rows, tiny_games.scenes, memory)
+    return demos, render_demos(cfg, demos)
+
+
+def _train_row(tiny_games):
+    return sorted((r for r in tiny_games.rows if r["split"] == "train"), key=lambda r: r["quest_id"])[0]
+
+
+# --------------------------------------------------------------------------- expert
+
+
+def test_knowledge_counts_only_true_statements_and_known_preferences(tiny_games):
+    from pipeline.env import HouseholdEnv
+    from pipeline.policy.expert import read_knowledge, room_of
+
+    row = _train_row(tiny_games)
+    prefs = tiny_games.scenes[row["scene_id"]]["preferences"]
+    with HouseholdEnv(tiny_games.game_path(row), objective=row["objective"], preferences=prefs) as env:
+        env.reset()
+        w = env.world
+        obj = sorted(w.location)[0]
+        room = room_of(w, obj)
+        wrong = next(r for r in w.rooms() if r != room)
+        text = f"- {obj} is in the {wrong}.\n- Nothing_9 is in the {room}.\n"
+        assert read_knowledge(text, w, prefs).located == frozenset()
+        truth = read_knowledge(f"{obj} is in the {room}.\n" + "\n".join(p["text"] for p in prefs), w, prefs)
+        assert obj in truth.located
+        assert [p["id"] for p in truth.preferences] == [p["id"] for p in prefs]
+
+
+def test_expert_demos_win_and_cover_the_prompt_variants(demos, memory):
+    demos, turns = demos
+    assert demos and all(d.episode.won for d in demos if not d.mapping), "clean expert demos must win"
+    variants = {d.variant.name for d in demos}
+    assert "plain" in variants and any(v.startswith("grounded") for v in variants)
+    assert any(d.variant.block for d in demos), "some demos carry an advisory block"
+    # Every answer is one reasoning line then a JSON action the agent parses.
+    from pipeline.prompts import extract_json_object
+
+    for t in turns:
+        line, _, js = t.response.partition("\n")
+        obj = json.loads(js)
+        assert line and obj["action"] and set(obj["memory"]) == {"plan", "notes"}
+        assert extract_json_object(t.response) == obj
+
+
+def test_renamed_demos_rename_prompts_and_answers_consistently(demos, tiny_games):
+    demos, turns = demos
+    renamed = [d for d in demos if d.mapping]
+    assert renamed
+    d = renamed[0]
+    text = "\n".join(t.messages[0]["content"] + t.response for t in turns if t.demo_id == d.demo_id)
+    objects = [o["name"] for o in tiny_games.scenes[d.task["scene_id"]]["objects"]]
+    for old, new in d.mapping.items():
+        if old in objects:
+            assert new in text and f"{old}," not in text and f"{old}." not in text
+
+
+def test_scene_grounding_is_what_the_ground_and_merge_stages_write(cfg, memory, tmp_path):
+    """The demos' grounding text equals the merge stage's output for the same episodes."""
+    from pipeline.stages.ground import ground, write_ground_outputs
+    from pipeline.stages.merge import merge_groundings
+
+    docs = ground(memory.episodes, memory.turns, generator="extractive", timestamp=str(cfg.grounding.timestamp))
+    index = write_ground_outputs(docs, tmp_path / "grounding", "both")
+    merged, _ = merge_groundings(index, "grounding", [], root=tmp_path)
+    assert merged and {s: m.content.strip() for s, m in merged.items()} == memory.grounding
+    assert any(memory.grounding.values()), "the rule agent's slips drew feedback"
+
+
+def test_demo_prompts_are_the_agents_prompts(cfg, demos, tiny_games):
+    """A plain demo turn's messages are what the llm agent itself sends for that observation."""
+    from pipeline.agents.llm import LLMAgent
+    from pipeline.policy.demos import _NoBackend
+
+    demos, turns = demos
+    d = next(d for d in demos if d.variant.bare and not d.mapping)
+    agent = LLMAgent(cfg, backend=_NoBackend())
+    agent.reset({"episode_id": "x", "objective": d.task["objective"], "system_prompt": None})
+    first = next(t for t in turns if t.demo_id == d.demo_id and t.turn_index == 0)
+    assert first.messages == agent.messages(d.episode.turns[0].obs)
+    assert "Objective\n" + d.task["objective"] in first.messages[0]["content"]
+
+
+# --------------------------------------------------------------------------- model
+
+
+def test_tokenizer_keeps_names_composable_and_is_deterministic(demos):
+    from pipeline.policy.model import train_tokenizer
+
+    _, turns = demos
+    texts = [m["content"] for t in turns for m in t.messages] + [t.response for t in turns]
+    a, b = train_tokenizer(texts, vocab_size=400), train_tokenizer(texts, vocab_size=400)
+    assert a.backend_tokenizer.to_str() == b.backend_tokenizer.to_str()
+    text = "Put Zebra_7 in Drawer_3."
+    ids = a(text, add_special_tokens=False)["input_ids"]
+    cuts = {len(a.decode(ids[:k])) for k in range(len(ids) + 1)}
+    # Names never fuse with the phrase around them: kind and index start their own tokens.
+    assert {4, 9, 11, 15, 21, 23} <= cuts, cuts
+    assert a.decode(a("héllo {\"x\": 1}")["input_ids"]) == "héllo {\"x\": 1}"  # every byte encodes
+
+
+def test_shared_prefix_loss_equals_full_prompt_loss():
+    """Turns sharing a prompt prefix (one KV cache, repeated) give the loss and gradients
+    of running every prompt in full."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.policy.model import Sample, answer_loss, collate, make_unit
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+    r = lambda n: torch.randint(3, 50, (n,)).tolist()  # noqa: E731
+    head = r(9)
+    samples = [Sample(head + r(4), r(3)), Sample(head + r(6), r(2)), Sample(head + r(1), r(5))]
+    other = make_unit([Sample(r(7), r(2))])  # a second unit with a shorter prefix: left padding
+    unit = make_unit(samples)
+    assert unit.prefix == head and [len(p) for p, _ in unit.turns] == [4, 6, 1]
+    shared = answer_loss(model, collate([unit, other], pad_id=0))
+    shared.backward()
+    g_shared = model.model.layers[0].self_attn.q_proj.weight.grad.clone()
+    model.zero_grad()
+    full = answer_loss(model, collate([make_unit([s]) for s in samples] + [other], pad_id=0))
+    full.backward()
+    assert torch.allclose(shared, full, atol=1e-5)
+    assert torch.allclose(g_shared, model.model.layers[0].self_attn.q_proj.weight.grad, atol=1e-5)
+
+
+def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from pipeline.agents.llm import LLMAgent, parse_action
+    from pipeline.env import HouseholdEnv
+    from pipeline.llm.backends import TransformersBackend
+    from pipeline.policy.model import IM_END, Sample, build_model, make_unit, save_policy, train, train_tokenizer
+
+    torch.set_num_threads(1)
+    demos, turns = demos
+    row = _train_row(tiny_games)
+    mine = {d.demo_id for d in demos if d.task["quest_id"] == row["quest_id"] and d.task["scene_id"] == row["scene_id"]
+            and d.variant.bare and not d.mapping}
+    chosen = [t for t in turns if t.demo_id in mine and t.train]
+    tok = train_tokenizer([m["content"] for t in chosen for m in t.messages] + [t.response for t in chosen],
+                          vocab_size=400)
+    pol = OmegaConf.merge(cfg.model.policy, {"epochs": 80, "episodes_per_batch": 1, "lr": 0.01})
+    model = build_model(tok, pol, seed=0)
+    backend = TransformersBackend(cfg.model, OmegaConf.merge(cfg.sampling, {"do_sample": False}), model=model,
+                                  tokenizer=tok)
+    eos = tok.convert_tokens_to_ids(IM_END)
+    unit = make_unit([Sample(backend.render(t.messages)[1], tok(t.response, add_special_tokens=False)["input_ids"]
+                             + [eos]) for t in chosen])
+    curve = train(model, [unit], pol, seed=0, pad_id=tok.pad_token_id)
+    assert len(curve) == 80
+    assert curve[-1]["loss"] < 0.3 * curve[0]["loss"], (curve[0], curve[-1])
+
+    path = save_policy(tmp_path / "model", model, tok)
+    assert (path / "model.safetensors").exists() and (path / "tokenizer.json").exists()
+    reloaded = AutoModelForCausalLM.from_pretrained(path)
+    tok2 = AutoTokenizer.from_pretrained(path)
+    assert tok2.chat_template and tok2.eos_token == IM_END
+    ids = torch.tensor([unit.prefix[:20]])
+    assert torch.allclose(reloaded(ids).logits, model(ids).logits, atol=1e-5)
+
+    # The backend loads the directory like any user's model; the agent plays the quest.
+    mcfg = OmegaConf.merge(cfg, {"model": {"name_or_path": str(path)}, "sampling": {"do_sample": False}})
+    agent = LLMAgent(mcfg, seed=0)
+    prefs = tiny_games.scenes[row["scene_id"]]["preferences"]
+    with HouseholdEnv(tiny_games.game_path(row), objective=row["objective"], preferences=prefs,
+                      max_steps=cfg.env.max_steps) as env:
+        obs = env.reset()
+        agent.reset({"episode_id": "seen", "objective": row["objective"], "system_prompt": None})
+        parsed = 0
+        for _ in range(4):
+            step = agent.act(obs)
+            action, obj, err = parse_action(step.extra["action_text"], obs)
+            parsed += obj is not None
+            obs, _, done, info = env.step(step.action)
+            if done:
+                break
+    assert parsed >= 3, ("the memorised quest's answers parse", step.generated_text)
+
+
+def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
+    """The stage's core end to end on the tiny world (one short epoch), then its evaluation."""
+    import torch
+
+    from pipeline.policy.quality import evaluate_policy, summary
+    from pipeline.stages.policy import MODEL_DIR, build_policy
+
+    torch.set_num_threads(1)
+    small = OmegaConf.merge(cfg, {"model": {"policy": {"demos_per_quest": 3}}})
+    out = tmp_path / "policy"
+    built = build_policy(small, tiny_games.root, tiny_games.rows, tiny_games.scenes, out)
+    assert (out / MODEL_DIR / "model.safetensors").exists() and (out / "demos.parquet").exists()
+    s = json.loads((out / "training.json").read_text())
+    assert s["training"]["steps"] == len(built["curve"]) > 0 and s["demos"]["episodes"] > 0
+    assert s["training"]["tokens_per_epoch"] < s["training"]["full_prompt_tokens_per_epoch"]
+    report = evaluate_policy(small, tiny_games.root, tiny_games.rows, tiny_games.scenes, out / MODEL_DIR,
+                             memory=built["memory"])
+    q = summary(report)
+    for key in ("greedy_json_valid_rate", "greedy_success_plain", "react_success", "rag_success"):
+        assert 0.0 <= q[key] <= 1.0
+    assert report["tasks"] == sum(r["split"] == "eval" for r in tiny_games.rows)
+    assert report["llm"]["greedy"]["plain"]["prompt_tokens_per_turn"] > 0
+
+
+# --------------------------------------------------------------------------- stage
+
+
+def test_stage_skips_without_a_policy_to_train_and_rejects_a_mismatched_path(cfg, tiny_cfg):
+    from pipeline.config import ConfigError
+    from pipeline.stages.policy import skip_reason
+
+    assert skip_reason(cfg) is None
+    assert "train_policy is false" in skip_reason(OmegaConf.merge(cfg, {"model": {"train_policy": False}}))
+    assert "no stage runs a language model" in skip_reason(OmegaConf.merge(cfg, {"agent": {"name": "react"}}))
+    with pytest.raises(ConfigError, match="model.name_or_path"):
+        skip_reason(OmegaConf.merge(cfg, {"model": {"name_or_path": "/somewhere/else"}}))
