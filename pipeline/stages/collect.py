@@ -236,15 +236,22 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
 
             for r in with_tensors:
                 save_episode_tensors(tmp / TENSORS_DIR / f"{r['episode']['episode_id']}.pt", r["tensors"])
-    stats = statistics(episodes, turns)
+    stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
+    shutil.rmtree(ckpt_root, ignore_errors=True)
+    return records, stats
+
+
+def collection_stats(cfg: DictConfig, episodes: list[dict], turns: list[dict], *, wall: float,
+                     resumed: int = 0) -> dict:
+    """``metrics/collect.json`` of a collection: outcomes, token accounting, speed."""
     from pipeline.llm.accounting import token_statistics
 
+    stats = statistics(episodes, turns)
     stats.update(token_statistics(turns, cfg.sampling.max_new_tokens))
     stats["resumed_episodes"] = resumed
     stats["wall_time_s"] = round(wall, 3)
     stats["steps_per_s"] = round(len(turns) / wall, 3) if wall > 0 else 0.0
-    shutil.rmtree(ckpt_root, ignore_errors=True)
-    return records, stats
+    return stats
 
 
 # ----------------------------------------------------------------------------- shards
@@ -297,8 +304,6 @@ def merge_shards(cfg: DictConfig, tasks: list[Task], shard_dirs: list[Path], out
         ArtifactError: a shard folder without its ``shard.json``, shards of another config
             or another split into N, a missing or repeated shard or episode.
     """
-    from pipeline.llm.accounting import token_statistics
-
     want_hash = config_hash(cfg, *CHECKPOINT_KEYS)
     want_ids = [t.episode_id for t in tasks]
     seen: dict[int, Path] = {}
@@ -339,10 +344,8 @@ def merge_shards(cfg: DictConfig, tasks: list[Task], shard_dirs: list[Path], out
             (tmp / TENSORS_DIR).mkdir(parents=True, exist_ok=True)
             for f in tensors:
                 shutil.copy2(f, tmp / TENSORS_DIR / f.name)
-    stats = statistics(episodes, turns)
-    stats.update(token_statistics(turns, cfg.sampling.max_new_tokens))
-    stats.update({"resumed_episodes": 0, "shards": num, "wall_time_s": round(wall, 3),
-                  "steps_per_s": round(len(turns) / wall, 3) if wall > 0 else 0.0})
+    stats = collection_stats(cfg, episodes, turns, wall=wall)  # wall: the shards' own, summed
+    stats["shards"] = num
     return stats
 
 
@@ -358,6 +361,22 @@ def _args(argv: list[str] | None) -> Any:
     ap.add_argument("--out", type=Path, default=None,
                     help="shard folder (default: <paths.data>/episodes_shards/K-of-N)")
     return ap.parse_args(argv)
+
+
+def stage_error(exc: BaseException) -> int:
+    """Exit code 1 with a one-line message for an expected failure of a stage that plays
+    the agent (bad config or artifact, or a backend error under
+    ``agent.on_backend_error=fail``); re-raise anything else (a bug keeps its traceback).
+    Call it from an ``except Exception`` clause."""
+    from pipeline.llm.backends import BackendError
+
+    if isinstance(exc, (ConfigError, ArtifactError, FileNotFoundError, ValueError)):
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if isinstance(exc, BackendError):
+        print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
+        return 1
+    raise exc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -392,16 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_json(root / cfg.paths.metrics / "collect.json", stats)
         print(f"collected {stats['num_episodes']} episodes ({stats['num_turns']} turns) -> {out_dir}; "
               f"success {stats['success_rate']:.2f}, repeated-action rate {stats['repeated_action_rate']:.2f}")
-    except (ConfigError, ArtifactError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except RuntimeError as exc:
-        from pipeline.llm.backends import BackendError
-
-        if not isinstance(exc, BackendError):  # a bug: keep its traceback
-            raise
-        print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
-        return 1
+    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
+        return stage_error(exc)
     return 0
 
 

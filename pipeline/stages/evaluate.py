@@ -22,7 +22,7 @@ from pathlib import Path
 from pipeline.config import ConfigError, load_params, project_root
 from pipeline.io import ArtifactError, atomic_write_json, read_parquet
 from pipeline.rollout import tasks_from_manifest
-from pipeline.stages.collect import load_games, run_collection
+from pipeline.stages.collect import load_games, run_collection, stage_error
 
 
 def current_store_hash(root: Path, cfg) -> str:
@@ -88,16 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         metrics["wall_time_s"] = stats["wall_time_s"]
         atomic_write_json(root / cfg.paths.metrics / "eval" / f"{cond}.json", metrics)
         print(f"evaluate@{cond}: {stats['num_episodes']} episodes, success {stats['success_rate']:.2f} -> {out_dir}")
-    except (ConfigError, ArtifactError, FileNotFoundError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    except RuntimeError as exc:
-        from pipeline.llm.backends import BackendError
-
-        if not isinstance(exc, BackendError):  # a bug: keep its traceback
-            raise
-        print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
-        return 1
+    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
+        return stage_error(exc)
     return 0
 
 
