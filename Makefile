@@ -24,7 +24,7 @@ test: install
 	$(BIN)/python -m pytest -q
 
 params: install
-	$(BIN)/python -m pipeline.config compose
+	$(BIN)/python -m pipeline.core.config compose
 
 bench: install
 	$(BIN)/python -m benchmarks

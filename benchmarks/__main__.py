@@ -154,12 +154,12 @@ def bench_startup(variant: str, quick: bool) -> dict[str, Any]:
         return statistics.median(times)
 
     bare = med("pass")
-    check_cold = med("from pipeline.config import check; check(use_stamp=False)")
-    med("from pipeline.config import check; check()")  # leaves the stamp
-    check_stamp = med("from pipeline.config import check; check()")
-    lp_cold = med("from pipeline.config import check, load_params; check(use_stamp=False); "
+    check_cold = med("from pipeline.core.config import check; check(use_stamp=False)")
+    med("from pipeline.core.config import check; check()")  # leaves the stamp
+    check_stamp = med("from pipeline.core.config import check; check()")
+    lp_cold = med("from pipeline.core.config import check, load_params; check(use_stamp=False); "
                   "load_params(check_stale=False)")
-    lp_stamp = med("from pipeline.config import load_params; load_params()")
+    lp_stamp = med("from pipeline.core.config import load_params; load_params()")
     rows = [
         row("`python -c pass` (interpreter start-up)", _r(bare, 3), "s"),
         row("stale check, Hydra compose every time (before)", _r(check_cold, 3), "s",
@@ -186,7 +186,7 @@ def bench_startup(variant: str, quick: bool) -> dict[str, Any]:
 
 
 def _table_before(rows: list[dict], schema) -> Any:
-    """``pipeline.schemas._table`` as it was before issue 9's fix (per-row loop), for the ratio."""
+    """``pipeline.core.schemas._table`` as it was before issue 9's fix (per-row loop), for the ratio."""
     import pyarrow as pa
 
     cols = {}
@@ -212,8 +212,8 @@ def bench_parquet(variant: str, quick: bool) -> dict[str, Any]:
     import pyarrow.parquet as pq
 
     from benchmarks.common import synthetic_turns
-    from pipeline.io import read_parquet, write_parquet
-    from pipeline.schemas import TURN_SCHEMA, turns_table
+    from pipeline.core.io import read_parquet, write_parquet
+    from pipeline.core.schemas import TURN_SCHEMA, turns_table
 
     n = 10_000 if quick else 1_000_000
     t0 = time.perf_counter()
@@ -269,7 +269,7 @@ def bench_parquet(variant: str, quick: bool) -> dict[str, Any]:
 
 def _store_build(num_episodes: int) -> dict[str, float]:
     from benchmarks.common import synthetic_episodes
-    from pipeline.io import atomic_dir
+    from pipeline.core.io import atomic_dir
     from pipeline.memory.store import build_entries, EpisodicStore, write_store
     from pipeline.stages.store import store_metrics
 
@@ -381,14 +381,14 @@ def _collect_setup(quick: bool) -> tuple[Any, Path, list, dict, str]:
     benchmark left one in its scratch copy, else the tiny test model in the tiny world."""
     from omegaconf import OmegaConf
 
-    from pipeline.config import compose_text, validate
+    from pipeline.core.config import compose_text, validate
 
     repo = bench_dir() / "repo"
     if (repo / "params.yaml").exists() and Path.cwd().resolve() == repo.resolve():
         cfg = validate(OmegaConf.create((repo / "params.yaml").read_text()))
         model_dir = repo / str(cfg.model.name_or_path or "")
         if cfg.agent.name == "llm" and cfg.model.name_or_path and (model_dir / "config.json").exists():
-            from pipeline.stages.collect import load_games
+            from pipeline.session.collection import load_games
 
             manifest, scenes = load_games(repo, cfg)
             return cfg, repo, manifest, scenes, f"default model ({cfg.model.name_or_path})"
@@ -407,7 +407,7 @@ def _collect_setup(quick: bool) -> tuple[Any, Path, list, dict, str]:
 def _warm_up(cfg: Any, root: Path, tasks: list, scenes: dict) -> None:
     """One short episode first: imports, TextWorld's grammar and the model's first load are
     paid once per process, so the timed runs measure steady-state collection."""
-    from pipeline.stages.collect import run_collection
+    from pipeline.session.collection import run_collection
 
     steps = cfg.env.max_steps
     cfg.env.max_steps = 1
@@ -421,8 +421,8 @@ def _collect_threads(quick: bool) -> dict[str, Any]:
     """Collect at batch 8 with torch's default thread count (before issue 9) and with the fix's."""
     import torch
 
-    from pipeline.rollout import tasks_from_manifest
-    from pipeline.stages import collect as C
+    from pipeline.session.rollout import tasks_from_manifest
+    from pipeline.session import collection as C
 
     cfg, root, manifest, scenes, label = _collect_setup(quick)
     cfg.agent.batch_size, cfg.agent.batched, cfg.env.max_steps = 8, True, 3 if quick else 5
@@ -455,8 +455,8 @@ def _collect_threads(quick: bool) -> dict[str, Any]:
 
 def bench_collect_memory(variant: str, quick: bool) -> dict[str, Any]:
     """Peak memory and speed of collect with the llm agent at one batch size (``variant``)."""
-    from pipeline.rollout import tasks_from_manifest
-    from pipeline.stages.collect import INFERENCE_THREADS, run_collection
+    from pipeline.session.rollout import tasks_from_manifest
+    from pipeline.session.collection import INFERENCE_THREADS, run_collection
 
     if variant == "threads":
         return _collect_threads(quick)

@@ -49,7 +49,7 @@ TAIL = " Then I will check the result and continue with the plan until the objec
 def compose(overrides: list[str]):
     from omegaconf import OmegaConf
 
-    from pipeline.config import compose_text, validate
+    from pipeline.core.config import compose_text, validate
 
     return validate(OmegaConf.create(compose_text(ROOT, overrides)))
 
@@ -57,7 +57,7 @@ def compose(overrides: list[str]):
 def expert_turns(cfg, root: Path, limit: int) -> list[tuple[str, dict, dict]]:
     """``(episode_id, observation, expert action)`` along the expert plans of real games."""
     from pipeline.agents.base import clean_action
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
     from pipeline.stages.games import build_games
 
     games = build_games(cfg, root, progress=False)

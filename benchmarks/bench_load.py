@@ -10,7 +10,7 @@ against the target of 4 GiB; ``--tracemalloc`` also reports the Python-heap peak
 
 Parts:
 
-- ``collect-llm``: :func:`pipeline.stages.collect.run_collection` with ``--envs`` episodes
+- ``collect-llm``: :func:`pipeline.session.collection.run_collection` with ``--envs`` episodes
   played at once (``agent.batch_size = --envs``, one batched generation per step) by the
   ``llm`` agent on a tiny GPT-2 and a byte-level BPE tokenizer built here (no download),
   in the tiny household world (games compiled in a temp folder), greedy decoding;
@@ -53,7 +53,7 @@ def peak_rss_gib() -> float:
 def compose(overrides: list[str]):
     from omegaconf import OmegaConf
 
-    from pipeline.config import compose_text, validate
+    from pipeline.core.config import compose_text, validate
 
     return validate(OmegaConf.create(compose_text(ROOT, overrides)))
 
@@ -63,7 +63,7 @@ def tiny_model_dir(cfg, games, workdir: Path) -> Path:
     from types import SimpleNamespace as NS
 
     from pipeline.agents.llm import LLMAgent
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
     from pipeline.llm.backends import plain_prompt
     from pipeline.llm.tiny import save_model_dir, tiny_gpt2, train_tokenizer
 
@@ -82,8 +82,8 @@ def tiny_model_dir(cfg, games, workdir: Path) -> Path:
 
 
 def run_collect(agent: str, envs: int, steps: int, max_new_tokens: int) -> dict:
-    from pipeline.rollout import tasks_from_manifest
-    from pipeline.stages.collect import run_collection
+    from pipeline.session.rollout import tasks_from_manifest
+    from pipeline.session.collection import run_collection
     from pipeline.stages.games import build_games
 
     overrides = TINY_WORLD + [f"env.max_steps={steps}", f"agent={agent}", f"agent.batch_size={envs}",
@@ -121,7 +121,7 @@ def store_dir(entries: int, seed: int) -> Path:
 
 def run_store_write(entries: int, seed: int) -> dict:
     from benchmarks.bench_retrieval import synthetic_store
-    from pipeline.io import atomic_dir
+    from pipeline.core.io import atomic_dir
     from pipeline.memory import EpisodicStore, write_store
     from pipeline.stages.store import store_metrics
 

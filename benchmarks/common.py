@@ -139,7 +139,7 @@ def make_scratch_repo(dest: Path, *, tiny: bool = False, defaults: list[str] | N
     ``defaults`` (``["agent=llm", "model=policy"]``) change other entries of the defaults
     list of the copy's ``conf/config.yaml`` (a default about to change). When the
     copied ``params.yaml`` is stale against ``conf/`` (another engineer mid-edit, or
-    ``tiny``), it is recomposed in the copy, as ``python -m pipeline.config compose`` does,
+    ``tiny``), it is recomposed in the copy, as ``python -m pipeline.core.config compose`` does,
     and the returned notes say so.
     """
     if dest.exists():
@@ -176,10 +176,10 @@ def make_scratch_repo(dest: Path, *, tiny: bool = False, defaults: list[str] | N
     shutil.copy2(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
     if (ROOT / ".dvc" / "plots").is_dir():
         shutil.copytree(ROOT / ".dvc" / "plots", dest / ".dvc" / "plots", dirs_exist_ok=True)
-    check = subprocess.run([sys.executable, "-m", "pipeline.config", "check"], cwd=dest, env=env,
+    check = subprocess.run([sys.executable, "-m", "pipeline.core.config", "check"], cwd=dest, env=env,
                            capture_output=True, text=True)
     if check.returncode != 0:
-        res = subprocess.run([sys.executable, "-m", "pipeline.config", "compose"], cwd=dest, env=env,
+        res = subprocess.run([sys.executable, "-m", "pipeline.core.config", "compose"], cwd=dest, env=env,
                              capture_output=True, text=True)
         if res.returncode != 0:
             raise RuntimeError(f"compose failed in {dest}: {res.stderr.strip()[-500:]}")
@@ -215,7 +215,7 @@ def synthetic_turns(num_turns: int, *, turns_per_episode: int = 10, seed: int = 
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipeline.schemas import TURN_SCHEMA
+    from pipeline.core.schemas import TURN_SCHEMA
 
     rng = np.random.default_rng(seed)
     n = num_turns
@@ -300,7 +300,7 @@ def synthetic_episodes(num_episodes: int, *, turns_per_episode: int = 6, seed: i
     import numpy as np
     import pyarrow as pa
 
-    from pipeline.schemas import EPISODE_SCHEMA
+    from pipeline.core.schemas import EPISODE_SCHEMA
 
     rng = np.random.default_rng(seed)
     turns = synthetic_turns(num_episodes * turns_per_episode, turns_per_episode=turns_per_episode, seed=seed)

@@ -45,7 +45,7 @@ TINY_OVERRIDES = [
 @pytest.fixture(scope="session")
 def tiny_cfg():
     """The real conf/ composed via DVC's compose + overrides, validated (a typed DictConfig)."""
-    from pipeline.config import compose_text, validate
+    from pipeline.core.config import compose_text, validate
 
     return validate(OmegaConf.create(compose_text(ROOT, TINY_OVERRIDES)))
 

@@ -236,7 +236,7 @@ def test_unknown_agent_name_is_named():
 def test_make_agent_reads_the_composed_config(tmp_path):
     from omegaconf import OmegaConf
 
-    from pipeline.conf_schema import Config
+    from pipeline.core.conf_schema import Config
 
     composed = OmegaConf.merge(OmegaConf.structured(Config), {"agent": {"name": "rag", "remember_examined": False}})
     agent = make_agent(composed, seed=0)
@@ -268,10 +268,10 @@ def test_knowledge_base_errors(tmp_path):
 @pytest.mark.slow
 def test_agents_and_simulated_user_play_real_tiny_games(tiny_cfg, tiny_games):
     """Each rule agent plays every tiny game (TextWorld) with the simulated user."""
-    from pipeline.env import HouseholdEnv
-    from pipeline.feedback import classify_feedback_lines
-    from pipeline.schemas import STATUSES
-    from pipeline.user import SimulatedUser
+    from pipeline.envs.household.env import HouseholdEnv
+    from pipeline.grounding.feedback import classify_feedback_lines
+    from pipeline.core.schemas import STATUSES
+    from pipeline.envs.household.user import SimulatedUser
 
     def run(name, remember):
         won = repeated = turns = 0

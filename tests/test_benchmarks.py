@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.__main__ import _table_before, print_table, row, run_parent_one
 from benchmarks.common import synthetic_episodes, synthetic_turns
-from pipeline.schemas import EPISODE_SCHEMA, TURN_SCHEMA, _table, turns_table
+from pipeline.core.schemas import EPISODE_SCHEMA, TURN_SCHEMA, _table, turns_table
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,7 +64,7 @@ def test_synthetic_data_has_the_collect_schemas():
 
 
 def test_faster_table_conversion_matches_the_former_loop():
-    """pipeline.schemas._table (issue 9's fix) builds the same table and the same errors."""
+    """pipeline.core.schemas._table (issue 9's fix) builds the same table and the same errors."""
     rows = synthetic_turns(300, seed=0).to_pylist()
     for r in rows[::7]:  # a missing nullable field is null, as before
         del r["memory"]

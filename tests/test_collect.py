@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.episodes import EpisodeStore, statistics, write_episodes
-from pipeline.io import ArtifactError
-from pipeline.rollout import Checkpoints, play, task_seed, tasks_from_manifest
-from pipeline.stages.collect import make_factories, run_collection
+from pipeline.session.episodes import EpisodeStore, statistics, write_episodes
+from pipeline.core.io import ArtifactError
+from pipeline.session.rollout import Checkpoints, play, task_seed, tasks_from_manifest
+from pipeline.session.collection import make_factories, run_collection
 
 
 def _collect(cfg, games, out: Path, **kw):
@@ -74,7 +74,7 @@ def test_unknown_agent_name_is_a_clear_error(tiny_cfg):
     from omegaconf import OmegaConf
 
     from pipeline.agents import make_agent
-    from pipeline.config import ConfigError, validate
+    from pipeline.core.config import ConfigError, validate
 
     raw = OmegaConf.to_container(tiny_cfg, enum_to_str=True)
     raw["agent"]["name"] = "wizard"
@@ -132,8 +132,8 @@ def test_statistics_on_known_rows():
 
 
 def test_sharded_collection_merges_to_the_same_bytes(tiny_cfg, tiny_games, tmp_path):
-    from pipeline.config import ConfigError
-    from pipeline.stages.collect import collect_shard, merge_shards, parse_shard
+    from pipeline.core.config import ConfigError
+    from pipeline.session.collection import collect_shard, merge_shards, parse_shard
 
     _collect(tiny_cfg, tiny_games, tmp_path / "whole")
     tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=tiny_cfg.seed)

@@ -12,12 +12,12 @@ import pyarrow as pa
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.episodes import write_episodes
-from pipeline.io import write_parquet
-from pipeline.metrics import condition_metrics
-from pipeline.schemas import manifest_table
+from pipeline.session.episodes import write_episodes
+from pipeline.core.io import write_parquet
+from pipeline.analysis.metrics import condition_metrics
+from pipeline.core.schemas import manifest_table
 from pipeline.stages import compare as C
-from pipeline.stats import PairingError
+from pipeline.core.stats import PairingError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONDITIONS = ("C1", "C2", "C2_silent", "C2_placebo")
@@ -195,7 +195,7 @@ def test_compare_single_task_single_condition(tmp_path):
     assert m["details"] == [] and {s["name"] for s in m["skipped_comparisons"]} == {
         "C2_vs_C1", "C2_silent_vs_C1", "C1_vs_C2_silent"}
     assert m["conditions"][0]["success_rate"] == {"value": 1.0, "ci_low": 1.0, "ci_high": 1.0, "n": 1}
-    from pipeline.report import write_report
+    from pipeline.analysis.report import write_report
 
     paths = write_report(m, res.plots, tmp_path)
     assert {p.name for p in paths} >= {"report.md", "compare.md", "success_by_condition.png"}
@@ -212,7 +212,7 @@ def _project(tmp_path: Path, conditions=CONDITIONS) -> Path:
     shutil.copytree(ROOT / "conf", root / "conf")
     shutil.copytree(ROOT / "hydra_plugins", root / "hydra_plugins", ignore=shutil.ignore_patterns("__pycache__"))
     (root / "dvc.yaml").write_text(DVC_SECTIONS)
-    from pipeline.config import compose
+    from pipeline.core.config import compose
 
     compose(root)
     man = _manifest(2, 3)
@@ -268,8 +268,8 @@ def test_proposed_dvc_metrics_and_plots_sections_render(tmp_path, monkeypatch):
     monkeypatch.chdir(root)
     monkeypatch.delenv("DVC_ROOT", raising=False)
     assert C.main() == 0
-    from pipeline.metrics import condition_metrics as cm
-    from pipeline.io import atomic_write_json, read_parquet
+    from pipeline.analysis.metrics import condition_metrics as cm
+    from pipeline.core.io import atomic_write_json, read_parquet
 
     cfg = _cfg()
     for c in CONDITIONS:  # what evaluate writes

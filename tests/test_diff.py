@@ -1,4 +1,4 @@
-"""``python -m pipeline.diff`` on two tiny experiments in a temporary git + DVC repository."""
+"""``python -m pipeline.tools.diff`` on two tiny experiments in a temporary git + DVC repository."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import diff as D
+from pipeline.tools import diff as D
 
 # The tiny stage: episodes, turns, prompts, store, grounding JSON/TXT and a metric, all
 # derived from params.yaml's `seed` (seed 1 changes one generated text, one prompt, one

@@ -37,7 +37,7 @@ def tiny_repo(tmp_path_factory) -> tuple[Path, dict]:
     for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q", "-f"]):
         assert _run(cmd, repo, env).returncode == 0
     shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
-    assert _run([sys.executable, "-m", "pipeline.config", "compose"], repo, env).returncode == 0
+    assert _run([sys.executable, "-m", "pipeline.core.config", "compose"], repo, env).returncode == 0
     return repo, env
 
 

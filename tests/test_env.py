@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 
-from pipeline.env import (GameFileError, HouseholdEnv, World, action_to_command, check_preferences,
+from pipeline.envs.household.env import (GameFileError, HouseholdEnv, World, action_to_command, check_preferences,
                           command_to_action, shortest_plan)
-from pipeline.games import compile_quest_game, scene_world
-from pipeline.schemas import canonical_json
+from pipeline.envs.household.games import compile_quest_game, scene_world
+from pipeline.core.schemas import canonical_json
 
 pytestmark = pytest.mark.filterwarnings("ignore:Game .* is not fully supported")
 

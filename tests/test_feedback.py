@@ -6,14 +6,14 @@ import logging
 
 import pytest
 
-from pipeline.feedback import (
+from pipeline.grounding.feedback import (
     FeedbackFormatError,
     UnknownFeedbackType,
     classify_feedback_lines,
     format_feedback_line,
     parse_feedback_line,
 )
-from pipeline.schemas import FEEDBACK_TYPES
+from pipeline.core.schemas import FEEDBACK_TYPES
 
 
 @pytest.mark.parametrize(
@@ -45,7 +45,7 @@ def test_unknown_type_reject_and_keep(caplog):
     line = "feedback : colour: kitchen is green"
     with pytest.raises(UnknownFeedbackType, match="colour"):
         parse_feedback_line(line, unknown="reject")
-    with caplog.at_level(logging.WARNING, logger="pipeline.feedback"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.grounding.feedback"):
         assert parse_feedback_line(line, unknown="keep") == ("general", "colour: kitchen is green")
     assert repr(line) in caplog.text
     with pytest.raises(ValueError, match="grounding.unknown_type"):

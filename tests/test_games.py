@@ -9,11 +9,11 @@ import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.env import HouseholdEnv, command_to_action
-from pipeline.games import (compile_quest_game, make_quests, make_scene, parser_aliases, plan_games,
+from pipeline.envs.household.env import HouseholdEnv, command_to_action
+from pipeline.envs.household.games import (compile_quest_game, make_quests, make_scene, parser_aliases, plan_games,
                             scene_world)
-from pipeline.io import atomic_write_json, read_json, write_parquet
-from pipeline.schemas import MANIFEST_SCHEMA, SCHEMA_VERSION, manifest_table
+from pipeline.core.io import atomic_write_json, read_json, write_parquet
+from pipeline.core.schemas import MANIFEST_SCHEMA, SCHEMA_VERSION, manifest_table
 
 pytestmark = pytest.mark.filterwarnings("ignore:Game .* is not fully supported")
 

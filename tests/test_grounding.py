@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from pipeline import grounding as G
-from pipeline.feedback import classify_feedback_lines
-from pipeline.io import read_parquet, write_parquet
-from pipeline.schemas import episodes_table, turns_table
+from pipeline.grounding.feedback import classify_feedback_lines
+from pipeline.core.io import read_parquet, write_parquet
+from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.stages import ground as S
 
 TS = "2026-01-27T00:00:00+00:00"
@@ -503,7 +503,7 @@ def test_stage_llm_generator_wired_to_the_configured_backend(tiny_lm, collected,
     """``grounding.generator=llm`` through pipeline.llm's backend, loading a local model folder."""
     from omegaconf import OmegaConf
 
-    from pipeline.config import ConfigError, compose_text, project_root, validate
+    from pipeline.core.config import ConfigError, compose_text, project_root, validate
 
     model_dir = tmp_path / "tiny_model"
     tiny_lm.model.save_pretrained(model_dir)

@@ -82,7 +82,7 @@ def _meta(eid: str, obs: dict) -> dict:
 @pytest.fixture(scope="module")
 def base_cfg(tmp_path_factory):
     """The real conf/ composed with agent=llm, model=local, sampling=greedy and a tiny template."""
-    from pipeline.config import compose_text, validate
+    from pipeline.core.config import compose_text, validate
 
     cfg = validate(OmegaConf.create(compose_text(ROOT, ["agent=llm", "model=local", "sampling=greedy"])))
     tpl = tmp_path_factory.mktemp("tpl") / "tiny.txt"
@@ -568,9 +568,9 @@ def test_openai_backend_config_errors(lm):
 def test_llm_agent_plays_real_games_and_tensors_check(lm, tiny_cfg, tiny_games, tmp_path):
     """The collect loop with the llm agent: token columns filled, .pt files consistent."""
     from pipeline.agents import make_agent
-    from pipeline.env import HouseholdEnv
-    from pipeline.rollout import play, tasks_from_manifest
-    from pipeline.user import SimulatedUser
+    from pipeline.envs.household.env import HouseholdEnv
+    from pipeline.session.rollout import play, tasks_from_manifest
+    from pipeline.envs.household.user import SimulatedUser
 
     cfg = copy.deepcopy(lm.cfg)
     cfg.env = tiny_cfg.env

@@ -14,7 +14,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.io import ArtifactError
+from pipeline.core.io import ArtifactError
 from pipeline.llm.tensors import (
     TensorConsistencyError,
     check_consistency,

@@ -11,8 +11,8 @@ import pytest
 from omegaconf import OmegaConf
 from pydantic import ValidationError
 
-from pipeline.conf_schema import ConditionConfig, MemoryConfig
-from pipeline.config import ConfigError
+from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
+from pipeline.core.config import ConfigError
 from pipeline.memory import (
     AdvisoryBuilder,
     AdvisoryBundleMetaV1_1,

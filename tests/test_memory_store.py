@@ -10,10 +10,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from pipeline.io import ArtifactError, atomic_write_text, read_parquet, write_parquet
+from pipeline.core.io import ArtifactError, atomic_write_text, read_parquet, write_parquet
 from pipeline.memory import EpisodicMemoryEntryV1_1, advisory_type_for, build_entries, load_store, write_store
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET
-from pipeline.schemas import FEEDBACK_TYPES, episodes_table, turns_table
+from pipeline.core.schemas import FEEDBACK_TYPES, episodes_table, turns_table
 from pipeline.stages.store import build_store, store_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -293,9 +293,9 @@ def test_merge_reruns_are_byte_identical(grounded):
 @pytest.fixture()
 def project(tmp_path, monkeypatch):
     """A copy of the config route with tiny collected episodes, as the stages see a project."""
-    from pipeline.feedback import classify_feedback_lines
-    from pipeline.io import write_parquet
-    from pipeline.schemas import episodes_table, turns_table
+    from pipeline.grounding.feedback import classify_feedback_lines
+    from pipeline.core.io import write_parquet
+    from pipeline.core.schemas import episodes_table, turns_table
 
     for name in ("conf", "hydra_plugins"):
         shutil.copytree(ROOT / name, tmp_path / name)

@@ -1,4 +1,4 @@
-"""The interactive feedback session ``python -m pipeline.play``, driven through stdin."""
+"""The interactive feedback session ``python -m pipeline.tools.play``, driven through stdin."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def test_session_driven_through_stdin_writes_the_pipeline_grounding_files(projec
         "quit",                                   # ends the episode at step 3
     ]) + "\n"
     # The quests come from the copied data/games; only the step cap and the agent matter here.
-    proc = subprocess.run([sys.executable, "-m", "pipeline.play", *PLAY_OVERRIDES], input=script, cwd=root,
+    proc = subprocess.run([sys.executable, "-m", "pipeline.tools.play", *PLAY_OVERRIDES], input=script, cwd=root,
                           env=_env(),
                           capture_output=True, text=True, encoding="utf-8", timeout=120)
     assert proc.returncode == 0, proc.stderr

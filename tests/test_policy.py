@@ -53,7 +53,7 @@ def _train_row(tiny_games):
 
 
 def test_knowledge_counts_only_true_statements_and_known_preferences(tiny_games):
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
     from pipeline.policy.expert import read_knowledge, room_of
 
     row = _train_row(tiny_games)
@@ -175,7 +175,7 @@ def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_p
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from pipeline.agents.llm import LLMAgent, parse_action
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
     from pipeline.llm.backends import TransformersBackend
     from pipeline.policy.model import IM_END, Sample, build_model, make_unit, save_policy, train, train_tokenizer
 
@@ -253,7 +253,7 @@ def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
 
 
 def test_stage_skips_without_a_policy_to_train_and_rejects_a_mismatched_path(cfg, tiny_cfg):
-    from pipeline.config import ConfigError
+    from pipeline.core.config import ConfigError
     from pipeline.stages.policy import skip_reason
 
     assert skip_reason(cfg) is None

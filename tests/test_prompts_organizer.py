@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_params
+from pipeline.core.config import load_params
 from pipeline.prompts import (
     TURN_VARIABLES,
     PromptOrganizer,

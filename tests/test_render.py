@@ -9,11 +9,11 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import memory as memory_pkg
-from pipeline.config import load_params
-from pipeline.io import read_parquet, write_parquet
+from pipeline.core.config import load_params
+from pipeline.core.io import read_parquet, write_parquet
 from pipeline.memory import EpisodicStore, build_entry, write_store
 from pipeline.prompts import render_turn_prompt
-from pipeline.schemas import manifest_table
+from pipeline.core.schemas import manifest_table
 from pipeline.stages import render as R
 
 ROOT = Path(__file__).resolve().parents[1]

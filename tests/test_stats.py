@@ -171,8 +171,8 @@ def test_pair_rows_rejects_duplicate_keys():
 
 
 def test_rollout_task_seeds_ignore_the_condition():
-    # The evaluate stage builds tasks with pipeline.rollout: same task -> same seed and id.
-    from pipeline.rollout import tasks_from_manifest
+    # The evaluate stage builds tasks with pipeline.session.rollout: same task -> same seed and id.
+    from pipeline.session.rollout import tasks_from_manifest
 
     manifest = [{"scene_id": "s0", "quest_id": q, "split": "eval", "objective": "Put Apple_0 in Fridge_0",
                  "game_file": f"data/games/s0/{q}.z8", "expert_plan": ["open fridge_0"], "preferences": []}

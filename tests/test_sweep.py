@@ -1,9 +1,9 @@
-"""``python -m pipeline.sweep``: a Hydra multirun of two jobs, each running ``dvc repro``.
+"""``python -m pipeline.tools.sweep``: a Hydra multirun of two jobs, each running ``dvc repro``.
 
 The project copy used here has a three-stage ``dvc.yaml``: the real ``check_params``, a
 stand-in for ``evaluate`` (``fake_evaluate.py``: eval episodes, turns and prompts whose
 outcomes depend on the seed and the condition, plus ``metrics/eval/<C>.json`` written
-with the real :func:`pipeline.metrics.condition_metrics`) and the real ``compare``.
+with the real :func:`pipeline.analysis.metrics.condition_metrics`) and the real ``compare``.
 """
 
 from __future__ import annotations
@@ -26,11 +26,11 @@ FAKE_EVALUATE = r'''
 """Stand-in for the evaluate stage: 4 eval tasks per condition, outcomes from (seed, condition)."""
 import hashlib
 import pyarrow as pa
-from pipeline.config import load_params, project_root
-from pipeline.episodes import write_episodes
-from pipeline.io import atomic_write_json, write_parquet
-from pipeline.metrics import condition_metrics
-from pipeline.schemas import manifest_table
+from pipeline.core.config import load_params, project_root
+from pipeline.session.episodes import write_episodes
+from pipeline.core.io import atomic_write_json, write_parquet
+from pipeline.analysis.metrics import condition_metrics
+from pipeline.core.schemas import manifest_table
 
 cfg = load_params()
 root = project_root()
@@ -58,11 +58,11 @@ for cond in cfg.condition:
 DVC_YAML = """
 stages:
   check_params:
-    cmd: python -m pipeline.config check
-    deps: [conf, params.yaml, pipeline/config.py, pipeline/conf_schema.py]
+    cmd: python -m pipeline.core.config check
+    deps: [conf, params.yaml, pipeline/core/config.py, pipeline/core/conf_schema.py]
   evaluate:
     cmd: python fake_evaluate.py
-    deps: [fake_evaluate.py, pipeline/metrics.py]
+    deps: [fake_evaluate.py, pipeline/analysis/metrics.py]
     params: [seed, condition]
     outs: [data/games, data/eval, data/prompts]
     metrics:
@@ -70,7 +70,7 @@ stages:
           cache: false
   compare:
     cmd: python -m pipeline.stages.compare
-    deps: [data/eval, data/prompts, data/games, pipeline/stages/compare.py, pipeline/stats.py]
+    deps: [data/eval, data/prompts, data/games, pipeline/stages/compare.py, pipeline/core/stats.py]
     params: [seed, experiment]
     outs: [plots, reports]
     metrics:
@@ -100,7 +100,7 @@ def _env():
 @pytest.mark.slow
 def test_multirun_two_jobs_with_joblib(project, tmp_path):
     sweep_dir = tmp_path / "sweeps"
-    cmd = [sys.executable, "-m", "pipeline.sweep", "-m", "seed=0,1", "experiment.bootstrap_samples=200",
+    cmd = [sys.executable, "-m", "pipeline.tools.sweep", "-m", "seed=0,1", "experiment.bootstrap_samples=200",
            "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}"]
     res = subprocess.run(cmd, cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
@@ -139,7 +139,7 @@ def test_single_condition_job_drops_comparisons_it_cannot_make():
 
 
 def test_frozen_conf_composes_to_the_job_params(tmp_path):
-    from pipeline.config import compose_text
+    from pipeline.core.config import compose_text
 
     root = tmp_path / "job"
     shutil.copytree(ROOT / "conf", root / "conf")
@@ -152,7 +152,7 @@ def test_frozen_conf_composes_to_the_job_params(tmp_path):
 
 def test_extra_inputs_are_deps_no_stage_writes():
     dvc_yaml = {"stages": {
-        "games": {"deps": ["pipeline/games.py", "conf/templates", "params.yaml"], "outs": ["${paths.games}"]},
+        "games": {"deps": ["pipeline/envs/household/games.py", "conf/templates", "params.yaml"], "outs": ["${paths.games}"]},
         "collect": {"deps": ["${paths.games}", "notes/feedback.jsonl", {"${user.feedback_file}": {}}],
                     "outs": ["data/episodes"], "metrics": [{"metrics/collect.json": {"cache": False}}]},
         "evaluate": {"matrix": {"condition": ["C1", "C2"]}, "deps": ["data/prompts/${item.condition}.parquet"],
@@ -182,7 +182,7 @@ def test_summary_table_marks_failed_jobs(tmp_path):
 
 def test_single_run_with_a_bad_value_fails_clearly(project, tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "pipeline.sweep", "env.max_steps=0", f"hydra.run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "pipeline.tools.sweep", "env.max_steps=0", f"hydra.run.dir={run_dir}"]
     res = subprocess.run(cmd, cwd=project, env=_env(), capture_output=True, text=True, timeout=120)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "# Sweep summary (1 jobs, 1 failed)" in res.stdout

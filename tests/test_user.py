@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from pipeline.feedback import FeedbackFormatError, UnknownFeedbackType, parse_feedback_line
-from pipeline.user import FileFeedback, SimulatedUser, World, parse_fact
+from pipeline.grounding.feedback import FeedbackFormatError, UnknownFeedbackType, parse_feedback_line
+from pipeline.envs.household.user import FileFeedback, SimulatedUser, World, parse_fact
 
 SCENE = {
     "scene_id": "s0",

@@ -9,7 +9,7 @@ for plugins, and DVC triggers that scan before composing ``params.yaml`` on
 
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
-from pipeline.conf_schema import register_configs
+from pipeline.core.conf_schema import register_configs
 
 register_configs()
 

@@ -13,7 +13,7 @@ from pipeline.agents.base import AgentStep
 
 AGENT_NAMES = ("react", "rag", "llm")
 
-__all__ = ["AGENT_NAMES", "AgentStep", "make_agent"]
+__all__ = ["AGENT_NAMES", "AgentStep", "make_agent", "plays_with_model"]
 
 
 def make_agent(cfg: Any, seed: int = 0, **kwargs: Any):
@@ -44,3 +44,9 @@ def make_agent(cfg: Any, seed: int = 0, **kwargs: Any):
 
         return LLMAgent(cfg, seed=seed, **kwargs)
     raise ValueError(f"agent.name={name!r}: unknown agent, expected one of {', '.join(AGENT_NAMES)}")
+
+
+def plays_with_model(agent_cfg: Any) -> bool:
+    """True for the agent that asks a language model for its actions (``agent.name=llm``)."""
+    raw = agent_cfg.name
+    return str(getattr(raw, "value", raw)) == "llm"

@@ -71,7 +71,7 @@ class RAGAgent(RuleAgent):
 
     def __init__(self, agent_cfg: Any = None, seed: int = 0, knowledge_base: dict | None = None):
         if knowledge_base is None:
-            from pipeline.config import project_root
+            from pipeline.core.config import project_root
 
             path = Path(_get(agent_cfg, "knowledge_base", None) or DEFAULT_KB)
             knowledge_base = load_knowledge_base(path if path.is_absolute() else project_root() / path)

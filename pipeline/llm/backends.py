@@ -156,6 +156,12 @@ def make_backend(model_cfg: Any, sampling_cfg: Any) -> "TransformersBackend | Op
     raise BackendError(f"model.backend={name!r}: expected transformers | openai")
 
 
+def is_local(model_cfg: Any) -> bool:
+    """True when the backend runs the model inside this process (``model.backend=transformers``):
+    its weights are files, its threads are ours, and the ``policy`` stage can train it."""
+    return _value(model_cfg.backend) == "transformers"
+
+
 def make_text_generator(cfg: Any, *, backend: Any = None, max_new_tokens: int | None = None) -> Callable[[str], str]:
     """A ``prompt -> text`` function over the configured backend (free text, no early stop).
 
@@ -227,7 +233,7 @@ class TransformersBackend:
         dtype = dtype_name if dtype_name == "auto" else getattr(torch, dtype_name)
         path = Path(name)
         if not path.is_absolute():
-            from pipeline.config import project_root
+            from pipeline.core.config import project_root
 
             rooted = project_root() / path
             path = rooted if rooted.exists() else path

@@ -25,7 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from pipeline.io import ArtifactError, atomic_write_bytes
+from pipeline.core.io import ArtifactError, atomic_write_bytes
 
 FORMAT = "pipeline.episode_tensors/1"
 

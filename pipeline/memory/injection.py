@@ -30,7 +30,7 @@ from typing import Any, NamedTuple, Optional, Sequence
 
 import numpy as np
 
-from pipeline.config import ConfigError
+from pipeline.core.config import ConfigError
 from pipeline.memory.advisory import AdvisoryBuilder, advisory_type_for, compose_message, find_label_hints
 from pipeline.memory.retrieval import Retriever
 from pipeline.memory.schemas import (

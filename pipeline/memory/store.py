@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 
-from pipeline.io import ArtifactError, atomic_write_chunks, atomic_write_text, read_parquet, sha256_file, write_parquet
+from pipeline.core.io import ArtifactError, atomic_write_chunks, atomic_write_text, read_parquet, sha256_file, write_parquet
 from pipeline.memory.schemas import (
     STORE_SCHEMA,
     STORE_SCHEMA_VERSION,
@@ -37,7 +37,7 @@ from pipeline.memory.schemas import (
     table_to_entries,
 )
 from pipeline.memory.signature import SignatureBuilder
-from pipeline.schemas import FEEDBACK_TYPES, canonical_json
+from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
 
 STORE_PARQUET = "episodic_store.parquet"
 STORE_JSONL = "episodic_store.jsonl"
@@ -110,7 +110,7 @@ def build_entry(
     """One store entry from an episode row and its turns (any order; sorted here).
 
     Args:
-        episode: A row of ``episodes.parquet`` (``pipeline.schemas.EPISODE_SCHEMA``).
+        episode: A row of ``episodes.parquet`` (``pipeline.core.schemas.EPISODE_SCHEMA``).
         turns: Its rows of ``turns.parquet``.
         config_hash: Hash of the collect config, used when the episode's metadata has none.
         signature_builder: Builder for the objective's signature.
@@ -391,7 +391,7 @@ def write_store(store: EpisodicStore, out_dir: str | Path) -> str:
     The hash file is written last, after the JSONL it hashes: a crash between the writes
     leaves a store that :func:`load_store` refuses (hash mismatch), never one that loads
     with a table its hash does not describe. The ``store`` stage writes into a fresh
-    folder swapped in whole (:func:`pipeline.io.atomic_dir`).
+    folder swapped in whole (:func:`pipeline.core.io.atomic_dir`).
     """
     out = Path(out_dir)
     h = hashlib.sha256()

@@ -14,7 +14,7 @@ played here):
    scene's grounding, times no advisory / each configured condition's injected block, as
    ``build_memory_slot`` makes it for the ``render`` stage), and ``policy.demos_per_quest``
    episodes of :class:`pipeline.policy.expert.BeliefExpert` replayed in
-   :class:`pipeline.env.HouseholdEnv`, the variants in turn. The expert reads the
+   :class:`pipeline.envs.household.env.HouseholdEnv`, the variants in turn. The expert reads the
    variant's frozen system prompt, so what it knows is exactly what the prompt says. The
    first demo of each variant keeps the scene's names and makes no slip; the others
    rename the house (:func:`pipeline.policy.expert.draw_renaming`) and slip now and then.
@@ -121,7 +121,7 @@ def _scene_prefs(scenes: Mapping[str, Any], row: Mapping[str, Any]) -> list[dict
 def make_env(cfg: Any, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any]) -> Any:
     """The ``HouseholdEnv`` of a manifest row, built as the ``collect`` stage builds it
     (minus ``info["expert_plan"]``: the expert plans for itself)."""
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
 
     return HouseholdEnv(str(root / row["game_file"]), scene_id=row["scene_id"], quest_id=row["quest_id"],
                         objective=row["objective"], max_steps=cfg.env.max_steps, reward=cfg.env.reward,
@@ -140,9 +140,9 @@ def build_scene_memory(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any
     """
     from pipeline.grounding import merge_grounding_docs, render_grounding_to_markdown
     from pipeline.memory import EpisodicStore, build_entries
-    from pipeline.rollout import play, tasks_from_manifest
-    from pipeline.schemas import episodes_table, turns_table
-    from pipeline.stages.collect import make_factories
+    from pipeline.session.rollout import play, tasks_from_manifest
+    from pipeline.core.schemas import episodes_table, turns_table
+    from pipeline.session.collection import make_factories
     from pipeline.stages.ground import ground
 
     pol = cfg.model.policy
@@ -170,7 +170,7 @@ def build_scene_memory(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any
 
 
 class _Progress:
-    """``progress.update(n)`` for :func:`pipeline.rollout.play` over a plain callback."""
+    """``progress.update(n)`` for :func:`pipeline.session.rollout.play` over a plain callback."""
 
     def __init__(self, fn: Callable[[int], None] | None):
         self.fn = fn

@@ -1,6 +1,6 @@
 """The demonstrator of the default policy: an expert that knows only what it was told or saw.
 
-TextWorld's walkthrough (and :func:`pipeline.env.shortest_plan`) is omniscient: it walks
+TextWorld's walkthrough (and :func:`pipeline.envs.household.env.shortest_plan`) is omniscient: it walks
 straight to an object hidden in a closed cabinet of a room it has never entered. A model
 imitating that learns nothing a prompt could change. This expert acts on *knowledge*:
 
@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.env import INVENTORY, World, parse_fact, parse_preference, preference_text, shortest_plan
+from pipeline.envs.household.env import INVENTORY, World, parse_fact, parse_preference, preference_text, shortest_plan
 
 # "Cup_3 is in the Bathroom." / "Cup_3 is in Cabinet_2 in the Bathroom." / "... on Table_0 in the Kitchen."
 _STATEMENT = re.compile(
@@ -125,7 +125,7 @@ class BeliefExpert:
     """The knowledge-limited expert of one episode (see the module docstring).
 
     Args:
-        env: the episode's :class:`pipeline.env.HouseholdEnv`, already reset.
+        env: the episode's :class:`pipeline.envs.household.env.HouseholdEnv`, already reset.
         knowledge: what the prompt told (:func:`read_knowledge`).
         explore_cap: search steps after which the expert follows the full plan anyway
             (a demonstration never wanders until the step cap).
@@ -323,7 +323,7 @@ def expert_episode(env: Any, knowledge: Knowledge, *, slip_prob: float = 0.0, rn
     """Play one episode with :class:`BeliefExpert`; ``env`` must be freshly reset.
 
     Args:
-        env: a reset :class:`pipeline.env.HouseholdEnv`.
+        env: a reset :class:`pipeline.envs.household.env.HouseholdEnv`.
         knowledge: what the demonstration's prompt tells.
         slip_prob: probability that a turn is a wrong one instead (:func:`_slip`),
             recorded with ``train=False`` and its memory keeping the stale plan, so that
@@ -383,7 +383,7 @@ def _slip(env: Any, obs: Mapping[str, Any], others: Sequence[str], rng: np.rando
 
 
 def _household(command: str) -> bool:
-    from pipeline.env import command_to_action
+    from pipeline.envs.household.env import command_to_action
 
     try:
         command_to_action(command)
@@ -422,14 +422,14 @@ def draw_renaming(spec: Mapping[str, Any], rng: np.random.Generator) -> dict[str
     """A consistent renaming of a scene: kinds, indices, rooms and compass.
 
     Object, container and supporter kinds are permuted within their pools
-    (:data:`pipeline.games.OBJECT_KINDS`, ...), the indices of each category are permuted
+    (:data:`pipeline.envs.household.games.OBJECT_KINDS`, ...), the indices of each category are permuted
     too (a key follows the container it opens: ``Key_<i>`` opens ``<Kind>_<i>``), rooms are
-    permuted among :data:`pipeline.games.ROOM_NAMES` and the compass is turned or
+    permuted among :data:`pipeline.envs.household.games.ROOM_NAMES` and the compass is turned or
     mirrored. The renamed demonstration is an isomorphic house in which other names sit
     in other places and the exits point other ways, which teaches the model to read
     names and exits from its prompt instead of memorising the train scenes.
     """
-    from pipeline.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NAMES, SUPPORTER_KINDS
+    from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NAMES, SUPPORTER_KINDS
 
     def perm(pool: Sequence[str]) -> dict[str, str]:
         pool = sorted(set(pool))

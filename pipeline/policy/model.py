@@ -50,7 +50,7 @@ def split_pattern() -> str:
     ``_<n>``, numbers and room names. Names are built from shared parts (``Cup`` +
     ``_3``), so every kind and index is learned from many names (one token per whole
     name learned worse in a trial); phrases around names still merge."""
-    from pipeline.games import ROOM_NAMES
+    from pipeline.envs.household.games import ROOM_NAMES
 
     rooms = "|".join(sorted(ROOM_NAMES, key=len, reverse=True))
     return r"[A-Z][A-Za-z]*(?=_\d)|_\d+|\d+|\b(?:" + rooms + r")\b"

@@ -2,7 +2,7 @@
 
 The model directory is loaded by the ``transformers`` backend exactly as ``collect`` and
 ``evaluate`` load it, and the ``llm`` agent plays every quest of
-``experiment.eval_split`` through :func:`pipeline.rollout.play` (same environment, same
+``experiment.eval_split`` through :func:`pipeline.session.rollout.play` (same environment, same
 simulated user, same per-task seeds as the ``evaluate`` stage), under:
 
 - ``greedy`` decoding (``do_sample=false``) and the configured ``sampling`` (the default
@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 
 
 def run_metrics(records: Sequence[Mapping[str, Any]]) -> dict:
-    """Success and turn-level rates of one run (records of :func:`pipeline.rollout.play`)."""
+    """Success and turn-level rates of one run (records of :func:`pipeline.session.rollout.play`)."""
     from pipeline.prompts import extract_json_object
 
     episodes = [r["episode"] for r in records]
@@ -92,8 +92,8 @@ def evaluate_policy(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]],
     from pipeline.memory import build_memory_slot
     from pipeline.policy.demos import _Progress, freeze_prompt, grounding_text
     from pipeline.prompts import PromptOrganizer
-    from pipeline.rollout import play, tasks_from_manifest
-    from pipeline.stages.collect import make_factories
+    from pipeline.session.rollout import play, tasks_from_manifest
+    from pipeline.session.collection import make_factories
 
     split = str(cfg.experiment.eval_split)
     rows = {(r["scene_id"], r["quest_id"]): r for r in manifest if r["split"] == split}

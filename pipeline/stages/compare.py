@@ -39,10 +39,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.config import ConfigError, load_params, project_root
-from pipeline.io import ArtifactError, atomic_write_json, read_parquet
-from pipeline.metrics import as_rows, bootstrap_settings, condition_metrics
-from pipeline.stats import (
+from pipeline.core.config import ConfigError, load_params, project_root
+from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
+from pipeline.core.stats import (
     PairingError,
     bootstrap_mean,
     holm,
@@ -372,7 +372,7 @@ def load_condition(root: Path, cfg: Any, condition: str) -> ConditionData:
 
 def write_outputs(result: CompareResult, root: Path, cfg: Any) -> list[Path]:
     """Write compare.json, the plot files and the report; returns the paths written."""
-    from pipeline.report import write_report
+    from pipeline.analysis.report import write_report
 
     written = [atomic_write_json(root / cfg.paths.metrics / "compare.json", result.metrics)]
     for stem, rows in result.plots.items():
@@ -390,7 +390,7 @@ def main() -> int:
                                 columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
         result = compare(data, manifest, cfg)
         written = write_outputs(result, root, cfg)
-        from pipeline.report import headline_lines
+        from pipeline.analysis.report import headline_lines
 
         print("\n".join(headline_lines(result.metrics)))
         print(f"wrote {len(written)} files: {root / cfg.paths.metrics / 'compare.json'}, "

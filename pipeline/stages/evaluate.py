@@ -3,7 +3,7 @@
     python -m pipeline.stages.evaluate --condition C2   # what `dvc repro evaluate@C2` runs
 
 Paired design: every condition plays the same eval tasks with the same per-task seeds
-(:func:`pipeline.rollout.task_seed` ignores the condition), so differences between
+(:func:`pipeline.session.rollout.task_seed` ignores the condition), so differences between
 conditions come from the prompt, not from luck. The system prompt of each task is the
 one the ``render`` stage wrote to ``data/prompts/<condition>.parquet``, verbatim.
 Memory is frozen during evaluation: the store's content hash is checked against the one
@@ -19,10 +19,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_params, project_root
-from pipeline.io import ArtifactError, atomic_write_json, read_parquet
-from pipeline.rollout import tasks_from_manifest
-from pipeline.stages.collect import load_games, run_collection, stage_error
+from pipeline.core.config import ConfigError, load_params, project_root
+from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.session.rollout import tasks_from_manifest
+from pipeline.session.collection import load_games, run_collection
+from pipeline.stages.common import stage_error
 
 
 def current_store_hash(root: Path, cfg) -> str:
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if store_after != store_before:
             raise ArtifactError(f"the episodic store changed during evaluation ({store_before} -> {store_after}): "
                                 "memory must be frozen; rerun after the store stage settles")
-        from pipeline.metrics import condition_metrics
+        from pipeline.analysis.metrics import condition_metrics
 
         episodes = [r["episode"] for r in records]
         turns = [t for r in records for t in r["turns"]]

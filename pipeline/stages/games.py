@@ -25,7 +25,7 @@ from typing import Any
 from omegaconf import DictConfig
 from tqdm import tqdm
 
-from pipeline.games import compile_quest_game, plan_games
+from pipeline.envs.household.games import compile_quest_game, plan_games
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +109,8 @@ def build_games(cfg: DictConfig, root: Path, *, progress: bool = True) -> GamesR
     Writes the game files, then ``scenes.json`` and ``manifest.parquet`` (atomically,
     after every game verified) and ``<paths.metrics>/games.json``.
     """
-    from pipeline.io import atomic_write_json, write_parquet
-    from pipeline.schemas import SCHEMA_VERSION, manifest_table
+    from pipeline.core.io import atomic_write_json, write_parquet
+    from pipeline.core.schemas import SCHEMA_VERSION, manifest_table
 
     env = cfg.env
     if int(env.min_quest_length) < 1:
@@ -138,7 +138,7 @@ def build_games(cfg: DictConfig, root: Path, *, progress: bool = True) -> GamesR
 
 
 def main() -> int:
-    from pipeline.config import ConfigError, load_params, project_root
+    from pipeline.core.config import ConfigError, load_params, project_root
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:

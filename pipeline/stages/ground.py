@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from omegaconf import DictConfig
 
-from pipeline.config import ConfigError, load_params, project_root
+from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.grounding import (
     FINAL_KEYS,
     SAFE_NAME_RE,
@@ -39,8 +39,8 @@ from pipeline.grounding import (
     write_grounding_files,
     write_latest_files,
 )
-from pipeline.io import ArtifactError, atomic_write_json, read_parquet
-from pipeline.schemas import FEEDBACK_TYPES
+from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.core.schemas import FEEDBACK_TYPES
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import ConfigError, load_params, project_root
+from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.grounding import (
     CONFIGURED_NAME,
     SAVE_FORMATS,
@@ -35,7 +35,7 @@ from pipeline.grounding import (
     replace_dir,
     split_grounding_paths,
 )
-from pipeline.io import ArtifactError, atomic_write_json, atomic_write_text, read_json
+from pipeline.core.io import ArtifactError, atomic_write_json, atomic_write_text, read_json
 
 log = logging.getLogger(__name__)
 

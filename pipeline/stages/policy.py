@@ -35,8 +35,8 @@ from typing import Any
 import pyarrow as pa
 from tqdm import tqdm
 
-from pipeline.config import ConfigError, load_params, project_root
-from pipeline.io import ArtifactError, atomic_dir, atomic_write_json, atomic_write_text, write_parquet
+from pipeline.core.config import ConfigError, load_params, project_root
+from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, atomic_write_text, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def main() -> int:
         import torch
 
         from pipeline.policy.quality import evaluate_policy, summary as quality_summary
-        from pipeline.stages.collect import load_games
+        from pipeline.session.collection import load_games
 
         torch.set_num_threads(int(cfg.model.policy.threads))
         t0 = time.perf_counter()

@@ -47,15 +47,15 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.config import ConfigError, load_params, project_root
-from pipeline.io import ArtifactError, atomic_write_json, read_parquet, sha256_text, write_parquet
+from pipeline.core.config import ConfigError, load_params, project_root
+from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet, sha256_text, write_parquet
 from pipeline.prompts import (
     PromptOrganizer,
     PromptTemplateError,
     render_turn_prompt,
     split_grounding_paths,
 )
-from pipeline.schemas import canonical_json
+from pipeline.core.schemas import canonical_json
 
 log = logging.getLogger(__name__)
 

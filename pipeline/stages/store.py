@@ -19,13 +19,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from pipeline.io import ArtifactError, atomic_dir, atomic_write_json, read_parquet
+from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_parquet
 from pipeline.memory.advisory import advisory_type_for
 from pipeline.memory.schemas import table_to_entries
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET, EpisodicStore, build_entries, write_store
 
 # Config subtrees that produced the episodes: the same keys as collect's checkpoint hash
-# (pipeline.stages.collect.CHECKPOINT_KEYS), used when an episode's metadata has no config_hash.
+# (pipeline.session.collection.CHECKPOINT_KEYS), used when an episode's metadata has no config_hash.
 COLLECT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type")
 
 
@@ -63,7 +63,7 @@ def store_metrics(store: EpisodicStore) -> dict[str, Any]:
 
 
 def main() -> int:
-    from pipeline.config import ConfigError, config_hash, load_params, project_root
+    from pipeline.core.config import ConfigError, config_hash, load_params, project_root
 
     try:
         cfg = load_params()

@@ -66,7 +66,7 @@ class Project:
         """
         import yaml
 
-        from pipeline.config import compose
+        from pipeline.core.config import compose
 
         path = self.root / "conf" / "config.yaml"
         if self.base_config is None:
@@ -153,7 +153,7 @@ def project_template(tiny_games, tmp_path_factory) -> Path:
         text = text.replace(old, new)
     cfg.write_text(text)
     shutil.copytree(tiny_games.games_dir, root / "data" / "games")
-    from pipeline.config import compose
+    from pipeline.core.config import compose
 
     compose(root)
     return root

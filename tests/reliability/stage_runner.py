@@ -39,7 +39,7 @@ def _die() -> None:
 def install() -> None:
     delay = float(os.environ.get("REL_STEP_DELAY") or 0)
     if delay:
-        from pipeline.env import HouseholdEnv
+        from pipeline.envs.household.env import HouseholdEnv
 
         step = HouseholdEnv.step
 
@@ -51,7 +51,7 @@ def install() -> None:
 
     log = os.environ.get("REL_LOG_STARTS")
     if log:
-        import pipeline.stages.collect as collect
+        import pipeline.session.collection as collect
 
         factories = collect.make_factories
 
@@ -69,7 +69,7 @@ def install() -> None:
 
     kill_after = int(os.environ.get("REL_KILL_AFTER_CHECKPOINTS") or 0)
     if kill_after:
-        from pipeline.rollout import Checkpoints
+        from pipeline.session.rollout import Checkpoints
 
         save = Checkpoints.save
         saved = []
@@ -84,7 +84,7 @@ def install() -> None:
 
     in_write = os.environ.get("REL_KILL_IN_WRITE")
     if in_write:
-        import pipeline.io as io
+        import pipeline.core.io as io
 
         write_bytes, write_table = io.atomic_write_bytes, io.pq.write_table
 

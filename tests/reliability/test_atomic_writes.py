@@ -1,10 +1,10 @@
 """Atomic writes: a write that fails part way leaves the previous files whole, and no temp file.
 
-A fault injector (:class:`DiskFull`) sits under :mod:`pipeline.io`: the k-th file the
+A fault injector (:class:`DiskFull`) sits under :mod:`pipeline.core.io`: the k-th file the
 pipeline writes gets half its bytes, then fails like a full disk. Each artifact writer is
 run with k = 1, 2, ... up to the number of files it writes; after every failure the folder
 must be exactly as before. A static audit checks that nothing in ``pipeline/`` writes an
-artifact around :mod:`pipeline.io`.
+artifact around :mod:`pipeline.core.io`.
 """
 
 from __future__ import annotations
@@ -20,13 +20,13 @@ from typing import Callable
 import pyarrow as pa
 import pytest
 
-import pipeline.io as pio
+import pipeline.core.io as pio
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 class DiskFull:
-    """Counts the files written through :mod:`pipeline.io`; the ``fail_at``-th one fails half-way.
+    """Counts the files written through :mod:`pipeline.core.io`; the ``fail_at``-th one fails half-way.
 
     Both low-level writers are wrapped: ``open(..., "wb")`` in ``atomic_write_bytes`` (text,
     JSON, checkpoints, tensors) and ``pq.write_table`` in ``write_parquet``.
@@ -46,7 +46,7 @@ class DiskFull:
                 fh.write(buf.getvalue())
 
         monkeypatch.setattr(pio.pq, "write_table", write_table)
-        monkeypatch.setattr(pio, "open", self.open, raising=False)  # shadows the builtin in pipeline.io only
+        monkeypatch.setattr(pio, "open", self.open, raising=False)  # shadows the builtin in pipeline.core.io only
 
     def open(self, path, mode="r", *args, **kwargs):
         fh = builtins.open(path, mode, *args, **kwargs)
@@ -148,7 +148,7 @@ def test_a_write_failing_half_way_keeps_the_previous_file(monkeypatch, tmp_path,
 
 
 def _checkpoint(folder: Path, v: int) -> None:
-    from pipeline.rollout import Checkpoints
+    from pipeline.session.rollout import Checkpoints
 
     Checkpoints(folder).save("f", {"episode": {"episode_id": "f", "v": v}, "turns": [], "tensors": []})
 
@@ -171,8 +171,8 @@ def _previous(folder: Path) -> None:
 
 
 def test_collect_outputs_survive_any_failing_write_then_resume(monkeypatch, tiny_cfg, tiny_games, tmp_path):
-    from pipeline.rollout import tasks_from_manifest
-    from pipeline.stages.collect import run_collection
+    from pipeline.session.rollout import tasks_from_manifest
+    from pipeline.session.collection import run_collection
 
     out = tmp_path / "data" / "episodes"
     _previous(out)
@@ -203,7 +203,7 @@ def test_collect_outputs_survive_any_failing_write_then_resume(monkeypatch, tiny
 
 
 def test_store_outputs_survive_any_failing_write(monkeypatch, tmp_path):
-    from pipeline.io import atomic_dir
+    from pipeline.core.io import atomic_dir
     from pipeline.memory.store import load_store, write_store
 
     from .helpers import synthetic_store
@@ -275,17 +275,17 @@ def test_ground_and_merge_outputs_survive_any_failing_write(monkeypatch, tmp_pat
 
 # Direct writes that are fine: (file, enclosing function or "*", call or "*") -> why.
 ALLOWED = {
-    ("pipeline/games.py", "compile_quest_game", "*"):
+    ("pipeline/envs/household/games.py", "compile_quest_game", "*"):
         "compiles into a private temp folder beside the game, then os.replace: atomic",
     ("pipeline/llm/tensors.py", "save_episode_tensors", "torch.save(...)"):
-        "torch.save into an in-memory buffer, then pipeline.io.atomic_write_bytes",
-    ("pipeline/report.py", "_png", "fig.savefig(...)"):
-        "savefig into an in-memory buffer, then pipeline.io.atomic_write_bytes",
-    ("pipeline/stages/collect.py", "merge_shards", "shutil.copy2(...)"):
-        "copies shard tensors into pipeline.io.atomic_dir's temp folder, swapped in whole",
-    ("pipeline/sweep.py", "prepare_job", "*"):
+        "torch.save into an in-memory buffer, then pipeline.core.io.atomic_write_bytes",
+    ("pipeline/analysis/report.py", "_png", "fig.savefig(...)"):
+        "savefig into an in-memory buffer, then pipeline.core.io.atomic_write_bytes",
+    ("pipeline/session/collection.py", "merge_shards", "shutil.copy2(...)"):
+        "copies shard tensors into pipeline.core.io.atomic_dir's temp folder, swapped in whole",
+    ("pipeline/tools/sweep.py", "prepare_job", "*"):
         "sets up a sweep job's scratch workspace (copied code, frozen conf), re-prepared on rerun; not an artifact",
-    ("pipeline/sweep.py", "*", "open(..., 'a')"): "appends to a sweep job's log file (a log, not an artifact)",
+    ("pipeline/tools/sweep.py", "*", "open(..., 'a')"): "appends to a sweep job's log file (a log, not an artifact)",
 }
 
 
@@ -298,7 +298,7 @@ WRITE_METHODS = {"write_text", "write_bytes", "to_parquet", "to_csv", "to_json",
 
 
 def direct_writes(path: Path) -> list[tuple[str, int, str]]:
-    """(enclosing function, line, call) of every call that writes a file without pipeline.io."""
+    """(enclosing function, line, call) of every call that writes a file without pipeline.core.io."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     found = []
 
@@ -329,12 +329,12 @@ def test_every_artifact_write_goes_through_pipeline_io():
     offenders = []
     for path in sorted((ROOT / "pipeline").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "pipeline/io.py":
+        if rel == "pipeline/core/io.py":
             continue
         for func, line, call in direct_writes(path):
             if not allowed(rel, func, call):
                 offenders.append(f"{rel}:{line} in {func}: {call}")
-    assert not offenders, "write these through pipeline.io (atomic_write_* / write_parquet / atomic_dir):\n" + \
+    assert not offenders, "write these through pipeline.core.io (atomic_write_* / write_parquet / atomic_dir):\n" + \
         "\n".join(offenders)
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace as NS
 import pytest
 
 import pipeline.llm.backends as backends
-from pipeline.io import read_parquet
+from pipeline.core.io import read_parquet
 from pipeline.llm.backends import OpenAIBackend
 
 from .helpers import ANSWER, FakeOpenAI

@@ -5,7 +5,7 @@
   invalid output gives ``action_valid=false``;
 - randomly corrupted grounding JSON/TXT files through the merge: good files still merged,
   bad ones named in warnings;
-- random feedback lines (and feedback files) through :mod:`pipeline.feedback`;
+- random feedback lines (and feedback files) through :mod:`pipeline.grounding.feedback`;
 - random objectives (Korean, Chinese, emoji, empty, 10^5 characters) through
   ``SignatureBuilder.build`` and into a store entry, which never keeps the text.
 
@@ -194,7 +194,7 @@ def test_parser_never_raises_and_invalid_output_is_action_valid_false(tiny_cfg, 
     from pipeline.agents.llm import parse_action
     from pipeline.llm.backends import Generation
     from pipeline.llm.tracker import action_text_from_text
-    from pipeline.rollout import Task, _turn_row
+    from pipeline.session.rollout import Task, _turn_row
 
     count("llm agent parser: any model output")
     action_text = action_text_from_text(text)
@@ -297,7 +297,7 @@ def test_merge_keeps_good_grounding_files_and_names_the_bad_ones(files, seed):
         merge_grounding_files,
         render_episode_text,
     )
-    from pipeline.io import atomic_write_json, atomic_write_text
+    from pipeline.core.io import atomic_write_json, atomic_write_text
 
     count("grounding merge: corrupted JSON/TXT files")
     rng = random.Random(seed)
@@ -354,9 +354,9 @@ def test_merge_keeps_good_grounding_files_and_names_the_bad_ones(files, seed):
                           MIXED_TEXT)),
        unknown=st.sampled_from(["keep", "reject"]))
 def test_any_feedback_line_parses_or_is_a_named_format_error(line, unknown):
-    from pipeline.feedback import FeedbackFormatError, classify_feedback_lines, parse_feedback_line
+    from pipeline.grounding.feedback import FeedbackFormatError, classify_feedback_lines, parse_feedback_line
     from pipeline.grounding import feedback_from_lines
-    from pipeline.schemas import FEEDBACK_TYPES
+    from pipeline.core.schemas import FEEDBACK_TYPES
 
     count("feedback lines: random lines")
     try:
@@ -379,7 +379,7 @@ def test_any_feedback_line_parses_or_is_a_named_format_error(line, unknown):
 @given(ftype=st.sampled_from(["user_preference", "spatial", "procedural", "general", "User Preference"]),
        text=MIXED_TEXT)
 def test_formatted_feedback_round_trips(ftype, text):
-    from pipeline.feedback import format_feedback_line, parse_feedback_line
+    from pipeline.grounding.feedback import format_feedback_line, parse_feedback_line
 
     assume(text.split())
     count("feedback lines: format -> parse round trip")
@@ -395,8 +395,8 @@ def test_formatted_feedback_round_trips(ftype, text):
                                  '{"episode_id": "e", "step_id": "end", "line": 5}', "{" * 50, "[" * 1000]),
     st.builds(lambda ln: json.dumps({"episode_id": "e", "step_id": 1, "line": ln}), MIXED_TEXT)), max_size=6))
 def test_a_feedback_file_loads_or_fails_naming_file_and_line(lines):
-    from pipeline.feedback import FeedbackFormatError
-    from pipeline.user import FileFeedback
+    from pipeline.grounding.feedback import FeedbackFormatError
+    from pipeline.envs.household.user import FileFeedback
 
     count("feedback file: random JSONL")
     with tempfile.TemporaryDirectory() as tmp:
@@ -413,8 +413,8 @@ def test_a_feedback_file_loads_or_fails_naming_file_and_line(lines):
 @pytest.mark.parametrize("content", [b'{"episode_id": "e", "step_id": 1, "line": "feedback : spatial: \xff"}\n',
                                      b"[" * 100_000], ids=["not UTF-8", "nested too deeply"])
 def test_a_feedback_file_that_cannot_be_decoded_is_named(tmp_path, content):
-    from pipeline.feedback import FeedbackFormatError
-    from pipeline.user import FileFeedback
+    from pipeline.grounding.feedback import FeedbackFormatError
+    from pipeline.envs.household.user import FileFeedback
 
     path = tmp_path / "feedback.jsonl"
     path.write_bytes(content)

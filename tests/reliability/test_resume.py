@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.io import read_parquet
-from pipeline.rollout import Checkpoints, Task, play, tasks_from_manifest
+from pipeline.core.io import read_parquet
+from pipeline.session.rollout import Checkpoints, Task, play, tasks_from_manifest
 
 from .conftest import kill_when
 
@@ -156,8 +156,8 @@ def test_checkpoint_key_follows_every_input_and_only_those(tiny_cfg, tiny_games,
     """Config keys collect reads, task prompts, manifest, templates, feedback file, code: new key."""
     from omegaconf import OmegaConf
 
-    from pipeline.config import validate
-    from pipeline.stages.collect import checkpoint_dir
+    from pipeline.core.config import validate
+    from pipeline.session.collection import checkpoint_dir
 
     root = tmp_path / "root"
     shutil.copytree(tiny_games.games_dir, root / "data" / "games")
@@ -195,7 +195,7 @@ def test_checkpoint_key_follows_every_input_and_only_those(tiny_cfg, tiny_games,
 
 
 def test_a_foreign_or_broken_checkpoint_is_replayed_not_trusted(tiny_cfg, tiny_games, tmp_path, capsys):
-    from pipeline.stages.collect import make_factories
+    from pipeline.session.collection import make_factories
 
     tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)
     make_env, make_agent, make_user = make_factories(tiny_cfg, tiny_games.root, tiny_games.scenes)
@@ -243,7 +243,7 @@ def test_a_ctrl_c_during_a_destructor_still_stops_the_loop(capsys):
     """Python prints and swallows an exception raised in ``__del__``: the flag must survive it."""
     import os
 
-    from pipeline.stages.collect import sigint_flag
+    from pipeline.session.collection import sigint_flag
 
     if signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
         pytest.skip("SIGINT is handled by something else in this process")

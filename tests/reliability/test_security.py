@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipeline.episodes import EpisodeStore
-from pipeline.io import ArtifactError
+from pipeline.session.episodes import EpisodeStore
+from pipeline.core.io import ArtifactError
 
 from .helpers import FakeOpenAI
 
@@ -46,7 +46,7 @@ def test_torch_load_is_weights_only_and_nothing_else_unpickles_or_evaluates():
             elif name == "yaml.load" and not any(k.arg == "Loader" and "Safe" in ast.unparse(k.value)
                                                  for k in node.keywords):
                 bad.append(f"{rel}:{node.lineno} yaml.load without a SafeLoader")
-    assert loads >= 2  # pipeline.episodes and pipeline.llm.tensors
+    assert loads >= 2  # pipeline.session.episodes and pipeline.llm.tensors
     assert not bad, "\n".join(bad)
 
 

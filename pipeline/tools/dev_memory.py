@@ -3,12 +3,12 @@
 For prompt developers: renders a template, asks the model once, and prints the returned
 JSON, the memory dict taken from it, and the prompt re-rendered with that memory::
 
-    python -m pipeline.dev_memory --prompt conf/templates/system_compact.txt \\
+    python -m pipeline.tools.dev_memory --prompt conf/templates/system_compact.txt \\
         model.name_or_path=data/policy/model sampling.do_sample=false
-    python -m pipeline.dev_memory --prompt my_prompt.txt --memory '{"plan": ["open Fridge_0"]}' \\
+    python -m pipeline.tools.dev_memory --prompt my_prompt.txt --memory '{"plan": ["open Fridge_0"]}' \\
         --observation obs.json model.backend=openai model.base_url=http://localhost:8000/v1 \\
         model.api_model=Qwen2.5-0.5B-Instruct
-    python -m pipeline.dev_memory --prompt my_prompt.txt \\
+    python -m pipeline.tools.dev_memory --prompt my_prompt.txt \\
         --response '{"action": "look", "target": null, "memory": {"notes": "try"}}'   # no model
 
 Trailing ``key=value`` arguments are Hydra overrides of ``conf/`` (the model and sampling
@@ -163,7 +163,7 @@ def backend_generate(cfg: Any, user_message: str = DEFAULT_USER_MESSAGE) -> Gene
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.dev_memory", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pipeline.tools.dev_memory", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--prompt", required=True, help="prompt template file ($var, ${var}, $memory[key][sub])")
     parser.add_argument("--memory", help="initial memory dict: JSON text or file (default: prompts.memory_defaults)")
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/, e.g. model.name_or_path=DIR")
     args = parser.parse_args(argv)
 
-    from pipeline.config import ConfigError, compose_text, project_root, validate
+    from pipeline.core.config import ConfigError, compose_text, project_root, validate
     from omegaconf import OmegaConf
 
     root = project_root()

@@ -7,7 +7,7 @@ can be reached), supporters and portable objects, all named as in seed 004 (``Ki
 that same layout, so what an agent learns about a scene (where things are, which
 container is locked and where its key lies) carries over between its quests. Quests are
 goal facts (an ``Event``), their objective states the goal only, and their expert plan
-is a verified shortest plan (:func:`pipeline.env.shortest_plan`), not TextWorld's own
+is a verified shortest plan (:func:`pipeline.envs.household.env.shortest_plan`), not TextWorld's own
 walkthrough.
 
 Example:
@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.env import (DIRECTIONS, OPPOSITE, World, check_game_file, command_to_action, fact_str,
+from pipeline.envs.household.env import (DIRECTIONS, OPPOSITE, World, check_game_file, command_to_action, fact_str,
                           parse_fact, preference_text, shortest_plan, typed_facts)
-from pipeline.schemas import canonical_json
+from pipeline.core.schemas import canonical_json
 
 ROOM_NAMES = ("Kitchen", "Bedroom", "Bathroom", "LivingRoom", "DiningRoom", "Office")
 # Which containers / supporters a room may hold (a fridge only in the kitchen, ...).
@@ -327,7 +327,7 @@ def parser_aliases(names) -> dict[str, str]:
     The Z-machine parser compares only the first 9 Z-characters of a word, and ``_`` and
     digits take two each, so ``Cabinet_0`` and ``Cabinet_1`` read as the same word and
     Inform asks "Which do you mean?". The games understand these aliases too, and
-    :class:`pipeline.env.HouseholdEnv` sends them in place of the names.
+    :class:`pipeline.envs.household.env.HouseholdEnv` sends them in place of the names.
     """
     return {n: "ent" + chr(97 + i // 26) + chr(97 + i % 26) for i, n in enumerate(sorted(names))}
 
@@ -358,7 +358,7 @@ def compile_quest_game(job: Mapping[str, Any]) -> dict[str, Any]:
     """Compile one quest to ``job["out"]`` (``.z8`` + ``.json``) and verify its expert plan.
 
     Runs in a worker process. The files appear atomically (compiled in a temp folder,
-    then renamed); the plan is replayed through :class:`pipeline.env.HouseholdEnv` and
+    then renamed); the plan is replayed through :class:`pipeline.envs.household.env.HouseholdEnv` and
     must reach ``won`` with the preferences held.
 
     Args:
@@ -398,7 +398,7 @@ def compile_quest_game(job: Mapping[str, Any]) -> dict[str, Any]:
 
 def verify_game(game_file: str | Path, spec: Mapping[str, Any], row: Mapping[str, Any]) -> str | None:
     """Replay the expert plan in the compiled game; ``None`` if it wins, else why not."""
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
 
     check_game_file(game_file)
     with HouseholdEnv(game_file, scene_id=row["scene_id"], quest_id=row["quest_id"], objective=row["objective"],

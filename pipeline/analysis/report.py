@@ -20,7 +20,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.io import atomic_write_bytes, atomic_write_text
+from pipeline.core.io import atomic_write_bytes, atomic_write_text
 
 #: Fixed colours for the standard conditions (others cycle through tab10).
 CONDITION_COLORS = {"C1": "#7f7f7f", "C2": "#1f77b4", "C2_silent": "#ff7f0e", "C2_placebo": "#9467bd"}

@@ -4,9 +4,9 @@
 This module composes exactly as DVC does (it calls DVC's own ``compose_and_dump``),
 checks that ``params.yaml`` is not stale, and loads + validates it for the stages::
 
-    python -m pipeline.config compose          # regenerate params.yaml from conf/
-    python -m pipeline.config check            # fail loudly if params.yaml is stale
-    python -m pipeline.config compose agent=rag  # compose with Hydra overrides
+    python -m pipeline.core.config compose          # regenerate params.yaml from conf/
+    python -m pipeline.core.config check            # fail loudly if params.yaml is stale
+    python -m pipeline.core.config compose agent=rag  # compose with Hydra overrides
 
 Inside a ``dvc exp run`` (DVC sets ``DVC_EXP_BASELINE_REV``) params.yaml was just
 composed by DVC with the experiment's overrides, so the check only verifies that it has
@@ -26,7 +26,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from pipeline.io import atomic_write_text
+from pipeline.core.io import atomic_write_text
 
 PARAMS_FILE = "params.yaml"
 CONF_DIR = "conf"
@@ -123,7 +123,7 @@ def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
     """
     from importlib.metadata import PackageNotFoundError, version
 
-    from pipeline import conf_schema
+    from pipeline.core import conf_schema
 
     h = hashlib.sha256()
 
@@ -169,7 +169,7 @@ def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
     root = root or project_root()
     params_path = root / PARAMS_FILE
     if not params_path.exists():
-        raise ConfigError(f"{params_path} is missing: run `python -m pipeline.config compose`")
+        raise ConfigError(f"{params_path} is missing: run `python -m pipeline.core.config compose`")
     current = params_path.read_text(encoding="utf-8")
     import yaml
 
@@ -200,7 +200,7 @@ def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
     shown = "; ".join(diffs[:8]) + (f"; ... ({len(diffs)} in all)" if len(diffs) > 8 else "")
     raise ConfigError(
         f"{params_path} is stale against {root / CONF_DIR} ({shown or 'formatting differs'}). "
-        "`dvc repro` never recomposes it: run `python -m pipeline.config compose` and commit "
+        "`dvc repro` never recomposes it: run `python -m pipeline.core.config compose` and commit "
         "params.yaml, or use `dvc exp run -S key=value` for an experiment."
     )
 
@@ -212,7 +212,7 @@ def _require(cond: bool, key: str, value: Any, expected: str) -> None:
 
 def validate(cfg: DictConfig) -> DictConfig:
     """Type-check against the schema and check ranges; returns the typed config."""
-    from pipeline.conf_schema import Config
+    from pipeline.core.conf_schema import Config
 
     try:
         typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
@@ -265,7 +265,7 @@ def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictCo
     try:
         raw = OmegaConf.load(path)
     except FileNotFoundError as exc:
-        raise ConfigError(f"{path} is missing: run `python -m pipeline.config compose`") from exc
+        raise ConfigError(f"{path} is missing: run `python -m pipeline.core.config compose`") from exc
     return validate(raw)
 
 
@@ -288,7 +288,7 @@ def to_plain(cfg: DictConfig) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.config", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pipeline.core.config", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_compose = sub.add_parser("compose", help="regenerate params.yaml from conf/ (as dvc exp run does)")

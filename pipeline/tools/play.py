@@ -1,8 +1,8 @@
 """Interactive session: watch the agent play one quest and give it typed feedback (seed 000).
 
-    python -m pipeline.play                          # asks for an episode number
-    python -m pipeline.play --episode 3 --scene scene_00 agent=rag env.max_steps=15
-    printf '1\\nfeedback : spatial: Apple_2 is in Fridge_0\\n\\n' | python -m pipeline.play
+    python -m pipeline.tools.play                          # asks for an episode number
+    python -m pipeline.tools.play --episode 3 --scene scene_00 agent=rag env.max_steps=15
+    printf '1\\nfeedback : spatial: Apple_2 is in Fridge_0\\n\\n' | python -m pipeline.tools.play
 
 Seed 000's flow: the person enters an episode number; the grounding files given by
 ``grounding.files`` plus this session folder's ``grounding_latest.json`` are merged and
@@ -39,7 +39,7 @@ from pipeline.grounding import (
     render_episode_text,
     split_grounding_paths,
 )
-from pipeline.schemas import FEEDBACK_TYPES, STATUSES
+from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
 
 DEFAULT_OUT = "outputs/play"
 _STATUS_RE = re.compile(r"^\s*status\s*[:：]\s*(\S+)\s*$", re.IGNORECASE)
@@ -116,7 +116,7 @@ def ask_step_feedback(console: Console, step_id: int, status: str, unknown_type:
 
 
 def _joined(texts: dict[str, list[str]]) -> dict[str, str | None]:
-    # Several remarks of one type in one step are joined as pipeline.feedback does.
+    # Several remarks of one type in one step are joined as pipeline.grounding.feedback does.
     return {t: ("; ".join(v) if v else None) for t, v in texts.items()}
 
 
@@ -130,10 +130,10 @@ def run_session(cfg: Any, root: Path, console: Console, *, episode: int | None =
                 scene: str | None = None, quest: str | None = None, out_dir: Path | None = None,
                 make_generate: Callable[[Any], Callable[[str], str] | None] | None = None) -> list[Path]:
     """Play one episode with a person giving feedback; write and return its grounding files."""
-    from pipeline.io import read_json, read_parquet
-    from pipeline.rollout import tasks_from_manifest, task_seed
-    from pipeline.stages.collect import make_factories
-    from pipeline.user import step_status
+    from pipeline.core.io import read_json, read_parquet
+    from pipeline.session.rollout import tasks_from_manifest, task_seed
+    from pipeline.session.collection import make_factories
+    from pipeline.envs.household.user import step_status
 
     out_dir = out_dir or root / DEFAULT_OUT
     g = cfg.grounding
@@ -215,7 +215,7 @@ def _v(x: Any) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.play", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pipeline.tools.play", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--episode", type=int, default=None, help="episode number (asked when omitted)")
     parser.add_argument("--split", default="train", choices=("train", "eval"), help="quests to play")
@@ -227,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
     from omegaconf import OmegaConf
 
-    from pipeline.config import ConfigError, compose_text, project_root, validate
-    from pipeline.io import ArtifactError
+    from pipeline.core.config import ConfigError, compose_text, project_root, validate
+    from pipeline.core.io import ArtifactError
     from pipeline.stages.ground import make_generate
 
     try:

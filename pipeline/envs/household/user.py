@@ -23,7 +23,7 @@ Which remarks a step warrants:
   specific diagnosis.
 - ``user_preference``: a scene preference (``Close containers after use.``) broken when
   the agent leaves a room (a container it opened left open there) and, at the end, every
-  preference that does not hold (the env's kinds and checks, :mod:`pipeline.env`).
+  preference that does not hold (the env's kinds and checks, :mod:`pipeline.envs.household.env`).
 
 A step that warrants remarks gets them with probability ``user.feedback_prob``; each line
 is then replaced by an unhelpful or wrong one with probability ``user.noise``. The end
@@ -49,8 +49,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from pipeline.feedback import FeedbackFormatError, format_feedback_line, parse_feedback_line
-from pipeline.schemas import STATUSES
+from pipeline.grounding.feedback import FeedbackFormatError, format_feedback_line, parse_feedback_line
+from pipeline.core.schemas import STATUSES
 
 OPPOSITE = {"north": "south", "south": "north", "east": "west", "west": "east", "up": "down", "down": "up"}
 _FACT_RE = re.compile(r"^\s*([A-Za-z_][\w]*)\s*\((.*)\)\s*$")
@@ -264,7 +264,7 @@ def pref_text(pref: Mapping[str, Any]) -> str:
     """The sentence of a scene preference (its ``text``, else the env's wording)."""
     if pref.get("text"):
         return str(pref["text"])
-    from pipeline.env import parse_preference, preference_text
+    from pipeline.envs.household.env import parse_preference, preference_text
 
     _, kind, target = parse_preference(pref)
     return preference_text(kind, target)
@@ -276,7 +276,7 @@ def broken_in_room(pref: Mapping[str, Any], world: World, room: str, opened: set
     ``close_containers``: a container opened in this episode is open; ``keep_closed``: the
     target is open; ``lock_after_use``: the target was unlocked and is not locked again.
     """
-    from pipeline.env import parse_preference
+    from pipeline.envs.household.env import parse_preference
 
     _, kind, target = parse_preference(pref)
     here = [c for c in world.containers if world.room_of(c) == room] if world.containers else []
@@ -586,7 +586,7 @@ class SimulatedUser:
         Args:
             final: the last ``info`` dict (the env's per-preference verdict
                 ``preferences`` and ``preferences_ok`` win; else its ``facts`` are checked
-                with :func:`pipeline.env.check_preferences`) or the final facts as strings.
+                with :func:`pipeline.envs.household.env.check_preferences`) or the final facts as strings.
 
         Returns:
             ``(preferences_ok, lines)``: one ``user_preference`` line per broken preference.
@@ -594,7 +594,7 @@ class SimulatedUser:
         info = final if isinstance(final, Mapping) else {"facts": list(final) if final is not None else None}
         held = info.get("preferences")
         if held is None:  # no per-preference verdict from the env: check the facts here
-            from pipeline.env import check_preferences
+            from pipeline.envs.household.env import check_preferences
 
             facts = info.get("facts")
             if facts is None:

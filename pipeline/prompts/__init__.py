@@ -369,7 +369,7 @@ def load_template(path: str | os.PathLike, root: str | os.PathLike | None = None
 
 
 def _project_root() -> Path:
-    from pipeline.config import project_root
+    from pipeline.core.config import project_root
 
     return project_root()
 

@@ -1,10 +1,10 @@
 """Artifact diff between two experiments: params, metrics, and the rows of every artifact.
 
-    python -m pipeline.diff HEAD~1 HEAD                 # two git revisions
-    python -m pipeline.diff main my-exp                 # a branch and a DVC experiment name
-    python -m pipeline.diff HEAD workspace              # the last commit and the working tree
-    python -m pipeline.diff exp-a exp-b --artifact turns --limit 3
-    python -m pipeline.diff exp-a exp-b --json > diff.json
+    python -m pipeline.tools.diff HEAD~1 HEAD                 # two git revisions
+    python -m pipeline.tools.diff main my-exp                 # a branch and a DVC experiment name
+    python -m pipeline.tools.diff HEAD workspace              # the last commit and the working tree
+    python -m pipeline.tools.diff exp-a exp-b --artifact turns --limit 3
+    python -m pipeline.tools.diff exp-a exp-b --json > diff.json
 
 A and B are git revisions (commit, branch, tag, ``HEAD~2``), DVC experiment names (as
 ``dvc exp show`` lists them) or ``workspace``. Artifacts are read at each revision through
@@ -492,7 +492,7 @@ def format_diff(d: Mapping[str, Any], *, limit: int = 5) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.diff", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m pipeline.tools.diff", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", help="git revision, DVC experiment name or 'workspace'")
     parser.add_argument("b", help="git revision, DVC experiment name or 'workspace'")
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit < 0:
         parser.error("--limit must be >= 0")
     try:
-        from pipeline.config import project_root
+        from pipeline.core.config import project_root
 
         root = project_root(Path(args.repo))
         d = diff_revisions(root, args.a, args.b, artifacts=args.artifact, limit=args.limit, width=args.width)

@@ -2,8 +2,8 @@
 
 Layout (one folder per collection, e.g. ``data/episodes`` or ``data/eval/C2``)::
 
-    episodes.parquet          one row per episode  (pipeline.schemas.EPISODE_SCHEMA)
-    turns.parquet             one row per turn     (pipeline.schemas.TURN_SCHEMA)
+    episodes.parquet          one row per episode  (pipeline.core.schemas.EPISODE_SCHEMA)
+    turns.parquet             one row per turn     (pipeline.core.schemas.TURN_SCHEMA)
     tensors/<episode_id>.pt   per-episode token tensors (llm agent only)
 
 Example:
@@ -23,8 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.io import ArtifactError, read_parquet, write_parquet
-from pipeline.schemas import SCHEMA_VERSION, episodes_table, turns_table
+from pipeline.core.io import ArtifactError, read_parquet, write_parquet
+from pipeline.core.schemas import SCHEMA_VERSION, episodes_table, turns_table
 
 EPISODES_FILE = "episodes.parquet"
 TURNS_FILE = "turns.parquet"

@@ -1,10 +1,10 @@
 """Hydra sweeps outside DVC: every job runs the whole pipeline in its own folder.
 
-    python -m pipeline.sweep -m seed=0,1,2                       # 3 jobs, one after another
-    python -m pipeline.sweep -m condition=C1,C2,C2_silent seed=0,1
-    python -m pipeline.sweep -m seed=0,1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=2
-    python -m pipeline.sweep -m seed=0,1 agent=react,rag env.max_steps=20,40   # any key is an axis
-    python -m pipeline.sweep seed=3                              # one job (no -m)
+    python -m pipeline.tools.sweep -m seed=0,1,2                       # 3 jobs, one after another
+    python -m pipeline.tools.sweep -m condition=C1,C2,C2_silent seed=0,1
+    python -m pipeline.tools.sweep -m seed=0,1,2,3 hydra/launcher=joblib hydra.launcher.n_jobs=2
+    python -m pipeline.tools.sweep -m seed=0,1 agent=react,rag env.max_steps=20,40   # any key is an axis
+    python -m pipeline.tools.sweep seed=3                              # one job (no -m)
 
 Each job gets the folder Hydra gives it (``multirun/<date>/<time>/<job number>/``, or
 ``hydra.sweep.dir=...``), turns it into a standalone copy of the project and runs
@@ -38,7 +38,7 @@ from that job's config (noted in its log), since they cannot be evaluated there.
 Beyond one machine, Hydra's submitit launcher (installed: ``hydra-submitit-launcher``)
 sends each job to SLURM; the sweep folder must be on a filesystem the nodes share::
 
-    python -m pipeline.sweep -m seed=0,1,2,3 hydra/launcher=submitit_slurm \\
+    python -m pipeline.tools.sweep -m seed=0,1,2,3 hydra/launcher=submitit_slurm \\
         hydra.launcher.partition=gpu hydra.launcher.gpus_per_node=1 \\
         hydra.launcher.timeout_min=240 hydra.launcher.cpus_per_task=8 \\
         hydra.sweep.dir=/shared/sweeps/memory-seeds
@@ -109,8 +109,8 @@ def restrict_to_conditions(params: dict) -> tuple[dict, list[str]]:
 
 def frozen_conf_text(params: Mapping[str, Any]) -> str:
     """A ``conf/config.yaml`` that composes to exactly ``params`` (schema + the values)."""
-    head = ("# Frozen by pipeline.sweep: this job's composed config. Compose with\n"
-            "# `python -m pipeline.config compose` (params.yaml is already composed from it).\n")
+    head = ("# Frozen by pipeline.tools.sweep: this job's composed config. Compose with\n"
+            "# `python -m pipeline.core.config compose` (params.yaml is already composed from it).\n")
     body = yaml.safe_dump({"defaults": ["schema", "_self_"], **params}, sort_keys=False, allow_unicode=True)
     return head + body
 
@@ -182,7 +182,7 @@ def extra_inputs(dvc_yaml: Mapping[str, Any], params: Mapping[str, Any]) -> list
 
 def prepare_job(source: Path, job_dir: Path, params: Mapping[str, Any]) -> Path:
     """Turn ``job_dir`` into a standalone project running ``params``; returns ``job_dir``."""
-    from pipeline.config import compose
+    from pipeline.core.config import compose
 
     dvc_yaml_path = source / "dvc.yaml"
     if not dvc_yaml_path.is_file():
@@ -270,7 +270,7 @@ def run_job(cfg: DictConfig, job_dir: Path, source: Path, overrides: list[str], 
         log.error("job %s (%s) failed: %s", job_num, " ".join(overrides), exc)
         result.update(status="failed", error=str(exc), conditions={}, comparisons={})
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    from pipeline.io import atomic_write_json
+    from pipeline.core.io import atomic_write_json
 
     atomic_write_json(job_dir / RESULT_FILE, result)
     return result
@@ -324,7 +324,7 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 
 def summarize(sweep_dir: Path) -> list[dict]:
     """Read every job's result under ``sweep_dir``; print and save the summary table."""
-    from pipeline.io import atomic_write_json, atomic_write_text
+    from pipeline.core.io import atomic_write_json, atomic_write_text
 
     results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(sweep_dir.glob(f"*/{RESULT_FILE}"))]
     if (sweep_dir / RESULT_FILE).is_file():  # a single run: the run dir is the job dir
@@ -383,8 +383,8 @@ def _task(cfg: DictConfig) -> dict:
 def main() -> int:
     import hydra
 
-    from pipeline.config import project_root
-    from pipeline.conf_schema import register_configs
+    from pipeline.core.config import project_root
+    from pipeline.core.conf_schema import register_configs
 
     source = project_root()
     if not (source / "conf" / "config.yaml").is_file():
@@ -396,7 +396,7 @@ def main() -> int:
     ConfigStore.instance().store(name=APP_CONFIG, node={
         "defaults": ["config", "_self_"],
         "hydra": {
-            "callbacks": {"sweep_summary": {"_target_": "pipeline.sweep.SweepSummary"}},
+            "callbacks": {"sweep_summary": {"_target_": "pipeline.tools.sweep.SweepSummary"}},
             # Jobs may run in other processes (joblib) or on other machines (SLURM): Hydra
             # sets this variable inside every job, whatever the launcher.
             "job": {"env_set": {SOURCE_ENV: str(source)}},
@@ -410,8 +410,8 @@ def main() -> int:
 
 if __name__ == "__main__":
     # Run from the imported module, not from __main__: Hydra instantiates the callback
-    # from `pipeline.sweep` and launchers pickle `_task` by reference, so every process
+    # from `pipeline.tools.sweep` and launchers pickle `_task` by reference, so every process
     # must see the same module (and the same SweepSummary.failed).
-    from pipeline.sweep import main as _main
+    from pipeline.tools.sweep import main as _main
 
     sys.exit(_main())

@@ -5,7 +5,7 @@ them a scene name and paid a small reward for every ``examine``. Here every
 observation field is filled from the game's logic state (TextWorld facts), success is
 TextWorld's ``won`` (never ``done``), and the reward is shaped against loops::
 
-    from pipeline.env import HouseholdEnv
+    from pipeline.envs.household.env import HouseholdEnv
 
     env = HouseholdEnv("data/games/scene_00/q00.z8", scene_id="scene_00", quest_id="q00",
                        objective="Put Apple_2 in Fridge_0 and close it.", max_steps=30,
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from pipeline.io import ArtifactError
+from pipeline.core.io import ArtifactError
 
 VERBS = ("go_to", "pick_up", "put", "open", "close", "unlock", "lock", "drop", "examine", "look",
          "inventory", "wait")
@@ -598,7 +598,7 @@ class HouseholdEnv:
                  preferences: Iterable[str | Mapping[str, Any]] = (), compute_expert_plan: bool = True) -> None:
         p = Path(game_file)
         if not p.is_absolute() and not p.exists():
-            from pipeline.config import project_root
+            from pipeline.core.config import project_root
 
             p = project_root() / p
         self.game_file = check_game_file(p)

@@ -2,14 +2,14 @@
 
 The dataclasses here are registered in Hydra's ConfigStore by the plugin module
 ``hydra_plugins/pipeline_schema`` so that *DVC's own* compose (``dvc exp run -S ...``)
-validates types and enum values, not only our ``python -m pipeline.config``::
+validates types and enum values, not only our ``python -m pipeline.core.config``::
 
     $ dvc exp run -S sampling.temperature=abc
     ERROR: ... Value 'abc' of type 'str' could not be converted to Float
         full_key: sampling.temperature
 
 Range checks that OmegaConf cannot express (``0 < top_p <= 1``, ...) live in
-:func:`pipeline.config.validate`, which every stage runs on ``params.yaml``.
+:func:`pipeline.core.config.validate`, which every stage runs on ``params.yaml``.
 
 This module imports only the standard library and OmegaConf: it is imported by Hydra's
 plugin discovery, so it must stay light and free of side effects.
@@ -140,7 +140,7 @@ class EnvConfig:
 class UserConfig:
     """Simulated user (or a file of feedback lines written by a person)."""
 
-    source: FeedbackSource = FeedbackSource.simulated  # simulated (pipeline.user.SimulatedUser) | file (FileFeedback)
+    source: FeedbackSource = FeedbackSource.simulated  # simulated (pipeline.envs.household.user.SimulatedUser) | file (FileFeedback)
     feedback_file: Optional[str] = None  # JSONL of {episode_id, step_id, line} when source=file
     feedback_prob: float = 0.8  # probability the user comments on a step that warrants it
     noise: float = 0.0  # probability each line is replaced by an unhelpful or wrong one

@@ -1,7 +1,7 @@
 """Typed user feedback lines (seed 000): ``feedback : <type>: <text>``.
 
-A person (or the simulated user of :mod:`pipeline.user`) comments on a step with one
-line per remark; the type is one of :data:`pipeline.schemas.FEEDBACK_TYPES`::
+A person (or the simulated user of :mod:`pipeline.envs.household.user`) comments on a step with one
+line per remark; the type is one of :data:`pipeline.core.schemas.FEEDBACK_TYPES`::
 
     >>> parse_feedback_line("Feedback :  Spatial: Key_1 is on Table_0 in the Kitchen.")
     ('spatial', 'Key_1 is on Table_0 in the Kitchen.')
@@ -23,7 +23,7 @@ import logging
 import re
 from typing import Iterable
 
-from pipeline.schemas import FEEDBACK_TYPES
+from pipeline.core.schemas import FEEDBACK_TYPES
 
 log = logging.getLogger(__name__)
 

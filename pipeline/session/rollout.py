@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from pipeline.io import atomic_write_text, read_json
-from pipeline.schemas import FEEDBACK_TYPES, canonical_json
+from pipeline.core.io import atomic_write_text, read_json
+from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
 
 TENSOR_KEYS = ("generated_ids", "action_token_mask", "logprobs")
 
@@ -112,7 +112,7 @@ class Checkpoints:
 
 
 def _feedback_columns(lines: list[str], unknown: str = "keep") -> dict:
-    from pipeline.feedback import classify_feedback_lines
+    from pipeline.grounding.feedback import classify_feedback_lines
 
     by_type = classify_feedback_lines(lines, unknown=unknown) if lines else {}
     return {f"feedback_{t}": by_type.get(t) for t in FEEDBACK_TYPES}

@@ -27,7 +27,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from pipeline.stats import Estimate, bootstrap_mean, bootstrap_ratio, make_rng
+from pipeline.core.stats import Estimate, bootstrap_mean, bootstrap_ratio, make_rng
 
 Rows = Iterable[Mapping[str, Any]]
 

@@ -37,8 +37,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from pipeline.io import atomic_dir, atomic_write_json, atomic_write_text
-from pipeline.schemas import FEEDBACK_TYPES, STATUSES
+from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
+from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
 
 log = logging.getLogger(__name__)
 
@@ -139,16 +139,16 @@ def grounding_timestamp(config_value: str | None = None) -> str:
 
 
 def feedback_from_lines(lines: Iterable[str], unknown: str = "keep", where: str = "") -> dict[str, str | None]:
-    """Group ``feedback : <type>: <text>`` lines by type (the parser of :mod:`pipeline.feedback`).
+    """Group ``feedback : <type>: <text>`` lines by type (the parser of :mod:`pipeline.grounding.feedback`).
 
-    Unlike :func:`pipeline.feedback.classify_feedback_lines`, a *malformed* line is not an
+    Unlike :func:`pipeline.grounding.feedback.classify_feedback_lines`, a *malformed* line is not an
     error under ``unknown="keep"``: it is kept whole under ``general`` with a warning
     naming it (issue 4: never silently dropped); under ``"reject"`` it raises.
 
     Returns:
         ``{type: text or None}`` for the four types; texts of one type joined with ``"; "``.
     """
-    from pipeline.feedback import FeedbackFormatError, UnknownFeedbackType, parse_feedback_line
+    from pipeline.grounding.feedback import FeedbackFormatError, UnknownFeedbackType, parse_feedback_line
 
     policy = _choice(unknown, UNKNOWN_POLICIES, "grounding.unknown_type")
     grouped: dict[str, list[str]] = {t: [] for t in FEEDBACK_TYPES}
@@ -550,7 +550,7 @@ def _resolve(path: str, root: str | os.PathLike | None) -> Path:
     if p.is_absolute():
         return p
     if root is None:
-        from pipeline.config import project_root
+        from pipeline.core.config import project_root
 
         root = project_root()
     if escapes_root(p):
@@ -875,5 +875,5 @@ def write_latest_files(doc: Mapping[str, Any], out_dir: str | os.PathLike, save_
 
 # Yield an empty folder beside a stage's output folder; on success it replaces it whole, so
 # files of episodes that no longer exist never linger and a failure leaves the previous
-# folder untouched (the shared implementation, :func:`pipeline.io.atomic_dir`).
+# folder untouched (the shared implementation, :func:`pipeline.core.io.atomic_dir`).
 replace_dir = atomic_dir

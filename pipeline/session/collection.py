@@ -1,0 +1,349 @@
+"""Playing a collection of episodes: factories, checkpoints, resume, shards.
+
+The library behind the ``collect`` and ``evaluate`` stages (and the policy's demos and
+quality figures): :func:`run_collection` plays a list of tasks with an agent, a user and
+per-episode checkpoints, and writes episodes, turns and tensors atomically.
+
+    records, stats = run_collection(cfg, root, tasks, out_dir, scenes=scenes,
+                                    ckpt_name="collect", desc="collect [llm]")
+
+Finished episodes are checkpointed under ``.checkpoints/<name>/<config hash>-<inputs hash>/``
+(outside the DVC outs, keyed so that a changed config or input never reuses them) so an
+interrupted run (SIGKILL, Ctrl-C, a failed model call) resumes where it stopped and
+writes the same bytes as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import DictConfig
+from tqdm import tqdm
+
+from pipeline.core.config import ConfigError, config_hash
+from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
+from pipeline.session.rollout import Checkpoints, Task, play
+
+# Config subtrees whose change invalidates checkpointed episodes.
+CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type")
+
+# torch intra-op threads while a local model generates. A fixed count keeps the sampled
+# tokens (float reduction order) independent of the machine's core count, so the same
+# config gives the same Parquet on another machine; one thread also cannot oversubscribe
+# cores that DVC, the simulated user or other jobs share. Its cost with the default model
+# on an idle 2-core machine: 0.90x the agent steps/s of 2 threads (`python -m benchmarks
+# --only collect_memory`); a large user model wants more (model.threads is future work).
+INFERENCE_THREADS = 1
+
+
+@contextlib.contextmanager
+def inference_threads(cfg: DictConfig) -> Iterator[None]:
+    """Run a local transformers model on :data:`INFERENCE_THREADS` threads; restore after."""
+    if cfg.agent.name != "llm" or str(cfg.model.backend) != "transformers":
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(INFERENCE_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def load_games(root: Path, cfg: DictConfig) -> tuple[list[dict], dict]:
+    games = root / cfg.paths.games
+    manifest = read_parquet(games / "manifest.parquet").to_pylist()
+    scenes = read_json(games / "scenes.json")
+    return manifest, scenes
+
+
+def make_factories(cfg: DictConfig, root: Path, scenes: dict, *, feedback_source: Any = None):
+    """Environment, agent and user constructors for one task each."""
+    from pipeline.agents import make_agent
+    from pipeline.envs.household.env import HouseholdEnv
+    from pipeline.envs.household.user import SimulatedUser
+
+    shared: dict = {}
+
+    def make_env(task: Task):
+        return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
+                            objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
+                            preferences=_scene_preferences(scenes, task))
+
+    def make_agent_for(task: Task):
+        return make_agent(cfg, seed=task.seed, shared=shared)
+
+    def make_user(task: Task):
+        if feedback_source is not None:
+            return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], task)
+        return SimulatedUser(cfg.user, scenes[task.scene_id], {"quest_id": task.quest_id,
+                             "objective": task.objective, "expert_plan": task.expert_plan,
+                             "preferences": task.preferences}, task.seed)
+
+    return make_env, make_agent_for, make_user
+
+
+def _scene_preferences(scenes: dict, task: Task) -> list[dict]:
+    prefs = scenes[task.scene_id].get("preferences", [])
+    return [p for p in prefs if p["id"] in set(task.preferences)]
+
+
+def _file_digest(path: Path) -> str | None:
+    """sha256 of a file's bytes (``None`` when it does not exist)."""
+    return sha256_file(path) if path.is_file() else None
+
+
+def _tree_digest(folder: Path, *, contents: bool = True) -> list:
+    """(relative name, sha256 or size+mtime) of every file under ``folder``, sorted."""
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(q for q in folder.rglob("*") if q.is_file() and "__pycache__" not in q.parts):
+        st = p.stat()
+        out.append([p.relative_to(folder).as_posix(), sha256_file(p) if contents else [st.st_size, st.st_mtime_ns]])
+    return out
+
+
+def inputs_hash(cfg: DictConfig, root: Path, tasks: list[Task], feedback_source: Any = None) -> str:
+    """Hash of everything besides the config that decides what a collection's episodes are.
+
+    The stage's DVC deps as files: the games manifest, the tasks themselves (seeds, and the
+    rendered system prompts ``evaluate`` attaches), the feedback file, the templates and
+    knowledge base, the model directory (sizes and mtimes: weights can be large) and the
+    ``pipeline`` package's source. A change in any of them gives a fresh checkpoint
+    folder, so an interrupted run is never resumed with stale episodes.
+    """
+    import pipeline
+
+    parts: dict[str, Any] = {
+        "manifest": _file_digest(root / cfg.paths.games / "manifest.parquet"),
+        "tasks": [asdict(t) for t in tasks],
+        "code": _tree_digest(Path(pipeline.__file__).parent),
+        "conf": [_tree_digest(root / "conf" / "templates"), _tree_digest(root / "conf" / "knowledge")],
+    }
+    files = [cfg.prompts.system_template, cfg.prompts.entropy_template, cfg.agent.knowledge_base]
+    if feedback_source is not None or cfg.user.source == "file":
+        files.append(cfg.user.feedback_file)
+    parts["files"] = [[str(f), _file_digest(root / str(f))] for f in files if f]
+    if cfg.agent.name == "llm" and cfg.model.name_or_path:
+        model_dir = root / str(cfg.model.name_or_path)
+        parts["model"] = _tree_digest(model_dir, contents=False)
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def checkpoint_dir(cfg: DictConfig, root: Path, tasks: list[Task], ckpt_name: str, feedback_source: Any = None) -> Path:
+    """``<paths.checkpoints>/<ckpt_name>/<config hash>-<inputs hash>``: outside every DVC out.
+
+    DVC deletes a stage's outs before rerunning it, so checkpoints live beside them, keyed
+    so that a changed config or input never reuses them (:func:`inputs_hash`).
+    """
+    key = f"{config_hash(cfg, *CHECKPOINT_KEYS)}-{inputs_hash(cfg, root, tasks, feedback_source)}"
+    return root / cfg.paths.checkpoints / ckpt_name / key
+
+
+@contextlib.contextmanager
+def sigint_flag() -> Iterator[threading.Event]:
+    """Remember a Ctrl-C in an event, besides raising ``KeyboardInterrupt`` as usual.
+
+    A ``KeyboardInterrupt`` raised while a destructor runs (TextWorld's game interpreter
+    unloads its library in ``__del__``) would be printed and swallowed by Python: there
+    only the event is set, and the collection loop stops at its next step. Only installed
+    over Python's default handler, in the main thread; restored on exit.
+    """
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield flag
+        return
+
+    def on_sigint(signum, frame):
+        flag.set()
+        while frame is not None:
+            if frame.f_code.co_name == "__del__":  # raising here would be swallowed and printed
+                return  # the loop stops at its next step
+            frame = frame.f_back
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path, *, scenes: dict,
+                   ckpt_name: str, desc: str, feedback_source: Any = None) -> tuple[list[dict], dict]:
+    """Play ``tasks`` with checkpoints, write the collection to ``out_dir``; return (records, stats).
+
+    Finished episodes are checkpointed one file each as they complete; a rerun after a
+    crash, SIGKILL or Ctrl-C replays only the others and writes the same bytes as an
+    uninterrupted run. ``out_dir`` (episodes, turns, tensors) is replaced whole at the end,
+    so it never mixes files of two runs. The checkpoints are removed once it is written.
+    """
+    for t in tasks:  # provenance: which config produced the episode (the store records it)
+        t.metadata.setdefault("config_hash", config_hash(cfg, *CHECKPOINT_KEYS))
+    ckpt_root = checkpoint_dir(cfg, root, tasks, ckpt_name, feedback_source)
+    ckpts = Checkpoints(ckpt_root)
+    resumed = sum(ckpts.load(t.episode_id) is not None for t in tasks)
+    if resumed:
+        print(f"resuming: {resumed} of {len(tasks)} episodes already finished (checkpoints in {ckpt_root})",
+              file=sys.stderr)
+    make_env, make_agent_for, make_user = make_factories(cfg, root, scenes, feedback_source=feedback_source)
+    model_name = str(cfg.model.name_or_path or "") if cfg.agent.name == "llm" else ""
+    t0 = time.perf_counter()
+
+    def kept() -> str:
+        n = sum(ckpts.path(t.episode_id).exists() for t in tasks)
+        return f"{n} of {len(tasks)} finished episodes kept in {ckpt_root}; rerun the stage to finish the rest"
+
+    try:
+        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted, \
+                inference_threads(cfg):
+            records = play(tasks, make_env=make_env, make_agent=make_agent_for, make_user=make_user,
+                           batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, checkpoints=ckpts,
+                           agent_name=str(cfg.agent.name), model_name=model_name,
+                           preference_in_success=cfg.user.preference_in_success,
+                           unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
+                           should_stop=interrupted.is_set)
+    except KeyboardInterrupt:
+        print(f"\ninterrupted: {kept()}", file=sys.stderr)
+        raise SystemExit(130)
+    except Exception:
+        print(f"\nstopped: {kept()}", file=sys.stderr)
+        raise
+    wall = time.perf_counter() - t0
+    episodes = [r["episode"] for r in records]
+    turns = [t for r in records for t in r["turns"]]
+    with atomic_dir(out_dir) as tmp:
+        write_episodes(tmp, episodes, turns)
+        with_tensors = [r for r in records if r["tensors"]]
+        if with_tensors:
+            from pipeline.llm.tensors import save_episode_tensors
+
+            for r in with_tensors:
+                save_episode_tensors(tmp / TENSORS_DIR / f"{r['episode']['episode_id']}.pt", r["tensors"])
+    stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
+    shutil.rmtree(ckpt_root, ignore_errors=True)
+    return records, stats
+
+
+def collection_stats(cfg: DictConfig, episodes: list[dict], turns: list[dict], *, wall: float,
+                     resumed: int = 0) -> dict:
+    """``metrics/collect.json`` of a collection: outcomes, token accounting, speed."""
+    from pipeline.llm.accounting import token_statistics
+
+    stats = statistics(episodes, turns)
+    stats.update(token_statistics(turns, cfg.sampling.max_new_tokens))
+    stats["resumed_episodes"] = resumed
+    stats["wall_time_s"] = round(wall, 3)
+    stats["steps_per_s"] = round(len(turns) / wall, 3) if wall > 0 else 0.0
+    return stats
+
+
+# ----------------------------------------------------------------------------- shards
+# Collection past one machine: `--shard K/N` plays every N-th train task (K-th of them)
+# into a shard folder, on any machine with the same checkout and params; `--merge DIR...`
+# checks that the shards are the N pieces of this very config and writes the union to
+# <paths.episodes> in the canonical order (what `ground` and `store` read). Tasks are
+# seeded one by one (task_seed), so a merged collection holds the same episodes as one
+# run; with a rule agent or agent.batched=false it is byte-identical (batched generation
+# pads other prompts beside a task's, which may move a sampled token).
+
+SHARD_FILE = "shard.json"
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"K/N"`` -> ``(K, N)`` with ``0 <= K < N``.
+
+    Raises:
+        ConfigError: anything else, naming the value.
+    """
+    k, sep, n = str(text).partition("/")
+    if not sep or not k.strip().isdigit() or not n.strip().isdigit() or not 0 <= int(k) < int(n):
+        raise ConfigError(f"--shard {text!r}: expected K/N with 0 <= K < N (e.g. 0/4)")
+    return int(k), int(n)
+
+
+def shard_tasks(tasks: list[Task], k: int, n: int) -> list[Task]:
+    """The K-th of N interleaved shards of ``tasks`` (every task in exactly one shard)."""
+    return [t for i, t in enumerate(tasks) if i % n == k]
+
+
+def collect_shard(cfg: DictConfig, root: Path, tasks: list[Task], k: int, n: int, out_dir: Path, *, scenes: dict,
+                  feedback_source: Any = None) -> dict:
+    """Play shard ``k`` of ``n`` of ``tasks`` into ``out_dir`` (+ its ``shard.json``); the stats."""
+    part = shard_tasks(tasks, k, n)
+    if not part:
+        raise ConfigError(f"--shard {k}/{n}: no train task falls in this shard ({len(tasks)} tasks)")
+    _, stats = run_collection(cfg, root, part, out_dir, scenes=scenes, ckpt_name=f"collect_shard_{k}of{n}",
+                              desc=f"collect [{cfg.agent.name}] shard {k}/{n}", feedback_source=feedback_source)
+    atomic_write_json(out_dir / SHARD_FILE, {
+        "shard": k, "num_shards": n, "config_hash": config_hash(cfg, *CHECKPOINT_KEYS),
+        "episode_ids": sorted(t.episode_id for t in part), "wall_time_s": stats["wall_time_s"]})
+    return stats
+
+
+def merge_shards(cfg: DictConfig, tasks: list[Task], shard_dirs: list[Path], out_dir: Path) -> dict:
+    """Union of shard folders into ``out_dir`` (episodes, turns, tensors); returns the stats.
+
+    Raises:
+        ArtifactError: a shard folder without its ``shard.json``, shards of another config
+            or another split into N, a missing or repeated shard or episode.
+    """
+    want_hash = config_hash(cfg, *CHECKPOINT_KEYS)
+    want_ids = [t.episode_id for t in tasks]
+    seen: dict[int, Path] = {}
+    episodes: list[dict] = []
+    turns: list[dict] = []
+    tensors: list[Path] = []
+    wall = 0.0
+    num = None
+    for d in shard_dirs:
+        meta = read_json(d / SHARD_FILE)
+        if not isinstance(meta, dict) or not {"shard", "num_shards", "config_hash", "episode_ids"} <= set(meta):
+            raise ArtifactError(f"{d / SHARD_FILE}: expected shard, num_shards, config_hash and episode_ids")
+        if meta["config_hash"] != want_hash:
+            raise ArtifactError(f"{d}: collected under another config (config_hash {meta['config_hash']}, "
+                                f"this params.yaml gives {want_hash}); rerun that shard with this config")
+        if num is not None and meta["num_shards"] != num:
+            raise ArtifactError(f"{d}: shard {meta['shard']}/{meta['num_shards']}, the others are of {num}")
+        num = int(meta["num_shards"])
+        if meta["shard"] in seen:
+            raise ArtifactError(f"shard {meta['shard']}/{num} given twice: {seen[meta['shard']]} and {d}")
+        seen[int(meta["shard"])] = d
+        expected = [t.episode_id for t in shard_tasks(tasks, int(meta["shard"]), num)]
+        if sorted(meta["episode_ids"]) != sorted(expected):
+            raise ArtifactError(f"{d}: its episodes are not shard {meta['shard']}/{num} of this config's train tasks")
+        episodes += read_parquet(d / "episodes.parquet").to_pylist()
+        turns += read_parquet(d / "turns.parquet").to_pylist()
+        tensors += sorted((d / TENSORS_DIR).glob("*.pt")) if (d / TENSORS_DIR).is_dir() else []
+        wall += float(meta.get("wall_time_s") or 0.0)
+    missing = sorted(set(range(num or 0)) - set(seen))
+    if num is None or missing:
+        raise ArtifactError(f"shards missing: {missing or 'all'} of {num}; collect them with --shard K/{num}")
+    got = sorted(e["episode_id"] for e in episodes)
+    if got != sorted(want_ids):
+        raise ArtifactError(f"the shards hold {len(got)} episodes, expected the {len(want_ids)} train tasks once each")
+    with atomic_dir(out_dir) as tmp:
+        write_episodes(tmp, episodes, turns)
+        if tensors:
+            (tmp / TENSORS_DIR).mkdir(parents=True, exist_ok=True)
+            for f in tensors:
+                shutil.copy2(f, tmp / TENSORS_DIR / f.name)
+    stats = collection_stats(cfg, episodes, turns, wall=wall)  # wall: the shards' own, summed
+    stats["shards"] = num
+    return stats
