@@ -271,7 +271,7 @@ def _store_build(num_episodes: int) -> dict[str, float]:
     from benchmarks.common import synthetic_episodes
     from pipeline.core.io import atomic_dir
     from pipeline.memory.store import build_entries, EpisodicStore, write_store
-    from pipeline.stages.store import store_metrics
+    from pipeline.memory.build import store_metrics
 
     episodes, turns = synthetic_episodes(num_episodes, seed=0)
     out: dict[str, float] = {}
@@ -393,7 +393,7 @@ def _collect_setup(quick: bool) -> tuple[Any, Path, list, dict, str]:
             manifest, scenes = load_games(repo, cfg)
             return cfg, repo, manifest, scenes, f"default model ({cfg.model.name_or_path})"
     from benchmarks.bench_load import tiny_model_dir
-    from pipeline.stages.games import build_games
+    from pipeline.envs.household.build import build_games
 
     cfg = validate(OmegaConf.create(compose_text(ROOT, ["env=tiny", "env.compile_workers=2", "agent=llm",
                                                         "model=local", "sampling=greedy"])))

@@ -58,7 +58,7 @@ def expert_turns(cfg, root: Path, limit: int) -> list[tuple[str, dict, dict]]:
     """``(episode_id, observation, expert action)`` along the expert plans of real games."""
     from pipeline.agents.base import clean_action
     from pipeline.envs.household.env import HouseholdEnv
-    from pipeline.stages.games import build_games
+    from pipeline.envs.household.build import build_games
 
     games = build_games(cfg, root, progress=False)
     turns = []

@@ -18,7 +18,7 @@ Parts:
 - ``store-write``: a synthetic store of ``--entries`` entries (column-wise, the schema of
   :data:`pipeline.memory.schemas.STORE_SCHEMA`) through :class:`pipeline.memory.EpisodicStore`
   (content hash), :func:`pipeline.memory.write_store` (Parquet + JSONL + hash) and
-  :func:`pipeline.stages.store.store_metrics`, as the store stage does;
+  :func:`pipeline.memory.build.store_metrics`, as the store stage does;
 - ``store-load``: :func:`pipeline.memory.load_store` of that store (hash verified), its
   retrieval index and 20 top-3 queries, as the render stage does.
 
@@ -84,7 +84,7 @@ def tiny_model_dir(cfg, games, workdir: Path) -> Path:
 def run_collect(agent: str, envs: int, steps: int, max_new_tokens: int) -> dict:
     from pipeline.session.rollout import tasks_from_manifest
     from pipeline.session.collection import run_collection
-    from pipeline.stages.games import build_games
+    from pipeline.envs.household.build import build_games
 
     overrides = TINY_WORLD + [f"env.max_steps={steps}", f"agent={agent}", f"agent.batch_size={envs}",
                               "agent.batched=true"]
@@ -123,7 +123,7 @@ def run_store_write(entries: int, seed: int) -> dict:
     from benchmarks.bench_retrieval import synthetic_store
     from pipeline.core.io import atomic_dir
     from pipeline.memory import EpisodicStore, write_store
-    from pipeline.stages.store import store_metrics
+    from pipeline.memory.build import store_metrics
 
     t0 = time.perf_counter()
     table = synthetic_store(entries, seed)

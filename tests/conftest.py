@@ -54,11 +54,11 @@ def tiny_cfg():
 def tiny_games(tiny_cfg, tmp_path_factory):
     """The games of ``tiny_cfg`` built once into a temporary project root.
 
-    Returns a :class:`pipeline.stages.games.GamesResult`: ``root`` (the project root the
+    Returns a :class:`pipeline.envs.household.build.GamesResult`: ``root`` (the project root the
     manifest's ``game_file`` paths start from), ``games_dir``, ``rows`` (manifest rows),
     ``scenes`` (``{scene_id: spec}``), ``metrics`` and ``game_path(row)``.
     """
-    from pipeline.stages.games import build_games
+    from pipeline.envs.household.build import build_games
 
     root = tmp_path_factory.mktemp("tiny_project")
     return build_games(tiny_cfg, root, progress=False)

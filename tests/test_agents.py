@@ -15,6 +15,8 @@ import pytest
 from pipeline.agents import AGENT_NAMES, AgentStep, make_agent
 from pipeline.agents.base import Goal, parse_objective
 from pipeline.agents.rag import RAGAgent, load_knowledge_base
+from pipeline.core.conf_schema import AgentConfig
+from pipeline.core.config import section
 
 
 class ToyHouse:
@@ -112,8 +114,8 @@ def repeated_rate(commands):
 
 
 def cfg(name, **kw):
-    return {"agent": {"name": name, "remember_examined": True, "epsilon": 0.0,
-                      "knowledge_base": "conf/knowledge/household_kb.json", **kw}}
+    return section(AgentConfig, {"name": name, "remember_examined": True, "epsilon": 0.0,
+                                 "knowledge_base": "conf/knowledge/household_kb.json", **kw})
 
 
 def test_parse_objective():
@@ -258,7 +260,7 @@ def test_knowledge_base_errors(tmp_path):
     kb = load_knowledge_base("conf/knowledge/household_kb.json")
     no_examine = copy.deepcopy(kb)
     no_examine["object_interactions"]["cabinet"] = ["May contain useful items"]
-    agent = RAGAgent({"remember_examined": True}, seed=0, knowledge_base=no_examine)
+    agent = RAGAgent(section(AgentConfig, {"remember_examined": True}), seed=0, knowledge_base=no_examine)
     agent.reset({"episode_id": "e", "objective": "Take Mug_0."})
     house = ToyHouse(objective="Take Mug_0.")
     house.loc["Key_1"] = ("in", "Drawer_1")  # no key in sight: the cabinet comes first

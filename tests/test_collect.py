@@ -10,7 +10,8 @@ import pytest
 
 from pipeline.session.episodes import EpisodeStore, statistics, write_episodes
 from pipeline.core.io import ArtifactError
-from pipeline.session.rollout import Checkpoints, play, task_seed, tasks_from_manifest
+from pipeline.core.seeding import task_seed
+from pipeline.session.rollout import Checkpoints, play, tasks_from_manifest
 from pipeline.session.collection import make_factories, run_collection
 
 

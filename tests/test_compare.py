@@ -10,13 +10,15 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from omegaconf import OmegaConf
 
 from pipeline.session.episodes import write_episodes
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import section
 from pipeline.core.io import write_parquet
 from pipeline.analysis.metrics import condition_metrics
 from pipeline.core.schemas import manifest_table
-from pipeline.stages import compare as C
+from pipeline.analysis import compare as C
+from pipeline.stages import compare as compare_stage
 from pipeline.core.stats import PairingError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +56,7 @@ plots:
 def _cfg(**experiment):
     exp = {"bootstrap_samples": 300, "ci_level": 0.95, "comparisons": [["C2", "C1"], ["C2_silent", "C1"]],
            "identical_prompts": [["C1", "C2_silent"]], **experiment}
-    return OmegaConf.create({"seed": 0, "experiment": exp})
+    return section(Config, {"seed": 0, "experiment": exp})
 
 
 def _manifest(n_scenes=2, n_quests=5):
@@ -235,7 +237,7 @@ def test_stage_main_writes_metrics_plots_report_reproducibly(tmp_path, monkeypat
     root = _project(tmp_path)
     monkeypatch.chdir(root)
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    assert C.main() == 0
+    assert compare_stage.main() == 0
     out = capsys.readouterr().out
     assert "C2 vs C1: success 0.83 vs 0.33" in out and "prompts C1 vs C2_silent: identical" in out
     first = _outputs(root)
@@ -248,7 +250,7 @@ def test_stage_main_writes_metrics_plots_report_reproducibly(tmp_path, monkeypat
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert json.loads(first["plots/success_by_condition.json"])[0]["condition"] == "C1"
     # Rerun: byte-identical outputs (seeded bootstrap, no timestamps, PNG without metadata).
-    assert C.main() == 0
+    assert compare_stage.main() == 0
     assert _outputs(root) == first
 
 
@@ -256,7 +258,7 @@ def test_stage_names_the_missing_condition_file(tmp_path, monkeypatch, capsys):
     root = _project(tmp_path, conditions=("C1", "C2", "C2_silent"))
     monkeypatch.chdir(root)
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    assert C.main() == 1
+    assert compare_stage.main() == 1
     err = capsys.readouterr().err
     assert "condition C2_placebo: missing" in err and "data/eval/C2_placebo/episodes.parquet" in err
     assert "dvc repro evaluate@C2_placebo" in err
@@ -267,7 +269,7 @@ def test_proposed_dvc_metrics_and_plots_sections_render(tmp_path, monkeypatch):
     root = _project(tmp_path)
     monkeypatch.chdir(root)
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    assert C.main() == 0
+    assert compare_stage.main() == 0
     from pipeline.analysis.metrics import condition_metrics as cm
     from pipeline.core.io import atomic_write_json, read_parquet
 

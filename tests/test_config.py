@@ -9,7 +9,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
-from pipeline import config as C
+from pipeline.core import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +122,15 @@ def test_config_hash_depends_only_on_named_subtrees():
     assert C.config_hash(cfg2, "env") == h
     cfg2.env.max_steps = cfg.env.max_steps + 1
     assert C.config_hash(cfg2, "env") != h
+
+
+@pytest.mark.parametrize("group", ["agent", "env", "model", "sampling", "user"])
+def test_every_group_option_composes_over_its_base(repo: Path, group: str):
+    """Each option says only what differs from its base (defaults list); all compose and validate."""
+    default = yaml.safe_load(C.compose_text(repo))
+    for option in sorted(p.stem for p in (repo / "conf" / group).glob("*.yaml")):
+        composed = yaml.safe_load(C.compose_text(repo, [f"{group}={option}"]))
+        C.validate(OmegaConf.create(composed))
+        assert set(composed[group]) == set(default[group]), option
+        if group == "env":
+            assert composed["env"]["name"] == option and composed["env"]["reward"] == default["env"]["reward"]

@@ -7,8 +7,9 @@ import shutil
 
 import pytest
 
-from pipeline.envs.household.env import (GameFileError, HouseholdEnv, World, action_to_command, check_preferences,
-                          command_to_action, shortest_plan)
+from pipeline.envs.household.env import GameFileError, HouseholdEnv, action_to_command, command_to_action
+from pipeline.envs.household.planner import shortest_plan
+from pipeline.envs.household.world import World, check_preferences
 from pipeline.envs.household.games import compile_quest_game, scene_world
 from pipeline.core.schemas import canonical_json
 

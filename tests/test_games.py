@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
+from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from omegaconf import OmegaConf
@@ -12,6 +15,9 @@ from omegaconf import OmegaConf
 from pipeline.envs.household.env import HouseholdEnv, command_to_action
 from pipeline.envs.household.games import (compile_quest_game, make_quests, make_scene, parser_aliases, plan_games,
                             scene_world)
+from pipeline.envs.household.planner import shortest_plan
+from pipeline.envs.household.world import World
+from pipeline.policy.expert import expert_episode, read_knowledge
 from pipeline.core.io import atomic_write_json, read_json, write_parquet
 from pipeline.core.schemas import MANIFEST_SCHEMA, SCHEMA_VERSION, manifest_table
 
@@ -173,7 +179,7 @@ def test_parser_aliases_are_short_unique_words():
 
 
 def test_stage_refuses_impossible_config_before_compiling(tiny_cfg, tmp_path):
-    from pipeline.stages.games import build_games
+    from pipeline.envs.household.build import build_games
 
     greedy = OmegaConf.merge(tiny_cfg, {"env": {"train_quests_per_scene": 200}})
     with pytest.raises(ValueError, match="env.train_quests_per_scene"):
@@ -181,3 +187,62 @@ def test_stage_refuses_impossible_config_before_compiling(tiny_cfg, tmp_path):
     with pytest.raises(ValueError, match="env.min_quest_length=0"):
         build_games(OmegaConf.merge(tiny_cfg, {"env": {"min_quest_length": 0}}), tmp_path, progress=False)
     assert not any(tmp_path.iterdir())  # nothing compiled, nothing written
+
+
+# ------------------------------------------------------------------ recorded outputs (issue 15)
+# tests/data/household_golden.json holds what the household code gave on the tiny games
+# before the world model, planner and user were unified (old env.shortest_plan,
+# policy.expert, HouseholdEnv): the unified code must give exactly the same.
+
+GOLDEN = json.loads((Path(__file__).parent / "data" / "household_golden.json").read_text(encoding="utf-8"))
+
+
+def _digest(x) -> str:
+    return hashlib.sha256(json.dumps(x, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def test_planner_reproduces_the_recorded_plans():
+    worlds = {sid: scene_world(spec) for sid, spec in GOLDEN["scenes"].items()}
+    for case in GOLDEN["planner"]:
+        world = worlds[case["scene"]]
+        if case["state"] is not None:
+            st = case["state"]
+            world = World(**{**vars(world), "player": st["player"],
+                             "container_state": {**world.container_state, **st["container_state"]},
+                             "location": {**world.location, **{o: tuple(v) for o, v in st["location"].items()}}})
+        plan = shortest_plan(world, case["goal"], case["prefs"], opened=case["opened"], unlocked=case["unlocked"])
+        assert plan == case["plan"], case
+
+
+def _recorded_row(tiny_games, rec):
+    row = next(r for r in tiny_games.rows if (r["scene_id"], r["quest_id"]) == (rec["scene_id"], rec["quest_id"]))
+    assert tiny_games.scenes[row["scene_id"]] == GOLDEN["scenes"][row["scene_id"]], "tiny games changed"
+    assert (row["objective"], row["expert_plan"]) == (rec["objective"], rec["expert_plan"])
+    return row
+
+
+def test_env_reproduces_the_recorded_episodes(tiny_games):
+    for rec in GOLDEN["env"]:
+        row = _recorded_row(tiny_games, rec)
+        spec = tiny_games.scenes[row["scene_id"]]
+        with HouseholdEnv(tiny_games.game_path(row), objective=row["objective"], max_steps=15,
+                          preferences=spec["preferences"]) as env:
+            trace = [env.reset()]
+            for action in rec["actions"]:
+                trace.append(list(env.step(action)))
+        assert _digest(trace) == rec["digest"], rec["scene_id"]
+
+
+def test_expert_reproduces_the_recorded_demonstrations(tiny_games):
+    for rec in GOLDEN["expert"]:
+        row = next(r for r in tiny_games.rows if (r["scene_id"], r["quest_id"]) == (rec["scene_id"], rec["quest_id"]))
+        spec = tiny_games.scenes[row["scene_id"]]
+        with HouseholdEnv(tiny_games.game_path(row), objective=row["objective"], max_steps=15,
+                          preferences=spec["preferences"]) as env:
+            env.reset()
+            know = read_knowledge(rec["text"], env.world, spec["preferences"])
+            demo = expert_episode(env, know, slip_prob=rec["slip"], rng=np.random.default_rng(rec["seed"]),
+                                  explore_cap=rec["cap"])
+        assert (len(demo.turns), demo.won, demo.preferences_ok, demo.searched_steps) == (
+            rec["turns"], rec["won"], rec["preferences_ok"], rec["searched"])
+        assert _digest([vars(t) for t in demo.turns]) == rec["digest"]

@@ -12,7 +12,7 @@ from pipeline import grounding as G
 from pipeline.grounding.feedback import classify_feedback_lines
 from pipeline.core.io import read_parquet, write_parquet
 from pipeline.core.schemas import episodes_table, turns_table
-from pipeline.stages import ground as S
+from pipeline.grounding import episodes as S
 
 TS = "2026-01-27T00:00:00+00:00"
 

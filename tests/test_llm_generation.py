@@ -22,6 +22,8 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.agents.base import AgentStep
+from pipeline.core.conf_schema import SamplingConfig
+from pipeline.core.config import section
 from pipeline.llm.backends import (
     BackendError,
     Generation,
@@ -198,8 +200,8 @@ def test_same_seed_same_output_and_batch_independence(lm):
     depend on the batch it is in (ragged prompts, rows finishing at different steps)."""
     tok = lm.tok
     model = tiny_gpt2(tok, n_layer=2, n_embd=64, n_positions=256, seed=3)  # untrained: diverse outputs
-    sampling = NS(do_sample=True, temperature=1.3, top_p=0.95, top_k=40, max_new_tokens=20, seed=0,
-                  early_stop=True)
+    sampling = section(SamplingConfig, {"do_sample": True, "temperature": 1.3, "top_p": 0.95, "top_k": 40,
+                                        "max_new_tokens": 20, "seed": 0, "early_stop": True})
     backend = TransformersBackend(lm.cfg.model, sampling, model=model, tokenizer=tok)
     msgs = _messages(lm)
     seeds = [11, 12, 13, 14, 15]
@@ -210,7 +212,7 @@ def test_same_seed_same_output_and_batch_independence(lm):
     assert [g.generated_ids for g in batched] == [g.generated_ids for g in alone]
     other = backend.generate(msgs, seeds=[s + 100 for s in seeds])
     assert [g.generated_ids for g in other] != [g.generated_ids for g in batched]
-    greedy = TransformersBackend(lm.cfg.model, NS(**{**vars(sampling), "do_sample": False}), model=model,
+    greedy = TransformersBackend(lm.cfg.model, OmegaConf.merge(sampling, {"do_sample": False}), model=model,
                                  tokenizer=tok)
     g1 = greedy.generate(msgs, seeds=seeds)
     g2 = [greedy.generate([m], seeds=[99])[0] for m in msgs]  # greedy ignores the seed
@@ -400,8 +402,10 @@ class FakeOpenAI:
     """A chat-completions server on 127.0.0.1 that serves the tiny model (greedy)."""
 
     def __init__(self, lm):
-        self.backend = TransformersBackend(lm.cfg.model, NS(do_sample=False, temperature=1.0, top_p=1.0, top_k=0,
-                                                            max_new_tokens=48, seed=0, early_stop=False),
+        self.backend = TransformersBackend(lm.cfg.model,
+                                           section(SamplingConfig, {"do_sample": False, "temperature": 1.0,
+                                                                    "top_p": 1.0, "top_k": 0, "max_new_tokens": 48,
+                                                                    "seed": 0, "early_stop": False}),
                                            model=lm.backend.model, tokenizer=lm.tok)
         self.tok = lm.tok
         self.bytes_of = _byte_decoder()

@@ -14,7 +14,7 @@ from pipeline.core.io import ArtifactError, atomic_write_text, read_parquet, wri
 from pipeline.memory import EpisodicMemoryEntryV1_1, advisory_type_for, build_entries, load_store, write_store
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET
 from pipeline.core.schemas import FEEDBACK_TYPES, episodes_table, turns_table
-from pipeline.stages.store import build_store, store_metrics
+from pipeline.memory.build import build_store, store_metrics
 
 ROOT = Path(__file__).resolve().parents[1]
 

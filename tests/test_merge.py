@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from pipeline import grounding as G
-from pipeline.stages import merge as M
+from pipeline.grounding import scenes as M
+from pipeline.stages import merge as merge_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 TS = "2026-01-27T00:00:00+00:00"
@@ -211,7 +212,7 @@ def test_episode_txt_equals_what_its_json_contributes(tmp_path):
 @pytest.fixture()
 def grounded(tmp_path):
     """The ground stage's folder for two scenes (s1 with a TXT-only episode)."""
-    from pipeline.stages.ground import write_ground_outputs
+    from pipeline.grounding.episodes import write_ground_outputs
 
     docs = []
     for eid, scene, text in [("ep_s0_a", "s0", "kitchen is green"), ("ep_s0_b", "s0", "fridge is cold"),
@@ -248,7 +249,7 @@ def test_merge_stage_writes_one_grounding_per_scene_and_the_configured_merge(gro
 
 
 def test_merge_stage_txt_format_empty_file_list_and_txt_only_episodes(grounded):
-    from pipeline.stages.ground import write_ground_outputs
+    from pipeline.grounding.episodes import write_ground_outputs
 
     docs = [json.loads(p.read_text()) for p in sorted((grounded / "data/grounding").glob("episode_*/*.json"))]
     write_ground_outputs(docs, grounded / "data" / "grounding", "txt")
@@ -315,14 +316,14 @@ def project(tmp_path, monkeypatch):
 
 
 def test_ground_and_merge_mains_then_a_changed_file_list(project, capsys):
-    from pipeline import config as C
+    from pipeline.core import config as C
     from pipeline.stages import ground as S
 
     assert S.main() == 0
     assert (project / "data/grounding/episode_ep_train_s0_q0_0/grounding_episode_ep_train_s0_q0_0.json").exists()
     metrics = json.loads((project / "metrics/ground.json").read_text())
     assert metrics["num_steps"] == 2 and metrics["steps_with_feedback"] == 2
-    assert M.main() == 0
+    assert merge_stage.main() == 0
     md = (project / "data/grounding_merged/s0.md").read_text(encoding="utf-8")
     assert md == "#### Spatial Grounding\n\n- 부엌은 초록색이다.\n\n#### Procedural Grounding\n\n- open Fridge_0 first.\n"
     assert (project / "data/grounding_merged/configured.md").read_text() == ""
@@ -332,12 +333,12 @@ def test_ground_and_merge_mains_then_a_changed_file_list(project, capsys):
     listed = 'files: "data/grounding/grounding_latest.json,notes.txt"  '
     conf.write_text(conf.read_text().replace("files: []  ", listed))
     C.compose(project)
-    assert M.main() == 0
+    assert merge_stage.main() == 0
     assert (project / "data/grounding_merged/configured.md").read_text(encoding="utf-8") == md.rstrip("\n") + (
         "\n\n---\n\nKitchen notes.\n")
     conf.write_text(conf.read_text().replace('files: "data/grounding/grounding_latest.json,notes.txt"',
                                              'files: "missing.json"'))
     C.compose(project)
-    assert M.main() == 1
+    assert merge_stage.main() == 1
     assert "grounding.files: no usable grounding file among: missing.json (missing file)" in capsys.readouterr().err
     assert (project / "data/grounding_merged/configured.md").read_text(encoding="utf-8").endswith("Kitchen notes.\n")

@@ -14,7 +14,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import grounding as G
-from pipeline import play as P
+from pipeline.tools import play as P
 
 ROOT = Path(__file__).resolve().parents[1]
 # Jericho warns that GameMaker games lack score/move detection; the env does not use them.

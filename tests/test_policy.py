@@ -54,7 +54,7 @@ def _train_row(tiny_games):
 
 def test_knowledge_counts_only_true_statements_and_known_preferences(tiny_games):
     from pipeline.envs.household.env import HouseholdEnv
-    from pipeline.policy.expert import read_knowledge, room_of
+    from pipeline.policy.expert import read_knowledge
 
     row = _train_row(tiny_games)
     prefs = tiny_games.scenes[row["scene_id"]]["preferences"]
@@ -62,7 +62,7 @@ def test_knowledge_counts_only_true_statements_and_known_preferences(tiny_games)
         env.reset()
         w = env.world
         obj = sorted(w.location)[0]
-        room = room_of(w, obj)
+        room = w.room_of(obj)
         wrong = next(r for r in w.rooms() if r != room)
         text = f"- {obj} is in the {wrong}.\n- Nothing_9 is in the {room}.\n"
         assert read_knowledge(text, w, prefs).located == frozenset()
@@ -101,8 +101,8 @@ def test_renamed_demos_rename_prompts_and_answers_consistently(demos, tiny_games
 
 def test_scene_grounding_is_what_the_ground_and_merge_stages_write(cfg, memory, tmp_path):
     """The demos' grounding text equals the merge stage's output for the same episodes."""
-    from pipeline.stages.ground import ground, write_ground_outputs
-    from pipeline.stages.merge import merge_groundings
+    from pipeline.grounding.episodes import ground, write_ground_outputs
+    from pipeline.grounding.scenes import merge_groundings
 
     docs = ground(memory.episodes, memory.turns, generator="extractive", timestamp=str(cfg.grounding.timestamp))
     index = write_ground_outputs(docs, tmp_path / "grounding", "both")
@@ -229,13 +229,16 @@ def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
     """The stage's core end to end on the tiny world (one short epoch), then its evaluation."""
     import torch
 
+    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
     from pipeline.policy.quality import evaluate_policy, summary
-    from pipeline.stages.policy import MODEL_DIR, build_policy
+    from pipeline.policy.training import MODEL_DIR, build_policy
 
     torch.set_num_threads(1)
     small = OmegaConf.merge(cfg, {"model": {"policy": {"demos_per_quest": 3}}})
     out = tmp_path / "policy"
-    built = build_policy(small, tiny_games.root, tiny_games.rows, tiny_games.scenes, out)
+    # The demos stage's product, written and read back as the policy stage reads it.
+    write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
+    built = build_policy(small, load_demo_set(tmp_path / "demos", tie_seed=int(small.seed)), out)
     assert (out / MODEL_DIR / "model.safetensors").exists() and (out / "demos.parquet").exists()
     s = json.loads((out / "training.json").read_text())
     assert s["training"]["steps"] == len(built["curve"]) > 0 and s["demos"]["episodes"] > 0
@@ -254,7 +257,7 @@ def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
 
 def test_stage_skips_without_a_policy_to_train_and_rejects_a_mismatched_path(cfg, tiny_cfg):
     from pipeline.core.config import ConfigError
-    from pipeline.stages.policy import skip_reason
+    from pipeline.policy.training import skip_reason
 
     assert skip_reason(cfg) is None
     assert "train_policy is false" in skip_reason(OmegaConf.merge(cfg, {"model": {"train_policy": False}}))

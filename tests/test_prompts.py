@@ -11,6 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from pipeline.core.conf_schema import PromptsConfig
+from pipeline.core.config import section
 from pipeline.prompts import (
     DEPTH_CAP_PLACEHOLDER,
     TURN_VARIABLES,
@@ -134,7 +136,7 @@ class TestSeed41:
         )
 
     def test_response_memory_object_becomes_memory_dict(self):
-        org = PromptOrganizer({"memory_merge_defaults": False}, root=ROOT)
+        org = PromptOrganizer(section(PromptsConfig, {"memory_merge_defaults": False}), root=ROOT)
         assert org.update_memory_from_response({"memory": MEMORY_41})
         assert org.memory_dict == MEMORY_41
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline import dev_memory
+from pipeline.tools import dev_memory
 from pipeline.prompts import PromptOrganizer
 
 ROOT = Path(__file__).resolve().parents[1]

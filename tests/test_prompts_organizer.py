@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.core.config import load_params
+from pipeline.core.conf_schema import PromptsConfig
+from pipeline.core.config import load_params, section
 from pipeline.prompts import (
     TURN_VARIABLES,
     PromptOrganizer,
@@ -88,7 +89,8 @@ def test_templates_use_only_known_slots(cfg):
 
 @pytest.mark.parametrize("template", [p.name for p in TEMPLATES])
 def test_each_template_renders_without_warnings(cfg, template, capsys):
-    o = PromptOrganizer({**dict(cfg.prompts), "system_template": f"conf/templates/{template}"}, root=ROOT)
+    o = PromptOrganizer(section(PromptsConfig, {**dict(cfg.prompts), "system_template": f"conf/templates/{template}"}),
+                        root=ROOT)
     o.set_variables(objective=OBS["objective"])
     text = o.get_system_prompt(observation=OBS)
     assert capsys.readouterr().err == ""  # memory defaults cover every $memory[...] slot
@@ -156,7 +158,8 @@ def test_memory_dict_cycle(org, cfg):
 
 
 def test_memory_without_defaults_merge():
-    o = PromptOrganizer({"memory_merge_defaults": False, "memory_defaults": {"a": "x", "b": "y"}}, root=ROOT)
+    o = PromptOrganizer(section(PromptsConfig, {"memory_merge_defaults": False, "memory_defaults": {"a": "x", "b": "y"}}),
+                        root=ROOT)
     o.update_memory_from_response({"memory": {"a": "z"}})
     assert o.memory_dict == {"a": "z"}
     with pytest.raises(TypeError, match="mapping"):
@@ -190,6 +193,6 @@ def test_strict_missing_variable_names_template_file(cfg):
 
 
 def test_missing_template_file(tmp_path):
-    o = PromptOrganizer({"system_template": "conf/templates/nope.txt"}, root=tmp_path)
+    o = PromptOrganizer(section(PromptsConfig, {"system_template": "conf/templates/nope.txt"}), root=tmp_path)
     with pytest.raises(PromptTemplateError, match="nope.txt does not exist"):
         o.get_system_prompt()

@@ -14,7 +14,8 @@ from pipeline.core.io import read_parquet, write_parquet
 from pipeline.memory import EpisodicStore, build_entry, write_store
 from pipeline.prompts import render_turn_prompt
 from pipeline.core.schemas import manifest_table
-from pipeline.stages import render as R
+from pipeline import conditions as R
+from pipeline.stages import render as render_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "Put Apple_2 in Fridge_0 and close it"
@@ -262,9 +263,9 @@ class TestCheckMaskedIdentical:
 
 
 def _run_main(monkeypatch, root, cfg, condition):
-    monkeypatch.setattr(R, "load_params", lambda: cfg)
-    monkeypatch.setattr(R, "project_root", lambda: root)
-    return R.main(["--condition", condition])
+    monkeypatch.setattr(render_stage, "load_params", lambda: cfg)
+    monkeypatch.setattr(render_stage, "project_root", lambda: root)
+    return render_stage.main(["--condition", condition])
 
 
 def test_main_writes_parquet_and_metrics(project, monkeypatch, capsys):

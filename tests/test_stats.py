@@ -7,7 +7,8 @@ from math import comb
 import numpy as np
 import pytest
 
-from pipeline import stats as S
+from pipeline.core import stats as S
+from pipeline.core.seeding import labelled_rng
 
 
 # --------------------------------------------------------------------------- McNemar
@@ -45,7 +46,7 @@ def test_paired_binary_on_hand_made_outcomes():
     # Treatment wins 5 tasks the control loses, never the reverse, 5 ties: b=5, c=0.
     t = [True] * 5 + [True] * 3 + [False] * 2
     c = [False] * 5 + [True] * 3 + [False] * 2
-    out = S.paired_binary(t, c, n_resamples=500, level=0.95, rng=S.make_rng(0, "x"))
+    out = S.paired_binary(t, c, n_resamples=500, level=0.95, rng=labelled_rng(0, "x"))
     assert out["table"] == {"both": 3, "b": 5, "c": 0, "neither": 2}
     assert out["p_value"] == pytest.approx(0.0625)
     assert out["treatment"] == 0.8 and out["control"] == 0.3
@@ -64,9 +65,9 @@ def test_holm_adjustment():
 
 def test_bootstrap_is_seeded_and_label_specific():
     x = np.random.default_rng(3).random(40)
-    a = S.bootstrap_mean(x, n_resamples=300, level=0.95, rng=S.make_rng(7, "success_rate"))
-    b = S.bootstrap_mean(x, n_resamples=300, level=0.95, rng=S.make_rng(7, "success_rate"))
-    c = S.bootstrap_mean(x, n_resamples=300, level=0.95, rng=S.make_rng(7, "mean_turns"))
+    a = S.bootstrap_mean(x, n_resamples=300, level=0.95, rng=labelled_rng(7, "success_rate"))
+    b = S.bootstrap_mean(x, n_resamples=300, level=0.95, rng=labelled_rng(7, "success_rate"))
+    c = S.bootstrap_mean(x, n_resamples=300, level=0.95, rng=labelled_rng(7, "mean_turns"))
     assert a == b
     assert (a.ci_low, a.ci_high) != (c.ci_low, c.ci_high)
     assert a.value == pytest.approx(x.mean())
@@ -74,9 +75,9 @@ def test_bootstrap_is_seeded_and_label_specific():
 
 def test_bootstrap_chunking_does_not_change_the_result(monkeypatch):
     x = np.random.default_rng(5).random(50)
-    whole = S.bootstrap_mean(x, n_resamples=200, level=0.9, rng=S.make_rng(1, "m"))
+    whole = S.bootstrap_mean(x, n_resamples=200, level=0.9, rng=labelled_rng(1, "m"))
     monkeypatch.setattr(S, "_CHUNK_VALUES", 7 * 50)  # 7 resamples per chunk
-    chunked = S.bootstrap_mean(x, n_resamples=200, level=0.9, rng=S.make_rng(1, "m"))
+    chunked = S.bootstrap_mean(x, n_resamples=200, level=0.9, rng=labelled_rng(1, "m"))
     assert whole == chunked
 
 
@@ -88,7 +89,7 @@ def test_bootstrap_mean_covers_the_truth_at_about_the_nominal_rate():
     hits = 0
     for r in range(reps):
         x = (sim.random(n) < truth).astype(float)
-        est = S.bootstrap_mean(x, n_resamples=400, level=0.95, rng=S.make_rng(r, "coverage"))
+        est = S.bootstrap_mean(x, n_resamples=400, level=0.95, rng=labelled_rng(r, "coverage"))
         hits += est.ci_low <= truth <= est.ci_high
     assert 0.90 <= hits / reps <= 0.99
 
@@ -102,11 +103,11 @@ def test_paired_bootstrap_covers_the_true_difference_and_is_narrower_than_unpair
         u = sim.random(n)
         control = (u < 0.4).astype(float)
         treatment = (u < 0.4 + truth).astype(float)  # true difference exactly 0.15
-        d = S.paired_bootstrap_diff(treatment, control, n_resamples=400, level=0.95, rng=S.make_rng(r, "pd"))
+        d = S.paired_bootstrap_diff(treatment, control, n_resamples=400, level=0.95, rng=labelled_rng(r, "pd"))
         hits += d.ci_low <= truth <= d.ci_high
         paired_w.append(d.ci_high - d.ci_low)
-        t_ci = S.bootstrap_mean(treatment, n_resamples=400, level=0.95, rng=S.make_rng(r, "t"))
-        c_ci = S.bootstrap_mean(control, n_resamples=400, level=0.95, rng=S.make_rng(r, "c"))
+        t_ci = S.bootstrap_mean(treatment, n_resamples=400, level=0.95, rng=labelled_rng(r, "t"))
+        c_ci = S.bootstrap_mean(control, n_resamples=400, level=0.95, rng=labelled_rng(r, "c"))
         unpaired_w.append(np.hypot(t_ci.ci_high - t_ci.ci_low, c_ci.ci_high - c_ci.ci_low))
     assert 0.90 <= hits / reps <= 0.99
     assert np.mean(paired_w) < 0.8 * np.mean(unpaired_w)
@@ -114,34 +115,34 @@ def test_paired_bootstrap_covers_the_true_difference_and_is_narrower_than_unpair
 
 @pytest.mark.parametrize("values", [[1.0] * 12, [0.0] * 5, [0.7] * 9, [0.42]])
 def test_zero_variance_and_single_observation_give_a_point_interval(values):
-    est = S.bootstrap_mean(values, n_resamples=100, level=0.95, rng=S.make_rng(0, "z"))
+    est = S.bootstrap_mean(values, n_resamples=100, level=0.95, rng=labelled_rng(0, "z"))
     assert est.value == est.ci_low == est.ci_high == pytest.approx(values[0])
     assert est.n == len(values)
-    d = S.paired_bootstrap_diff(values, values, n_resamples=100, level=0.95, rng=S.make_rng(0, "z"))
+    d = S.paired_bootstrap_diff(values, values, n_resamples=100, level=0.95, rng=labelled_rng(0, "z"))
     assert d.as_dict() == {"value": 0.0, "ci_low": 0.0, "ci_high": 0.0, "n": len(values)}
 
 
 def test_empty_input_gives_nulls_not_nan():
-    est = S.bootstrap_mean([], n_resamples=100, level=0.95, rng=S.make_rng(0, "e"))
+    est = S.bootstrap_mean([], n_resamples=100, level=0.95, rng=labelled_rng(0, "e"))
     assert est.as_dict() == {"value": None, "ci_low": None, "ci_high": None, "n": 0}
-    assert S.bootstrap_ratio([], [], n_resamples=10, level=0.95, rng=S.make_rng(0, "e")).value is None
+    assert S.bootstrap_ratio([], [], n_resamples=10, level=0.95, rng=labelled_rng(0, "e")).value is None
 
 
 def test_bootstrap_ratio_resamples_whole_units():
     # 3 episodes: (invalid, turns) = (1, 10), (0, 5), (5, 5): per-turn rate 6/20.
-    est = S.bootstrap_ratio([1, 0, 5], [10, 5, 5], n_resamples=500, level=0.95, rng=S.make_rng(0, "r"))
+    est = S.bootstrap_ratio([1, 0, 5], [10, 5, 5], n_resamples=500, level=0.95, rng=labelled_rng(0, "r"))
     assert est.value == pytest.approx(0.3)
     assert 0.0 <= est.ci_low <= 0.3 <= est.ci_high <= 1.0
-    assert S.bootstrap_ratio([0, 0], [0, 0], n_resamples=10, level=0.95, rng=S.make_rng(0, "r")).value is None
+    assert S.bootstrap_ratio([0, 0], [0, 0], n_resamples=10, level=0.95, rng=labelled_rng(0, "r")).value is None
 
 
 def test_bootstrap_argument_errors():
     with pytest.raises(ValueError, match="level"):
         S.percentile_interval(np.ones(3), 1.5)
     with pytest.raises(ValueError, match="n_resamples"):
-        S.bootstrap_mean([1.0, 2.0], n_resamples=0, level=0.95, rng=S.make_rng(0))
+        S.bootstrap_mean([1.0, 2.0], n_resamples=0, level=0.95, rng=labelled_rng(0))
     with pytest.raises(S.PairingError):
-        S.paired_bootstrap_diff([1, 0], [1], n_resamples=10, level=0.95, rng=S.make_rng(0))
+        S.paired_bootstrap_diff([1, 0], [1], n_resamples=10, level=0.95, rng=labelled_rng(0))
 
 
 # --------------------------------------------------------------------------- pairing

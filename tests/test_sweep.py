@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline import sweep as W
+from pipeline.tools import sweep as W
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -3,50 +3,80 @@
     agent = make_agent(cfg, seed=task.seed)   # cfg: the composed config (or its `agent` group)
     agent.reset({"episode_id": ..., "objective": ..., "seed": ...})
     step = agent.act(obs)                     # AgentStep(action, reasoning, generated_text, extra)
+
+Every agent satisfies the :class:`Agent` protocol; an agent class that can act for many
+episodes in one call (the ``llm`` agent's batched generation) also has
+:meth:`BatchedAgent.act_many`. :func:`make_agent` and :func:`plays_with_model` are the
+only places that look at ``agent.name``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Mapping, Protocol, Sequence
 
 from pipeline.agents.base import AgentStep
+from pipeline.agents.llm import LLMAgent
+from pipeline.agents.rag import RAGAgent
+from pipeline.agents.react import ReActAgent
+from pipeline.core.conf_schema import AgentConfig, AgentName, Config
 
-AGENT_NAMES = ("react", "rag", "llm")
+AGENT_NAMES = tuple(str(name) for name in AgentName)  # ("react", "rag", "llm")
 
-__all__ = ["AGENT_NAMES", "AgentStep", "make_agent", "plays_with_model"]
+__all__ = ["AGENT_NAMES", "Agent", "AgentStep", "BatchedAgent", "make_agent", "plays_with_model"]
 
 
-def make_agent(cfg: Any, seed: int = 0, **kwargs: Any):
+class Agent(Protocol):
+    """What the rollout needs from an agent: one episode at a time, one action per observation.
+
+    Attributes:
+        name: the agent's ``agent.name`` (``react`` | ``rag`` | ``llm``).
+    """
+
+    name: str
+
+    def reset(self, episode_meta: Mapping[str, Any] | None = None) -> None:
+        """Start an episode (``episode_id``, ``objective``, ``seed``, ... all optional)."""
+        ...
+
+    def act(self, obs: Mapping[str, Any]) -> AgentStep:
+        """The agent's decision for this observation of its episode."""
+        ...
+
+
+class BatchedAgent(Agent, Protocol):
+    """An agent whose class can take one step for several episodes in one call."""
+
+    @classmethod
+    def act_many(cls, agents: Sequence[Any], observations: Sequence[Mapping[str, Any]]) -> list[AgentStep]:
+        """One step for each (agent, observation) pair, in order; the result for an agent
+        does not depend on the others it is batched with."""
+        ...
+
+
+def make_agent(cfg: Config | AgentConfig, seed: int = 0, **kwargs: Any) -> Agent:
     """Build the agent named by ``agent.name``.
 
     Args:
-        cfg: the composed config (``cfg.agent`` is used) or the ``agent`` group itself.
+        cfg: the composed config (``cfg.agent`` is used) or the ``agent`` group itself
+            (the ``llm`` agent needs the composed config).
         seed: base seed of the agent's random draws.
         **kwargs: passed to the llm agent only (e.g. ``shared`` to reuse a loaded model).
 
     Raises:
         ValueError: ``agent.name`` is not one of :data:`AGENT_NAMES`.
     """
+    # Read as a mapping: an unvalidated config with an unknown name still gets this error.
     agent_cfg = cfg["agent"] if "agent" in cfg else cfg
-    raw = agent_cfg["name"] if "name" in agent_cfg else None
-    name = str(getattr(raw, "value", raw))
-    if name == "react":
-        from pipeline.agents.react import ReActAgent
-
+    name = str(agent_cfg.get("name"))
+    if name == AgentName.react:
         return ReActAgent(agent_cfg, seed=seed)
-    if name == "rag":
-        from pipeline.agents.rag import RAGAgent
-
+    if name == AgentName.rag:
         return RAGAgent(agent_cfg, seed=seed)
-    if name == "llm":
-        # Imported only here: it pulls in torch / transformers.
-        from pipeline.agents.llm import LLMAgent
-
+    if name == AgentName.llm:
         return LLMAgent(cfg, seed=seed, **kwargs)
     raise ValueError(f"agent.name={name!r}: unknown agent, expected one of {', '.join(AGENT_NAMES)}")
 
 
-def plays_with_model(agent_cfg: Any) -> bool:
+def plays_with_model(agent_cfg: AgentConfig) -> bool:
     """True for the agent that asks a language model for its actions (``agent.name=llm``)."""
-    raw = agent_cfg.name
-    return str(getattr(raw, "value", raw)) == "llm"
+    return str(agent_cfg.name) == AgentName.llm

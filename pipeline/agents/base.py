@@ -20,12 +20,12 @@ examine loop. ``agent.epsilon`` replaces the chosen action by a random admissibl
 from __future__ import annotations
 
 import re
-import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import numpy as np
+from pipeline.core.conf_schema import AgentConfig
+from pipeline.core.seeding import crc_rng
 
 ROOM_WORDS = ("kitchen", "bedroom", "bathroom", "living", "dining", "office", "hallway", "pantry", "garage",
               "study", "cellar", "attic", "laundry")
@@ -100,14 +100,6 @@ def parse_objective(objective: str | None) -> Goal:
     return Goal("explore")
 
 
-def _get(cfg: Any, key: str, default: Any) -> Any:
-    if cfg is None:
-        return default
-    if isinstance(cfg, Mapping):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
-
-
 def _same(a: Any, b: Any) -> bool:
     return a is not None and b is not None and str(a).lower() == str(b).lower()
 
@@ -150,6 +142,24 @@ class Memory:
         self.placed = False
 
 
+@dataclass
+class _View:
+    """What one observation shows, as :meth:`RuleAgent.decide` uses it."""
+
+    inv: list[str]  # carried entities
+    visible: list[str]  # entities in sight
+    here: Any  # the room
+    openable: list[str]  # containers an `open` action exists for
+    closable: list[str]  # containers a `close` action exists for
+    unlockable: list[dict]  # the `unlock` actions (a matching key is held)
+
+    def holding(self, e: Any) -> bool:
+        return any(_same(e, x) for x in self.inv)
+
+    def seen(self, e: Any) -> bool:
+        return any(_same(e, x) for x in self.visible)
+
+
 class RuleAgent:
     """Shared core of the rule agents: goal parsing, memory, heuristics, epsilon.
 
@@ -158,19 +168,19 @@ class RuleAgent:
 
     Args:
         agent_cfg: the ``agent`` config group (``remember_examined``, ``epsilon``,
-            ``fallback_action``); a mapping works too.
+            ``fallback_action``).
         seed: base seed; each episode's random stream is derived from it and the episode id.
     """
 
     name = "rule"
 
-    def __init__(self, agent_cfg: Any = None, seed: int = 0):
-        self.remember = bool(_get(agent_cfg, "remember_examined", True))
-        self.epsilon = float(_get(agent_cfg, "epsilon", 0.0))
+    def __init__(self, agent_cfg: AgentConfig, seed: int = 0):
+        self.remember = bool(agent_cfg.remember_examined)
+        self.epsilon = float(agent_cfg.epsilon)
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"agent.epsilon={self.epsilon!r}: expected a probability in [0, 1]")
-        fb = _get(agent_cfg, "fallback_action", None)
-        self.fallback = {"action": _get(fb, "action", "look"), "target": _get(fb, "target", None)}
+        fb = agent_cfg.fallback_action
+        self.fallback = {"action": fb.action, "target": fb.target}
         self.seed = int(seed)
         self.reset({})
 
@@ -188,7 +198,7 @@ class RuleAgent:
         self.episode_meta = meta
         eid = str(meta.get("episode_id", ""))
         ep_seed = int(meta.get("seed", 0) or 0)
-        self.rng = np.random.default_rng([self.seed, ep_seed, zlib.crc32(eid.encode("utf-8"))])
+        self.rng = crc_rng(self.seed, eid, ints=(ep_seed,))
         self.objective = meta.get("objective")
         self.goal = parse_objective(self.objective) if self.objective else None
         self.mem = Memory()
@@ -300,26 +310,44 @@ class RuleAgent:
     # -- decision ----------------------------------------------------------------------
 
     def decide(self, obs: Mapping[str, Any], cands: list[dict], ctx: dict) -> tuple[dict, str]:
-        """Pick an action for the goal; returns ``(admissible action dict, rationale)``."""
+        """Pick an action for the goal; returns ``(admissible action dict, rationale)``.
+
+        The first of these that has something to do decides: finish a put, make direct
+        progress, tidy up, move toward the goal, search; else explore.
+        """
         g = self.goal or Goal("explore")
-        m = self.mem
-        inv = [str(x) for x in obs.get("agent_inventory") or []]
-        visible = [str(x) for x in obs.get("visible_entities") or []]
-        here = obs.get("agent_location")
-        holding = lambda e: any(_same(e, x) for x in inv)  # noqa: E731
-        seen = lambda e: any(_same(e, x) for x in visible)  # noqa: E731
+        view = self._view(obs, cands)
+        for part in (self._finish_put, self._direct_progress, self._tidy_up, self._toward_goal, self._search):
+            found = part(g, view, cands, ctx)
+            if found is not None:
+                return found
+        a, why = self.explore(obs, cands)
+        if a is not None:
+            return a, why
+        return self.find(cands, "look") or self.fallback, "nothing left to try here"
 
-        # Containers of the room by what the admissible actions allow.
-        openable = [a["target"] for a in cands if a.get("action") == "open" and a.get("target")]
-        closable = [a["target"] for a in cands if a.get("action") == "close" and a.get("target")]
-        unlockable = [a for a in cands if a.get("action") == "unlock"]
-        for e in visible:
+    def _view(self, obs: Mapping[str, Any], cands: list[dict]) -> "_View":
+        """What the observation shows; containers in sight that cannot be opened or closed
+        are remembered as locked."""
+        view = _View(
+            inv=[str(x) for x in obs.get("agent_inventory") or []],
+            visible=[str(x) for x in obs.get("visible_entities") or []],
+            here=obs.get("agent_location"),
+            # Containers of the room by what the admissible actions allow.
+            openable=[a["target"] for a in cands if a.get("action") == "open" and a.get("target")],
+            closable=[a["target"] for a in cands if a.get("action") == "close" and a.get("target")],
+            unlockable=[a for a in cands if a.get("action") == "unlock"],
+        )
+        for e in view.visible:
             if etype(e) in ("cabinet", "drawer", "chest", "safe", "box", "wardrobe", "locker", "fridge", "closet") \
-                    and e not in openable and e not in closable:
-                m.locked_seen.add(e)
+                    and e not in view.openable and e not in view.closable:
+                self.mem.locked_seen.add(e)
+        return view
 
-        # Finish: after the put, close the destination when asked (or by habit). The
-        # observation shows the object in place even when the agent forgot putting it.
+    def _finish_put(self, g: Goal, view: "_View", cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """After the put, close the destination when asked (or by habit). The observation
+        shows the object in place even when the agent forgot putting it."""
+        m = self.mem
         if g.verb == "put" and g.obj and g.dest and self.find(cands, "pick_up", g.obj, g.dest):
             m.placed = True
         if g.verb == "put" and m.placed:
@@ -328,31 +356,41 @@ class RuleAgent:
                 if a:
                     return a, f"{g.obj} is {g.prep} {g.dest}; now I close {g.dest}"
             return self.find(cands, "look") or self.fallback, "the task should be done"
+        return None
 
-        # Direct progress: take the object, put it where it belongs.
-        if g.verb in ("put", "take", "bring") and g.obj and not holding(g.obj):
+    def _direct_progress(self, g: Goal, view: "_View", cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """Take the object, put it where it belongs."""
+        if g.verb in ("put", "take", "bring") and g.obj and not view.holding(g.obj):
             a = self.find(cands, "pick_up", g.obj)
             if a:
                 return a, f"{g.obj} is within reach: take it"
-        if g.verb == "put" and g.obj and holding(g.obj):
+        if g.verb == "put" and g.obj and view.holding(g.obj):
             a = self.find(cands, "put", g.obj, g.dest)
             if a:
-                m.placed = True
+                self.mem.placed = True
                 return a, f"I hold {g.obj} and {g.dest} is here: put it {g.prep} {g.dest}"
+        return None
 
-        # Tidy up: close a container searched (or emptied) when the habit says so.
-        for c in closable:
+    def _tidy_up(self, g: Goal, view: "_View", cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """Close a container searched (or emptied) when the habit says so."""
+        m = self.mem
+        for c in view.closable:
             if c in m.searched and c not in m.closed_again and not _same(c, g.dest) and self.close_after_use(c, ctx):
                 m.closed_again.add(c)
-                return self.find(cands, "close", c), f"I am done with {c}, so I close it again"
+                return self.find(cands, "close", c), f"I am done with {c}, so I close it again"  # type: ignore[return-value]
+        return None
 
-        if g.verb == "put" and g.obj and holding(g.obj) and g.dest:
-            if seen(g.dest):
+    def _toward_goal(self, g: Goal, view: "_View", cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """The goal verb's own step: reach, open or unlock the destination, carry, act."""
+        m = self.mem
+        here = view.here
+        if g.verb == "put" and g.obj and view.holding(g.obj) and g.dest:
+            if view.seen(g.dest):
                 a = self.find(cands, "open", g.dest)
                 if a:
                     m.opened.add(a["target"])
                     return a, f"{g.dest} is closed: open it before putting {g.obj} {g.prep} it"
-                a = self.find(unlockable, "unlock", g.dest)
+                a = self.find(view.unlockable, "unlock", g.dest)
                 if a:
                     return a, f"{g.dest} is locked and I have its key: unlock it"
             elif g.dest in m.seen_in:
@@ -361,7 +399,7 @@ class RuleAgent:
                 if a:
                     return a, f"I saw {g.dest} in the {m.seen_in[g.dest]}: go there"
             # Destination not found yet (or locked without a key): keep searching.
-        elif g.verb == "bring" and g.obj and holding(g.obj) and g.dest:
+        elif g.verb == "bring" and g.obj and view.holding(g.obj) and g.dest:
             if _same(here, g.dest):
                 a = self.find(cands, "drop", g.obj)
                 if a:
@@ -370,7 +408,7 @@ class RuleAgent:
             a = self.find(cands, "go_to", g.dest) or (self.find(cands, "go_to", step) if step else None)
             if a:
                 return a, f"I carry {g.obj}; the way to the {g.dest} is through '{a.get('target')}'"
-        elif g.verb == "take" and g.obj and holding(g.obj):
+        elif g.verb == "take" and g.obj and view.holding(g.obj):
             return self.find(cands, "look") or self.fallback, f"I already hold {g.obj}"
         elif g.verb in ("open", "close", "lock", "unlock") and g.obj:
             a = self.find(cands, g.verb, g.obj)
@@ -382,40 +420,43 @@ class RuleAgent:
             a = self.find(cands, "go_to", g.obj)
             if a:
                 return a, f"the {g.obj} is next door"
+        return None
 
-        # Carrying the object to a destination not in sight: search nothing more, explore
-        # (unless the destination is locked and no key is at hand yet).
-        carrying = g.verb in ("put", "bring") and bool(g.obj) and holding(g.obj)
-        need_key = carrying and g.dest in m.locked_seen and not any(etype(x) == "key" for x in inv)
-        if not carrying or need_key:
-            # Locked containers: unlock with a key held, to search them.
-            for a in unlockable:
-                return a, f"I hold {a.get('key') or 'a key'} and {a.get('target')} is locked: unlock it"
+    def _search(self, g: Goal, view: "_View", cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """Unlock, take keys, examine and open the room's containers.
 
-            # Keys lying around open locked containers later.
-            if self.want_keys(ctx):
-                for a in cands:
-                    key = a.get("target")
-                    if a.get("action") == "pick_up" and etype(key) == "key" and not holding(key):
-                        return a, f"{key} may open a locked container: take it"
+        Carrying the object to a destination not in sight: search nothing more, explore
+        (unless the destination is locked and no key is at hand yet).
+        """
+        m = self.mem
+        carrying = g.verb in ("put", "bring") and bool(g.obj) and view.holding(g.obj)
+        need_key = carrying and g.dest in m.locked_seen and not any(etype(x) == "key" for x in view.inv)
+        if carrying and not need_key:
+            return None
+        # Locked containers: unlock with a key held, to search them.
+        for a in view.unlockable:
+            return a, f"I hold {a.get('key') or 'a key'} and {a.get('target')} is locked: unlock it"
 
-            # Search the room's closed containers, examining each first (seed 004 habit).
-            for c in self.rank_containers([c for c in openable if c not in m.opened], ctx):
-                if self.examine_first(c, ctx) and c not in m.examined:
-                    a = self.find(cands, "examine", c)
-                    if a:
-                        m.examined.add(c)
-                        return a, f"I see {c}; I should examine it to learn what it holds"
-                a = self.find(cands, "open", c)
+        # Keys lying around open locked containers later.
+        if self.want_keys(ctx):
+            for a in cands:
+                key = a.get("target")
+                if a.get("action") == "pick_up" and etype(key) == "key" and not view.holding(key):
+                    return a, f"{key} may open a locked container: take it"
+
+        # Search the room's closed containers, examining each first (seed 004 habit).
+        for c in self.rank_containers([c for c in view.openable if c not in m.opened], ctx):
+            if self.examine_first(c, ctx) and c not in m.examined:
+                a = self.find(cands, "examine", c)
                 if a:
-                    m.opened.add(c)
-                    m.searched.add(c)
-                    return a, f"{c} may hold what I need: open it"
-
-        a, why = self.explore(obs, cands)
-        if a is not None:
-            return a, why
-        return self.find(cands, "look") or self.fallback, "nothing left to try here"
+                    m.examined.add(c)
+                    return a, f"I see {c}; I should examine it to learn what it holds"
+            a = self.find(cands, "open", c)
+            if a:
+                m.opened.add(c)
+                m.searched.add(c)
+                return a, f"{c} may hold what I need: open it"
+        return None
 
     def choose(self, obs: Mapping[str, Any], ctx: dict) -> tuple[dict, str, bool]:
         """``(action, rationale, random)``: epsilon-random or :meth:`decide`."""

@@ -25,11 +25,14 @@ configured ``agent.fallback_action`` is taken. A failed backend call does the sa
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 from typing import Any, Mapping, Sequence
 
 from pipeline.agents.base import AgentStep, candidate_actions, clean_action
+from pipeline.core.conf_schema import Config
+from pipeline.core.seeding import turn_seed
+from pipeline.llm.backends import Backend, BackendError, Generation, make_backend
+from pipeline.prompts import TURN_VARIABLES, PromptOrganizer, observation_variables, template_slots
 
 # The user turn when the system template already shows the observation (the compact and
 # default templates do): the model is asked for its answer and nothing else.
@@ -54,16 +57,8 @@ Write one short line of reasoning, then one JSON action on one line:
 _NULLS = ("", "null", "none")
 
 
-def turn_seed(*parts: Any) -> int:
-    """A 63-bit sampling seed from the identity of a turn (never from batch order)."""
-    blob = json.dumps([str(p) for p in parts]).encode("utf-8")
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") >> 1
-
-
 def format_observation(obs: Mapping[str, Any], objective: str | None = None) -> str:
     """The observation as a user message (for templates without observation slots)."""
-    from pipeline.prompts import observation_variables
-
     values = observation_variables(obs)
     return OBSERVATION_TEMPLATE.format(objective=objective or obs.get("objective") or "unknown", **values)
 
@@ -175,10 +170,7 @@ class LLMAgent:
 
     name = "llm"
 
-    def __init__(self, cfg: Any, seed: int = 0, *, shared: dict | None = None, backend: Any = None):
-        from pipeline.llm.backends import make_backend
-        from pipeline.prompts import PromptOrganizer
-
+    def __init__(self, cfg: Config, seed: int = 0, *, shared: dict | None = None, backend: Backend | None = None):
         self.cfg = cfg
         self.seed = int(seed)
         self.sampling_seed = int(cfg.sampling.seed)
@@ -220,8 +212,6 @@ class LLMAgent:
         self._obs_in_template: bool | None = None
 
     def _system_prompt(self, obs: Mapping[str, Any]) -> str:
-        from pipeline.prompts import TURN_VARIABLES, template_slots
-
         if self._frozen is None:
             if not self.objective:  # no episode meta: the observation carries the objective
                 self.objective = obs.get("objective") or ""
@@ -239,6 +229,7 @@ class LLMAgent:
         return [{"role": "system", "content": system}, {"role": "user", "content": user}]
 
     def current_seed(self) -> int:
+        """This turn's sampling seed: from (``sampling.seed``, agent seed, episode id, turn index)."""
         return turn_seed(self.sampling_seed, self.seed, self.episode_id, self.turn)
 
     # -- acting -------------------------------------------------------------------------
@@ -270,10 +261,8 @@ class LLMAgent:
                     steps[i] = requests[i][0].finish_turn(requests[i][1], gen)
         return steps  # type: ignore[return-value]
 
-    def finish_turn(self, obs: Mapping[str, Any], gen: Any) -> AgentStep:
+    def finish_turn(self, obs: Mapping[str, Any], gen: Generation) -> AgentStep:
         """Turn a backend :class:`~pipeline.llm.backends.Generation` into this turn's step."""
-        from pipeline.llm.backends import BackendError
-
         extra: dict[str, Any] = {
             "prompt": gen.prompt,
             "prompt_tokens": gen.prompt_tokens,
@@ -309,6 +298,6 @@ class LLMAgent:
         )
 
 
-def build_llm_agent(cfg: Any, seed: int = 0, **kwargs: Any) -> LLMAgent:
+def build_llm_agent(cfg: Config, seed: int = 0, **kwargs: Any) -> LLMAgent:
     """The ``llm`` agent for ``cfg`` (``kwargs``: ``shared`` or ``backend``)."""
     return LLMAgent(cfg, seed=seed, **kwargs)

@@ -1,6 +1,6 @@
 """The RAG rule agent (seed 004): extract entities, retrieve knowledge, act on it.
 
-    >>> agent = RAGAgent({"knowledge_base": "conf/knowledge/household_kb.json"}, seed=0)  # doctest: +SKIP
+    >>> agent = RAGAgent(section(AgentConfig, {"knowledge_base": "conf/knowledge/household_kb.json"}), seed=0)  # doctest: +SKIP
     >>> agent.reset({"episode_id": "ep", "objective": "Put Apple_2 in Fridge_0 and close it."})  # doctest: +SKIP
     >>> agent.act(obs).action  # doctest: +SKIP
 
@@ -25,7 +25,9 @@ import json
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.agents.base import ROOM_WORDS, AgentStep, RuleAgent, _get, candidate_actions, etype
+from pipeline.agents.base import ROOM_WORDS, AgentStep, RuleAgent, candidate_actions, etype
+from pipeline.core.conf_schema import AgentConfig
+from pipeline.core.config import project_root
 
 KB_SECTIONS = ("object_interactions", "action_strategies", "task_patterns")
 DEFAULT_KB = "conf/knowledge/household_kb.json"
@@ -69,11 +71,9 @@ class RAGAgent(RuleAgent):
 
     name = "rag"
 
-    def __init__(self, agent_cfg: Any = None, seed: int = 0, knowledge_base: dict | None = None):
+    def __init__(self, agent_cfg: AgentConfig, seed: int = 0, knowledge_base: dict | None = None):
         if knowledge_base is None:
-            from pipeline.core.config import project_root
-
-            path = Path(_get(agent_cfg, "knowledge_base", None) or DEFAULT_KB)
+            path = Path(agent_cfg.knowledge_base or DEFAULT_KB)
             knowledge_base = load_knowledge_base(path if path.is_absolute() else project_root() / path)
         self.knowledge_base = knowledge_base
         super().__init__(agent_cfg, seed)

@@ -1,6 +1,8 @@
 """The ReAct rule agent (seed 004): a thought, then an action, each step kept.
 
-    >>> agent = ReActAgent({"remember_examined": True}, seed=0)
+    >>> from pipeline.core.conf_schema import AgentConfig
+    >>> from pipeline.core.config import section
+    >>> agent = ReActAgent(section(AgentConfig, {"remember_examined": True}), seed=0)
     >>> agent.reset({"episode_id": "ep", "objective": "Take Apple_2."})
     >>> step = agent.act({"agent_location": "Kitchen", "visible_entities": ["Apple_2"],
     ...                   "admissible_actions": [{"action": "pick_up", "target": "Apple_2",

@@ -27,7 +27,9 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from pipeline.core.stats import Estimate, bootstrap_mean, bootstrap_ratio, make_rng
+from pipeline.core.conf_schema import Config
+from pipeline.core.seeding import labelled_rng
+from pipeline.core.stats import Estimate, bootstrap_mean, bootstrap_ratio
 
 Rows = Iterable[Mapping[str, Any]]
 
@@ -47,7 +49,7 @@ def as_rows(rows: Any) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def bootstrap_settings(cfg: Any) -> tuple[int, int, float]:
+def bootstrap_settings(cfg: Config) -> tuple[int, int, float]:
     """``(seed, n_resamples, level)`` from the config (``seed``, ``experiment.*``)."""
     exp = cfg.experiment
     return int(cfg.seed), int(exp.bootstrap_samples), float(exp.ci_level)
@@ -73,7 +75,7 @@ def check_turns(episodes: list[dict], turns: list[dict]) -> None:
         raise ValueError(f"turns has rows of {len(stray)} episode(s) missing from episodes, e.g. {stray[0]!r}")
 
 
-def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cfg: Any) -> dict[str, Any]:
+def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cfg: Config) -> dict[str, Any]:
     """Metrics of one condition's evaluation, each with a seeded bootstrap interval.
 
     Args:
@@ -106,10 +108,10 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
     def mean(name: str, values: np.ndarray) -> Estimate:
         # The rng depends on the metric's name only: every condition resamples the same
         # task indices, and adding a metric never shifts another's interval.
-        return bootstrap_mean(values, n_resamples=n_resamples, level=level, rng=make_rng(seed, "metric", name))
+        return bootstrap_mean(values, n_resamples=n_resamples, level=level, rng=labelled_rng(seed, "metric", name))
 
     def ratio(name: str, num: np.ndarray, den: np.ndarray) -> Estimate:
-        return bootstrap_ratio(num, den, n_resamples=n_resamples, level=level, rng=make_rng(seed, "metric", name))
+        return bootstrap_ratio(num, den, n_resamples=n_resamples, level=level, rng=labelled_rng(seed, "metric", name))
 
     turns = col("num_turns")
     est: dict[str, Estimate] = {

@@ -190,6 +190,7 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> s
 
 
 def _new_figure(width: float, height: float):
+    # deferred: heavy optional dependency (matplotlib)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

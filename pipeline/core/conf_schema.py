@@ -76,6 +76,7 @@ class PathsConfig:
     store: str = "data/store"
     prompts: str = "data/prompts"
     eval: str = "data/eval"
+    demos: str = "data/demos"
     policy: str = "data/policy"
     metrics: str = "metrics"
     plots: str = "plots"
@@ -166,6 +167,42 @@ class AgentConfig:
     batched: bool = True
     fallback_action: ActionConfig = field(default_factory=ActionConfig)
     on_backend_error: str = "record"
+
+
+@dataclass
+class AdvisoryVariantConfig:
+    """An advisory block the policy's demonstrations carry, built like a condition's.
+
+    ``pipeline.memory.build_memory_slot`` builds it from these four fields exactly as it
+    builds the block of the condition with the same settings (``conf/condition/``); the
+    prompt variant is named after ``name`` (``plain+C2``, ``grounded+C2_placebo``).
+    """
+
+    name: str = MISSING
+    """Variant name (in ``demos.parquet``'s ``variant`` column)."""
+    memory_mode: MemoryMode = MemoryMode.on
+    retrieval_executed: bool = True
+    injection_mask: bool = False
+    placebo: bool = False
+
+
+def _default_advisory_variants() -> List[AdvisoryVariantConfig]:
+    return [AdvisoryVariantConfig(name="C2"), AdvisoryVariantConfig(name="C2_placebo", placebo=True)]
+
+
+@dataclass
+class DemosConfig:
+    """What the default policy's demonstrations carry (the ``demos`` stage).
+
+    The policy's own choice, never the experiment's ``condition`` list: adding or removing
+    a condition does not change the demonstrations, so it does not retrain the model
+    under test. (The other demonstration knobs still live in ``model.policy``.)
+    """
+
+    advisory_variants: List[AdvisoryVariantConfig] = field(default_factory=_default_advisory_variants)
+    """Advisory blocks the demonstrations' prompts carry besides none, each built as the condition
+    with these settings (a list: an override replaces it whole). The first exposed, non-placebo
+    one is also the ``memory`` prompt of the policy's quality evaluation."""
 
 
 @dataclass
@@ -363,6 +400,7 @@ class Config:
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    demos: DemosConfig = field(default_factory=DemosConfig)
     condition: Dict[str, ConditionConfig] = field(default_factory=dict)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
 

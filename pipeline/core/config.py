@@ -21,11 +21,15 @@ import json
 import os
 import sys
 import tempfile
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from pipeline.core import conf_schema
+from pipeline.core.conf_schema import AgentConfig, Config, EnvConfig, MemoryConfig, SamplingConfig, UserConfig
 from pipeline.core.io import atomic_write_text
 
 PARAMS_FILE = "params.yaml"
@@ -55,6 +59,7 @@ def project_root(start: str | os.PathLike | None = None) -> Path:
 
 def compose_text(root: Path, overrides: Iterable[str] = ()) -> str:
     """Compose ``conf/`` with DVC's own function and return the YAML text it writes."""
+    # deferred: heavy (Hydra + DVC, ~0.15 s); a stage whose check is stamped never composes
     from dvc.utils.hydra import compose_and_dump
     from hydra.core.global_hydra import GlobalHydra
 
@@ -121,10 +126,6 @@ def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
     of DVC / Hydra / OmegaConf, and whether a ``dvc exp run`` is composing. Same inputs,
     same verdict: a stage then skips the Hydra compose (most of its start-up time).
     """
-    from importlib.metadata import PackageNotFoundError, version
-
-    from pipeline.core import conf_schema
-
     h = hashlib.sha256()
 
     def add(name: str, data: bytes) -> None:
@@ -171,8 +172,6 @@ def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
     if not params_path.exists():
         raise ConfigError(f"{params_path} is missing: run `python -m pipeline.core.config compose`")
     current = params_path.read_text(encoding="utf-8")
-    import yaml
-
     try:
         params = yaml.safe_load(current)
     except yaml.YAMLError as exc:
@@ -212,18 +211,27 @@ def _require(cond: bool, key: str, value: Any, expected: str) -> None:
 
 def validate(cfg: DictConfig) -> DictConfig:
     """Type-check against the schema and check ranges; returns the typed config."""
-    from pipeline.core.conf_schema import Config
-
     try:
         typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
     except Exception as exc:
         raise ConfigError(f"invalid params: {_hydra_message(exc)}") from exc
-    s = typed.sampling
+    _check_sampling(typed.sampling)
+    _check_env(typed.env)
+    _check_user(typed.user)
+    _check_agent(typed.agent)
+    _check_memory(typed.memory)
+    _check_conditions(typed)
+    return typed
+
+
+def _check_sampling(s: SamplingConfig) -> None:
     _require(s.temperature > 0, "sampling.temperature", s.temperature, "> 0")
     _require(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "in (0, 1]")
     _require(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0")
     _require(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
-    e = typed.env
+
+
+def _check_env(e: EnvConfig) -> None:
     _require(e.max_steps >= 1, "env.max_steps", e.max_steps, ">= 1")
     _require(e.num_scenes >= 1, "env.num_scenes", e.num_scenes, ">= 1")
     _require(0 <= e.heldout_scenes < e.num_scenes, "env.heldout_scenes", e.heldout_scenes, f"in [0, {e.num_scenes})")
@@ -233,18 +241,28 @@ def validate(cfg: DictConfig) -> DictConfig:
              f"in [0, {e.containers_per_scene}]")
     _require(1 <= e.objects_per_scene <= 8, "env.objects_per_scene", e.objects_per_scene, "in [1, 8]")
     _require(e.compile_workers >= 1, "env.compile_workers", e.compile_workers, ">= 1")
-    u = typed.user
+
+
+def _check_user(u: UserConfig) -> None:
     _require(0 <= u.feedback_prob <= 1, "user.feedback_prob", u.feedback_prob, "in [0, 1]")
     _require(0 <= u.noise <= 1, "user.noise", u.noise, "in [0, 1]")
     _require(u.source != "file" or bool(u.feedback_file), "user.feedback_file", u.feedback_file,
              "a JSONL path when user.source=file")
-    a = typed.agent
+
+
+def _check_agent(a: AgentConfig) -> None:
     _require(0 <= a.epsilon <= 1, "agent.epsilon", a.epsilon, "in [0, 1]")
     _require(a.batch_size >= 1, "agent.batch_size", a.batch_size, ">= 1")
     _require(a.on_backend_error in ("record", "fail"), "agent.on_backend_error", a.on_backend_error, "record | fail")
-    m = typed.memory
+
+
+def _check_memory(m: MemoryConfig) -> None:
     _require(1 <= m.topk <= 3, "memory.topk", m.topk, "in [1, 3]")
     _require(0 <= m.relevance_threshold <= 1, "memory.relevance_threshold", m.relevance_threshold, "in [0, 1]")
+
+
+def _check_conditions(typed: Config) -> None:
+    """At least one condition; every compared condition defined; a CI level in (0, 1)."""
     _require(len(typed.condition) >= 1, "condition", list(typed.condition), "at least one condition")
     known = set(typed.condition) | {p.stem for p in (project_root() / CONF_DIR / "condition").glob("*.yaml")}
     for pair in typed.experiment.comparisons:
@@ -253,7 +271,6 @@ def validate(cfg: DictConfig) -> DictConfig:
             _require(name in known, "experiment.comparisons", name,
                      f"a condition defined in conf/condition/ ({', '.join(sorted(known))})")
     _require(0 < typed.experiment.ci_level < 1, "experiment.ci_level", typed.experiment.ci_level, "in (0, 1)")
-    return typed
 
 
 def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictConfig:
@@ -285,6 +302,18 @@ def _select(d: Any, dotted: str) -> Any:
 
 def to_plain(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+def section(schema_cls: type, values: Any = None) -> DictConfig:
+    """A typed config section: the schema dataclass's defaults merged with ``values``.
+
+    For code and tests that build one group by hand (``section(UserConfig, {"noise": 0.1})``);
+    a stage gets its sections from :func:`load_params`. Unknown keys and wrong types raise.
+    """
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema_cls), values or {})  # type: ignore[return-value]
+    except Exception as exc:
+        raise ConfigError(f"invalid {schema_cls.__name__}: {_hydra_message(exc)}") from exc
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,8 @@ _STRICT = json.JSONDecoder()
 _LENIENT = json.JSONDecoder(strict=False)  # control characters allowed inside strings
 
 
-def iter_json_objects(text: str, *, nested: bool = False, strict: bool = True) -> Iterator[tuple[int, int, Any]]:
+def iter_json_objects(text: str, *, nested: bool = False, strict: bool = True,
+                      stop_at_unclosed: bool = False) -> Iterator[tuple[int, int, Any]]:
     """Yield ``(start, end, obj)`` for each JSON object that starts at a ``{`` of ``text``.
 
     Args:
@@ -26,6 +27,10 @@ def iter_json_objects(text: str, *, nested: bool = False, strict: bool = True) -
         nested: also yield objects inside an object already yielded (scanning resumes at
             the next ``{``); by default scanning resumes after the object's end.
         strict: reject raw control characters (newlines, tabs) inside JSON strings.
+        stop_at_unclosed: stop at a ``{`` that no ``}`` ever closes (braces counted
+            outside JSON strings, escape-aware) instead of trying the ``{`` after it: a
+            truncated answer ``{"a": {"b": 1}`` then yields nothing rather than its inner
+            object (the prompts' memory/action parser relies on this).
 
     A ``{`` at which no object parses is skipped; ``end`` is exclusive.
     """
@@ -35,15 +40,43 @@ def iter_json_objects(text: str, *, nested: bool = False, strict: bool = True) -
         try:
             obj, end = decoder.raw_decode(text, pos)
         except (ValueError, RecursionError):
+            if stop_at_unclosed and not _closes(text, pos):
+                return
             pos = text.find("{", pos + 1)
             continue
         yield pos, end, obj
         pos = text.find("{", pos + 1 if nested else end)
 
 
-def first_json_object(text: str, *, strict: bool = True) -> tuple[int, int, dict] | None:
-    """``(start, end, obj)`` of the first JSON object in ``text``, or None."""
-    for start, end, obj in iter_json_objects(text, strict=strict):
+def first_json_object(text: str, *, strict: bool = True,
+                      stop_at_unclosed: bool = False) -> tuple[int, int, dict] | None:
+    """``(start, end, obj)`` of the first JSON object in ``text``, or None (arguments as
+    :func:`iter_json_objects`)."""
+    for start, end, obj in iter_json_objects(text, strict=strict, stop_at_unclosed=stop_at_unclosed):
         if isinstance(obj, dict):
             return start, end, obj
     return None
+
+
+def _closes(text: str, start: int) -> bool:
+    """Whether the ``{`` at ``start`` is balanced by a later ``}`` (braces inside JSON
+    strings not counted, backslash escapes honoured)."""
+    depth, in_str, esc = 0, False, False
+    for j in range(start, len(text)):
+        c = text[j]
+        if in_str:
+            if esc:
+                esc = False
+            elif c == "\\":
+                esc = True
+            elif c == '"':
+                in_str = False
+        elif c == '"':
+            in_str = True
+        elif c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return True
+    return False

@@ -1,14 +1,15 @@
 """Statistics for comparing conditions: seeded bootstrap intervals, paired tests, pairing.
 
 Pure functions over numpy arrays and plain rows; nothing here reads files or config.
-Every resampling draws from a ``numpy.random.Generator`` built by :func:`make_rng` from
-the config seed and a label, so an interval depends on the seed and on what it measures,
-never on the order in which intervals are computed::
+Every resampling draws from a ``numpy.random.Generator`` built by
+:func:`pipeline.core.seeding.labelled_rng` from the config seed and a label, so an interval
+depends on the seed and on what it measures, never on the order in which intervals are
+computed::
 
-    rng = make_rng(cfg.seed, "success_rate")
+    rng = labelled_rng(cfg.seed, "success_rate")
     est = bootstrap_mean(won, n_resamples=2000, level=0.95, rng=rng)   # Estimate
     diff = paired_bootstrap_diff(won_c2, won_c1, n_resamples=2000, level=0.95,
-                                 rng=make_rng(cfg.seed, "diff", "C2_vs_C1"))
+                                 rng=labelled_rng(cfg.seed, "diff", "C2_vs_C1"))
     p = mcnemar_exact(b=3, c=11)                                       # two-sided, exact
 
 Degenerate inputs are answered, not refused: zero variance or a single observation gives
@@ -18,7 +19,6 @@ the interval ``[value, value]``; no observation gives ``Estimate(None, None, Non
 
 from __future__ import annotations
 
-import hashlib
 import math
 from dataclasses import dataclass
 from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
@@ -62,23 +62,6 @@ def _round(x: float | None, digits: int) -> float | None:
     if x is None or not math.isfinite(x):
         return None
     return round(float(x), digits) + 0.0  # + 0.0 turns -0.0 into 0.0
-
-
-def label_int(label: str) -> int:
-    """A stable 32-bit integer for a text label (Python's ``hash`` is salted per process)."""
-    return int.from_bytes(hashlib.sha256(label.encode("utf-8")).digest()[:4], "big")
-
-
-def make_rng(seed: int, *labels: str) -> np.random.Generator:
-    """A Generator seeded from the config seed and labels naming what it is used for.
-
-    Example:
-        >>> a = make_rng(0, "success_rate").integers(0, 100, 3)
-        >>> b = make_rng(0, "success_rate").integers(0, 100, 3)
-        >>> bool((a == b).all())
-        True
-    """
-    return np.random.default_rng(np.random.SeedSequence([int(seed) & 0xFFFFFFFF, *(label_int(s) for s in labels)]))
 
 
 def bootstrap_statistic(
@@ -216,7 +199,7 @@ def mcnemar_exact(b: int, c: int) -> float:
     n = b + c
     if n == 0:
         return 1.0
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # deferred: heavy optional dependency (scipy.stats)
 
     return float(min(1.0, binomtest(b, n, 0.5, alternative="two-sided").pvalue))
 

@@ -24,10 +24,9 @@ import re
 from typing import Iterable
 
 from pipeline.core.schemas import FEEDBACK_TYPES
+from pipeline.grounding.common import UNKNOWN_POLICIES
 
 log = logging.getLogger(__name__)
-
-UNKNOWN_POLICIES = ("keep", "reject")
 
 # The type may contain letters, digits, spaces, '_' and '-', never a colon, so the first
 # colon after it ends the type and any later colon belongs to the text.
@@ -48,7 +47,7 @@ def _normalise_type(raw: str) -> str:
 
 
 def _check_policy(unknown: str) -> str:
-    value = getattr(unknown, "value", unknown)  # accepts the conf_schema enum as well
+    value = str(unknown) if isinstance(unknown, str) else unknown  # a conf_schema StrEnum -> its value
     if value not in UNKNOWN_POLICIES:
         raise ValueError(f"grounding.unknown_type={value!r}: expected one of {', '.join(UNKNOWN_POLICIES)}")
     return value

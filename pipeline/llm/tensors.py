@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from pipeline.core.io import ArtifactError, atomic_write_bytes
+from pipeline.llm.tracker import action_text_from_text, decode_fn
 
 FORMAT = "pipeline.episode_tensors/1"
 
@@ -35,7 +36,7 @@ class TensorConsistencyError(ValueError):
 
 
 def _turn_tensors(turn: Mapping[str, Any], position: int) -> dict:
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     if "generated_ids" not in turn or "action_token_mask" not in turn:
         raise ValueError(f"tensor turn {position}: needs generated_ids and action_token_mask, got {sorted(turn)}")
@@ -65,7 +66,7 @@ def save_episode_tensors(path: str | os.PathLike, turns: Sequence[Mapping[str, A
     Raises:
         ValueError: a turn misses a field or its lengths disagree (names the turn).
     """
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     payload = {"format": FORMAT, "turns": [_turn_tensors(t, i) for i, t in enumerate(turns)]}
     buf = io.BytesIO()
@@ -82,7 +83,7 @@ def load_episode_tensors(path: str | os.PathLike, turn_index: int | None = None)
         ArtifactError: missing or corrupt file, or not this format.
         KeyError: no turn with that ``turn_index``.
     """
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     p = Path(path)
     if not p.exists():
@@ -117,9 +118,7 @@ def check_consistency(tokenizer: Any, tensors: Mapping[str, Any], action_text: s
     Raises:
         TensorConsistencyError: naming what does not hold.
     """
-    import torch
-
-    from pipeline.llm.tracker import decode_fn
+    import torch  # deferred: heavy optional dependency (torch)
 
     ids = torch.as_tensor(tensors["generated_ids"]).reshape(-1)
     mask = torch.as_tensor(tensors["action_token_mask"], dtype=torch.bool).reshape(-1)
@@ -150,6 +149,4 @@ def check_turn_consistency(tokenizer: Any, tensors: Mapping[str, Any], generated
     The turns table keeps the generated text, not the action's text; the tracker's rules
     applied to the whole text (:func:`~pipeline.llm.tracker.action_text_from_text`) give it.
     """
-    from pipeline.llm.tracker import action_text_from_text
-
     check_consistency(tokenizer, tensors, action_text_from_text(generated_text or ""))

@@ -32,6 +32,7 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, chat_templat
     Every byte is in the vocabulary, so any text (any UTF-8) is encodable; characters
     not seen in training are split into single-byte tokens (partial UTF-8).
     """
+    # deferred: heavy optional dependencies (tokenizers, transformers)
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -51,8 +52,8 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 512, chat_templat
 def tiny_gpt2(tokenizer: Any, *, n_layer: int = 2, n_embd: int = 64, n_head: int = 2, n_positions: int = 1024,
               seed: int = 0) -> Any:
     """A randomly initialised GPT-2 sized for ``tokenizer`` (seeded)."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel
+    import torch  # deferred: heavy optional dependency (torch)
+    from transformers import GPT2Config, GPT2LMHeadModel  # deferred: heavy optional dependency
 
     cfg = GPT2Config(vocab_size=len(tokenizer), n_positions=n_positions, n_embd=n_embd, n_layer=n_layer,
                      n_head=n_head, bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id,
@@ -68,7 +69,7 @@ def fit(model: Any, tokenizer: Any, pairs: Sequence[tuple[str, str]], *, steps: 
     Full-batch AdamW on the answer tokens only (the prompt is context). Enough steps
     make greedy decoding reproduce every answer exactly.
     """
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     torch.manual_seed(seed)
     seqs, labels = [], []

@@ -29,9 +29,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
+from pipeline.core.jsonscan import first_json_object
+
 REPLACEMENT = "\ufffd"  # what a decoder writes for incomplete UTF-8
 _WHITESPACE = " \t\r\n"
-_JSON = json.JSONDecoder(strict=False)  # strict=False: models put raw newlines in strings
 
 TRACKING_METHODS = ("stream", "fallback", "none")
 STOP_REASONS = ("json_closed", "max_new_tokens", "eos", "error")
@@ -193,18 +194,12 @@ def _is_json_object(text: str) -> bool:
 def find_json_object(text: str) -> tuple[int, int, dict] | None:
     """Seed 003's backup: the first ``{`` at which a whole JSON object parses.
 
+    Raw control characters inside strings are accepted (models put raw newlines in
+    strings); the scanning is :func:`pipeline.core.jsonscan.first_json_object`'s.
+
     Returns ``(start_char, end_char, obj)`` (end exclusive) or None.
     """
-    pos = text.find("{")
-    while pos != -1:
-        try:
-            obj, end = _JSON.raw_decode(text, pos)
-        except ValueError:
-            obj = None
-        if isinstance(obj, dict):
-            return pos, end, obj
-        pos = text.find("{", pos + 1)
-    return None
+    return first_json_object(text, strict=False)
 
 
 def action_text_from_text(text: str) -> str | None:

@@ -7,6 +7,7 @@ The chain the render stage runs per eval task (one call: :func:`build_memory_slo
       -> should_inject_advisory_with_reason -> context[memory.io.slot_memory_name]
 """
 
+from pipeline.core.seeding import task_rng
 from pipeline.memory.advisory import (
     AdvisoryBuilder,
     advisory_type_for,
@@ -21,7 +22,6 @@ from pipeline.memory.injection import (
     draw_placebo,
     merge_slot,
     should_inject_advisory_with_reason,
-    task_rng,
 )
 from pipeline.memory.retrieval import RetrievalHit, RetrievalIndex, Retriever, retrieve_loop
 from pipeline.memory.schemas import (

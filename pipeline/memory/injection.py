@@ -24,13 +24,15 @@ The render stage calls one function per eval task::
 
 from __future__ import annotations
 
-import hashlib
 import json
-from typing import Any, NamedTuple, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
+from omegaconf import DictConfig
 
-from pipeline.core.config import ConfigError
+from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
+from pipeline.core.config import ConfigError, section
+from pipeline.core.seeding import task_rng
 from pipeline.memory.advisory import AdvisoryBuilder, advisory_type_for, compose_message, find_label_hints
 from pipeline.memory.retrieval import Retriever
 from pipeline.memory.schemas import (
@@ -46,23 +48,19 @@ from pipeline.memory.signature import SignatureBuilder
 DEFAULT_SLOT_NAME = "DEBATE_CONTEXT__MEMORY"
 
 
-def _get(cfg: Any, key: str, default: Any = None) -> Any:
-    if isinstance(cfg, dict):
-        return cfg.get(key, default)
-    return getattr(cfg, key, default)
+def condition_section(cond: ConditionConfig | Mapping[str, Any]) -> ConditionConfig:
+    """A condition's typed section; a plain dict (a condition built by hand) is read as a
+    :class:`~pipeline.core.conf_schema.ConditionConfig` (missing fields take its defaults)."""
+    return cond if isinstance(cond, (DictConfig, ConditionConfig)) else section(ConditionConfig, cond)
 
 
-def _mode(cond: Any) -> str:
-    mode = _get(cond, "memory_mode")
-    return getattr(mode, "value", mode)  # MemoryMode enum or plain string
-
-
-def check_condition(cond: Any, name: str = "?") -> None:
+def check_condition(cond: ConditionConfig | Mapping[str, Any], name: str = "?") -> None:
     """Reject a condition whose fields contradict seed 001 section 2.4 (error names the key)."""
-    mode = _mode(cond)
-    retrieval = bool(_get(cond, "retrieval_executed"))
-    masked = bool(_get(cond, "injection_mask"))
-    placebo = bool(_get(cond, "placebo", False))
+    cond = condition_section(cond)
+    mode = str(cond.memory_mode)
+    retrieval = bool(cond.retrieval_executed)
+    masked = bool(cond.injection_mask)
+    placebo = bool(cond.placebo)
     key = f"condition.{name}"
     if mode not in MEMORY_MODES:
         raise ConfigError(f"{key}.memory_mode={mode!r}: expected one of {', '.join(MEMORY_MODES)}")
@@ -123,7 +121,7 @@ class InjectionController:
     """Builds the slot for one condition and decides whether it enters the context.
 
     Args:
-        condition_cfg: A ``condition.<name>`` config node (or dict).
+        condition_cfg: A ``condition.<name>`` config section (a plain dict is read as one).
         topk: Advisories retrieved (1..3).
         slot_memory_name: Context key of the slot (config ``memory.io.slot_memory_name``).
         relevance_threshold: Gate threshold on the best advisory's relevance.
@@ -133,7 +131,7 @@ class InjectionController:
 
     def __init__(
         self,
-        condition_cfg: Any,
+        condition_cfg: ConditionConfig | Mapping[str, Any],
         *,
         topk: int = MAX_RETRIEVED,
         slot_memory_name: str = DEFAULT_SLOT_NAME,
@@ -146,25 +144,26 @@ class InjectionController:
             raise ConfigError(f"memory.topk={topk!r}: expected 1..{MAX_RETRIEVED}")
         if not slot_memory_name:
             raise ConfigError("memory.io.slot_memory_name is empty: expected a context key")
+        condition_cfg = condition_section(condition_cfg)
         self.name = name
-        self.memory_mode = _mode(condition_cfg)
-        self.retrieval_executed = bool(_get(condition_cfg, "retrieval_executed"))
-        self.injection_mask = bool(_get(condition_cfg, "injection_mask"))
-        self.placebo = bool(_get(condition_cfg, "placebo", False))
+        self.memory_mode = str(condition_cfg.memory_mode)
+        self.retrieval_executed = bool(condition_cfg.retrieval_executed)
+        self.injection_mask = bool(condition_cfg.injection_mask)
+        self.placebo = bool(condition_cfg.placebo)
         self.topk = int(topk)
         self.slot_memory_name = slot_memory_name
         self.relevance_threshold = float(relevance_threshold)
         self.label_hint_min_commands = int(label_hint_min_commands)
 
     @classmethod
-    def from_config(cls, condition_cfg: Any, memory_cfg: Any, name: str = "?") -> "InjectionController":
-        io = _get(memory_cfg, "io")
+    def from_config(cls, condition_cfg: ConditionConfig | Mapping[str, Any], memory_cfg: MemoryConfig,
+                    name: str = "?") -> "InjectionController":
         return cls(
             condition_cfg,
-            topk=int(_get(memory_cfg, "topk", MAX_RETRIEVED)),
-            slot_memory_name=str(_get(io, "slot_memory_name", DEFAULT_SLOT_NAME)) if io is not None else DEFAULT_SLOT_NAME,
-            relevance_threshold=float(_get(memory_cfg, "relevance_threshold", 0.0)),
-            label_hint_min_commands=int(_get(memory_cfg, "label_hint_min_commands", 2)),
+            topk=int(memory_cfg.topk),
+            slot_memory_name=str(memory_cfg.io.slot_memory_name),
+            relevance_threshold=float(memory_cfg.relevance_threshold),
+            label_hint_min_commands=int(memory_cfg.label_hint_min_commands),
             name=name,
         )
 
@@ -354,13 +353,11 @@ class MemorySlot(NamedTuple):
     notes: list
 
 
-def task_rng(seed: int, task: dict[str, Any], purpose: str = "placebo") -> np.random.Generator:
-    """A generator for one task, independent of the order tasks are processed in."""
-    key = f"{int(seed)}|{purpose}|{task.get('scene_id')}|{task.get('quest_id')}".encode()
-    return np.random.default_rng(int.from_bytes(hashlib.sha256(key).digest()[:8], "little"))
-
-
-def _plan(task: dict[str, Any]) -> list[str]:
+def _query_plan(task: dict[str, Any]) -> list[str]:
+    """The query task's expert plan as its manifest row records it (the planner's plan,
+    :func:`pipeline.envs.household.planner.shortest_plan`, computed by the games stage),
+    else its episode's ``ground_truth`` (the plan's commands joined by ``;``). Nothing is
+    planned here: the label-hint check compares advisories with this plan."""
     plan = task.get("expert_plan")
     if plan is None and task.get("ground_truth"):
         plan = [c.strip() for c in str(task["ground_truth"]).split(";")]
@@ -370,8 +367,8 @@ def _plan(task: dict[str, Any]) -> list[str]:
 def build_memory_slot(
     store: Any,
     task: dict[str, Any],
-    condition_cfg: Any,
-    memory_cfg: Any,
+    condition_cfg: ConditionConfig | Mapping[str, Any],
+    memory_cfg: MemoryConfig,
     rng: int | np.random.Generator = 0,
     *,
     condition_name: str = "?",
@@ -383,7 +380,7 @@ def build_memory_slot(
             orders retrieval ties; load it with the config's ``seed``).
         task: A manifest row: ``scene_id``, ``quest_id``, ``objective``, ``expert_plan``
             (and optionally ``ground_truth``), used for the query and the label-hint check.
-        condition_cfg: ``cfg.condition.<name>``.
+        condition_cfg: ``cfg.condition.<name>`` (a plain dict is read as a condition section).
         memory_cfg: ``cfg.memory``.
         rng: The config's seed (a per-task generator is derived from it for placebo
             draws), or a ``numpy.random.Generator`` used as is.
@@ -393,7 +390,7 @@ def build_memory_slot(
         A :class:`MemorySlot`.
     """
     controller = InjectionController.from_config(condition_cfg, memory_cfg, condition_name)
-    plan, gt = _plan(task), task.get("ground_truth")
+    plan, gt = _query_plan(task), task.get("ground_truth")
     if not controller.retrieval_executed:
         bundle = controller.build_slot_payload()
         return _finish(controller, bundle, [], [], [], plan, gt)
@@ -404,13 +401,13 @@ def build_memory_slot(
     hits = retriever.retrieve_scored(
         store,
         signature,
-        query_lexical=objective if bool(_get(memory_cfg, "use_lexical", True)) else None,
+        query_lexical=objective if bool(memory_cfg.use_lexical) else None,
         topk=controller.topk,
         query_scene_id=task.get("scene_id"),
         query_quest_id=task.get("quest_id"),
     )
     builder = AdvisoryBuilder(
-        max_message_chars=int(_get(memory_cfg, "max_message_chars", 800)),
+        max_message_chars=int(memory_cfg.max_message_chars),
         label_hint_min_commands=controller.label_hint_min_commands,
     )
     advisories, warnings = builder.build_many(hits, query_expert_plan=plan, query_ground_truth=gt)
@@ -421,8 +418,15 @@ def build_memory_slot(
     if not controller.placebo:
         bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
         return _finish(controller, bundle, retrieved_ids, kept_ids, [], plan, gt)
+    return _placebo_slot(controller, store, task, rng, builder, advisories, warnings, store_hash, retrieved_ids,
+                         plan, gt)
 
-    # Placebo: what would C2 inject? Then draw the same count and lengths from other scenes.
+
+def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, Any], rng: int | np.random.Generator,
+                  builder: AdvisoryBuilder, advisories: list, warnings: list, store_hash: Optional[str],
+                  retrieved_ids: list, plan: list, gt: Optional[str]) -> MemorySlot:
+    """The placebo's slot: what would C2 inject? Then the same count and lengths drawn from
+    other scenes (nothing when C2's gate would refuse)."""
     c2_bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
     c2_ok, c2_reason = controller.gate(c2_bundle, query_expert_plan=plan, query_ground_truth=gt)
     if not c2_ok:

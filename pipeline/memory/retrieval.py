@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from pipeline.core.conf_schema import MemoryConfig
 from pipeline.memory.schemas import (
     LANGUAGES,
     LENGTH_BUCKETS,
@@ -182,12 +183,34 @@ class RetrievalIndex:
         n = self.n
         if n == 0:
             return []
+        qtok = sorted(set(query_tokens or ()))
+        nq = len(qtok)
+        c_sig = self._combo_scores(signature, nq, require_same_language=require_same_language,
+                                   require_structure_overlap=require_structure_overlap)
+
+        # Per entry, into preallocated buffers (fresh 8 MB arrays per query cost more in page
+        # faults than the arithmetic): one int64 composite key,
+        # key = (signature_matches * (nq + 1) + lexical_hits) << 40 | inverted tie rank,
+        # negative for filtered or excluded entries (a kept entry's key is always > 0).
+        with self._lock:
+            key = self._key
+            np.take(c_sig, self.combo_id, out=key, mode="clip")  # mode="raise" would buffer `out`
+            if nq:
+                key += self._lexical_hits(qtok)
+            np.left_shift(key, TIE_BITS, out=key)
+            key |= self.inv_tie
+            self._exclude(key, exclude_scene_id=exclude_scene_id, exclude_quest=exclude_quest)
+            return _take_top(key, min(topk, n), nq)
+
+    def _combo_scores(self, signature: InputSignatureV1_1, nq: int, *, require_same_language: bool,
+                      require_structure_overlap: bool) -> np.ndarray:
+        """Per combo (tiny arrays): the filters and the number of matching signature fields,
+        as ``signature_matches * (nq + 1)``; a filtered combo is negative whatever the
+        lexical hits and tie bits added later."""
         ql = LANGUAGES.index(signature.language)
         qmask = signature_mask(signature.detected_structure)
         qneg = -1 if signature.has_negation is None else int(signature.has_negation)
         qb = LENGTH_BUCKETS.index(signature.length_bucket)
-
-        # Per combo (tiny arrays): the filters and the number of matching signature fields.
         c_eq_lang = self.c_lang == ql
         c_ok = c_eq_lang.copy() if require_same_language else np.ones(len(self.c_lang), dtype=bool)
         if require_structure_overlap:
@@ -195,55 +218,57 @@ class RetrievalIndex:
             c_ok &= (self.c_struct & (qmask | NONE_BIT)) != 0
         c_sig = (c_eq_lang.astype(np.int64) + (self.c_struct == qmask) + (self.c_neg == qneg)
                  + (self.c_asp == signature.num_aspects) + (self.c_bucket == qb))
-        qtok = sorted(set(query_tokens or ()))
-        nq = len(qtok)
         c_sig *= nq + 1
         c_sig[~c_ok] = -(1 << 20)  # filtered: stays negative whatever the lexical hits and tie bits
+        return c_sig
 
-        # Per entry, into preallocated buffers (fresh 8 MB arrays per query cost more in page
-        # faults than the arithmetic): one int64 composite key,
-        # key = (signature_matches * (nq + 1) + lexical_hits) << 40 | inverted tie rank,
-        # negative for filtered or excluded entries (a kept entry's key is always > 0).
-        with self._lock:
-            tmp, tmp2, hits, key = self._tmp, self._tmp2, self._hits, self._key
-            np.take(c_sig, self.combo_id, out=key, mode="clip")  # mode="raise" would buffer `out`
-            if nq:
-                if nq < 127:
-                    hits.fill(0)
-                else:  # an int8 counter would overflow (very long objectives)
-                    hits = np.zeros(n, dtype=np.int32)
-                for t in qtok:  # one pass over each query token's postings (distinct rows)
-                    tid = self.vocab.get(t)
-                    if tid is not None:
-                        hits[self.post_rows[self.indptr[tid]:self.indptr[tid + 1]]] += 1
-                key += hits
-            np.left_shift(key, TIE_BITS, out=key)
-            key |= self.inv_tie
-            # Exclusions touch few rows (a quest's or a scene's entries): set them by index.
-            if exclude_quest is not None:
-                q_scene, q_quest = exclude_quest
-                qq = self.quest_ids.get(q_quest)
-                if qq is not None:
-                    np.equal(self.quest_code, qq, out=tmp)
-                    if q_scene is not None:
-                        qs = self.scene_ids.get(q_scene)
-                        np.equal(self.scene_code, qs if qs is not None else -2, out=tmp2)
-                        tmp &= tmp2
-                    key[np.flatnonzero(tmp)] = -1
-            if exclude_scene_id is not None:
-                qs = self.scene_ids.get(exclude_scene_id)
-                if qs is not None:
-                    np.equal(self.scene_code, qs, out=tmp)
-                    key[np.flatnonzero(tmp)] = -1
-            out = []
-            for _ in range(min(topk, n)):
-                i = int(np.argmax(key))
-                if key[i] <= 0:
-                    break
-                s = int(key[i]) >> TIE_BITS
-                out.append((i, s // (nq + 1), s % (nq + 1), nq))
-                key[i] = -1
-        return out
+    def _lexical_hits(self, qtok: Sequence[str]) -> np.ndarray:
+        """How many of the (distinct) query tokens each entry has (caller holds the lock)."""
+        hits = self._hits
+        if len(qtok) < 127:
+            hits.fill(0)
+        else:  # an int8 counter would overflow (very long objectives)
+            hits = np.zeros(self.n, dtype=np.int32)
+        for t in qtok:  # one pass over each query token's postings (distinct rows)
+            tid = self.vocab.get(t)
+            if tid is not None:
+                hits[self.post_rows[self.indptr[tid]:self.indptr[tid + 1]]] += 1
+        return hits
+
+    def _exclude(self, key: np.ndarray, *, exclude_scene_id: Optional[str],
+                 exclude_quest: Optional[tuple[Optional[str], str]]) -> None:
+        """Mark the excluded entries' keys -1 (caller holds the lock). Exclusions touch few
+        rows (a quest's or a scene's entries): set them by index."""
+        tmp, tmp2 = self._tmp, self._tmp2
+        if exclude_quest is not None:
+            q_scene, q_quest = exclude_quest
+            qq = self.quest_ids.get(q_quest)
+            if qq is not None:
+                np.equal(self.quest_code, qq, out=tmp)
+                if q_scene is not None:
+                    qs = self.scene_ids.get(q_scene)
+                    np.equal(self.scene_code, qs if qs is not None else -2, out=tmp2)
+                    tmp &= tmp2
+                key[np.flatnonzero(tmp)] = -1
+        if exclude_scene_id is not None:
+            qs = self.scene_ids.get(exclude_scene_id)
+            if qs is not None:
+                np.equal(self.scene_code, qs, out=tmp)
+                key[np.flatnonzero(tmp)] = -1
+
+
+def _take_top(key: np.ndarray, k: int, nq: int) -> list[tuple[int, int, int, int]]:
+    """The ``k`` largest positive keys, best first, decoded (``key`` is consumed: each
+    taken entry is set to -1)."""
+    out = []
+    for _ in range(k):
+        i = int(np.argmax(key))
+        if key[i] <= 0:
+            break
+        s = int(key[i]) >> TIE_BITS
+        out.append((i, s // (nq + 1), s % (nq + 1), nq))
+        key[i] = -1
+    return out
 
 
 def _as_signature(sig: InputSignatureV1_1 | dict) -> InputSignatureV1_1:
@@ -292,7 +317,7 @@ class Retriever:
         self.tie_seed = tie_seed
 
     @classmethod
-    def from_config(cls, memory_cfg: Any, tie_seed: Optional[int] = None) -> "Retriever":
+    def from_config(cls, memory_cfg: MemoryConfig, tie_seed: Optional[int] = None) -> "Retriever":
         """From the ``memory`` config group."""
         return cls(
             require_same_language=bool(memory_cfg.require_same_language),

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 
 from pipeline.core.io import ArtifactError, atomic_write_chunks, atomic_write_text, read_parquet, sha256_file, write_parquet
+from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
 from pipeline.memory.schemas import (
     STORE_SCHEMA,
     STORE_SCHEMA_VERSION,
@@ -36,8 +38,8 @@ from pipeline.memory.schemas import (
     entries_to_table,
     table_to_entries,
 )
+from pipeline.memory.retrieval import RetrievalIndex
 from pipeline.memory.signature import SignatureBuilder
-from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
 
 STORE_PARQUET = "episodic_store.parquet"
 STORE_JSONL = "episodic_store.jsonl"
@@ -100,6 +102,90 @@ def _feedback(turn: dict[str, Any]) -> list[tuple[str, str]]:
     return out
 
 
+@dataclass
+class _FeedbackSummary:
+    """An episode's feedback, as an entry records it (texts redacted and clipped)."""
+
+    by_type: dict[str, list[str]]  # distinct texts per type, in order, at most MAX_FEEDBACK_PER_TYPE
+    corrective: list[tuple[str, str]]  # (type, text) given on a step that was not a success
+    all_items: list[tuple[str, str]]  # every distinct (type, text), in order
+    first_correction: Optional[int]  # turn index of the first corrective feedback
+    num_lines: int  # raw feedback lines over all turns
+
+
+def _summarise_feedback(turns: Sequence[dict[str, Any]], objective: str) -> _FeedbackSummary:
+    """Distinct feedback texts per type, in turn order, and which of them corrected.
+
+    Corrective = given on a step that was not a success (Failure, or WiP: the user
+    redirects an agent that is not progressing); feedback on a successful step only
+    confirms (seed 000's "[ Step1 - Success ] : kitchen is green").
+    """
+    by_type: dict[str, list[str]] = {k: [] for k in FEEDBACK_TYPES}
+    corrective: list[tuple[str, str]] = []
+    all_items: list[tuple[str, str]] = []
+    first_correction = None
+    num_lines = 0
+    for t in turns:
+        num_lines += len(t.get("feedback_lines") or [])
+        for ftype, text in _feedback(t):
+            text = clip(_redact(text, objective), MAX_FEEDBACK_CHARS)
+            if text not in by_type[ftype] and len(by_type[ftype]) < MAX_FEEDBACK_PER_TYPE:
+                by_type[ftype].append(text)
+            if (ftype, text) not in all_items:
+                all_items.append((ftype, text))
+            if t.get("status") != "Success":
+                if first_correction is None:
+                    first_correction = int(t["turn_index"])
+                if (ftype, text) not in corrective:
+                    corrective.append((ftype, text))
+    return _FeedbackSummary(by_type, corrective, all_items, first_correction, num_lines)
+
+
+def _symptom(turns: Sequence[dict[str, Any]], *, corrected: bool, won: bool, num_turns: int) -> tuple[str, list[str]]:
+    """What went wrong in the episode: the symptom text and its risk tags."""
+    invalid = [t for t in turns if t.get("action_valid") is False]
+    repeated = [t for t in turns if t.get("repeated")]
+    failed = [t for t in turns if t.get("status") == "Failure"]
+    stalled = [t for t in turns if t.get("status") == "WiP"]
+    tags: list[str] = []
+    parts: list[str] = []
+    if invalid:
+        tags.append("invalid_action")
+        parts.append(f"{_plural(len(invalid), 'inadmissible action')} (first: {_action_label(invalid[0])})")
+    if repeated:
+        tags.append("repeated_action")
+        if any(_action_label(t).startswith("examine") for t in repeated):
+            tags.append("examine_loop")
+        parts.append(f"{_plural(len(repeated), 'repeated action')} that changed nothing (first: {_action_label(repeated[0])})")
+    if failed:
+        tags.append("failed_step")
+        parts.append(_plural(len(failed), "failed step"))
+    if stalled and corrected:
+        tags.append("no_progress")
+        parts.append(f"{_plural(len(stalled), 'step')} without progress")
+    if not won:
+        tags.append("goal_not_reached")
+        parts.append(f"goal not reached in {_plural(num_turns, 'turn')}")
+    return ("; ".join(parts) if parts else "no mistakes recorded"), tags
+
+
+def _rationale(feedback: _FeedbackSummary, *, corrected: bool, won: bool, num_turns: int) -> str:
+    """What fixed the episode (or did not): the corrective feedback, else all of it."""
+    items = feedback.corrective or feedback.all_items
+    fb = " | ".join(f"{k}: {v}" for k, v in items[:3])
+    if corrected and won:
+        return f"feedback applied ({fb}); then the goal was reached in {_plural(num_turns, 'turn')}"
+    if corrected:
+        return f"feedback applied ({fb}); the goal was still not reached"
+    if won:
+        rationale = f"a direct plan reached the goal in {_plural(num_turns, 'turn')} without correction"
+    else:
+        rationale = "no corrective feedback was given and the goal was not reached"
+    if fb:
+        rationale += f" (feedback: {fb})"
+    return rationale
+
+
 def build_entry(
     episode: dict[str, Any],
     turns: Sequence[dict[str, Any]],
@@ -127,72 +213,11 @@ def build_entry(
     won = bool(episode["won"])
     num_turns = int(episode["num_turns"])
 
-    invalid = [t for t in turns if t.get("action_valid") is False]
-    repeated = [t for t in turns if t.get("repeated")]
-    failed = [t for t in turns if t.get("status") == "Failure"]
-    stalled = [t for t in turns if t.get("status") == "WiP"]
-
-    # Feedback: distinct texts per type in order. Corrective = given on a step that was not a
-    # success (Failure, or WiP: the user redirects an agent that is not progressing); feedback
-    # on a successful step only confirms (seed 000's "[ Step1 - Success ] : kitchen is green").
-    by_type: dict[str, list[str]] = {k: [] for k in FEEDBACK_TYPES}
-    corrective: list[tuple[str, str]] = []
-    all_items: list[tuple[str, str]] = []
-    first_correction = None
-    num_lines = 0
-    for t in turns:
-        num_lines += len(t.get("feedback_lines") or [])
-        for ftype, text in _feedback(t):
-            text = clip(_redact(text, objective), MAX_FEEDBACK_CHARS)
-            if text not in by_type[ftype] and len(by_type[ftype]) < MAX_FEEDBACK_PER_TYPE:
-                by_type[ftype].append(text)
-            if (ftype, text) not in all_items:
-                all_items.append((ftype, text))
-            if t.get("status") != "Success":
-                if first_correction is None:
-                    first_correction = int(t["turn_index"])
-                if (ftype, text) not in corrective:
-                    corrective.append((ftype, text))
-    corrected = first_correction is not None
-
-    # Symptom: what went wrong.
-    tags: list[str] = []
-    parts: list[str] = []
-    if invalid:
-        tags.append("invalid_action")
-        parts.append(f"{_plural(len(invalid), 'inadmissible action')} (first: {_action_label(invalid[0])})")
-    if repeated:
-        tags.append("repeated_action")
-        if any(_action_label(t).startswith("examine") for t in repeated):
-            tags.append("examine_loop")
-        parts.append(f"{_plural(len(repeated), 'repeated action')} that changed nothing (first: {_action_label(repeated[0])})")
-    if failed:
-        tags.append("failed_step")
-        parts.append(_plural(len(failed), "failed step"))
-    if stalled and corrected:
-        tags.append("no_progress")
-        parts.append(f"{_plural(len(stalled), 'step')} without progress")
-    if not won:
-        tags.append("goal_not_reached")
-        parts.append(f"goal not reached in {_plural(num_turns, 'turn')}")
-    symptom = "; ".join(parts) if parts else "no mistakes recorded"
-    tags.extend(f"feedback_{k}" for k in FEEDBACK_TYPES if by_type[k])
-
-    # Rationale: what fixed it (or did not).
-    items = corrective or all_items
-    fb = " | ".join(f"{k}: {v}" for k, v in items[:3])
-    if corrected and won:
-        rationale = f"feedback applied ({fb}); then the goal was reached in {_plural(num_turns, 'turn')}"
-    elif corrected:
-        rationale = f"feedback applied ({fb}); the goal was still not reached"
-    elif won:
-        rationale = f"a direct plan reached the goal in {_plural(num_turns, 'turn')} without correction"
-        if fb:
-            rationale += f" (feedback: {fb})"
-    else:
-        rationale = "no corrective feedback was given and the goal was not reached"
-        if fb:
-            rationale += f" (feedback: {fb})"
+    feedback = _summarise_feedback(turns, objective)
+    corrected = feedback.first_correction is not None
+    symptom, tags = _symptom(turns, corrected=corrected, won=won, num_turns=num_turns)
+    tags.extend(f"feedback_{k}" for k in FEEDBACK_TYPES if feedback.by_type[k])
+    rationale = _rationale(feedback, corrected=corrected, won=won, num_turns=num_turns)
 
     reasoning = next((t.get("reasoning") for t in turns if t.get("reasoning")), None)
     ep_id = str(episode["episode_id"])
@@ -210,9 +235,9 @@ def build_entry(
         ),
         correction=CorrectionV1_1(
             corrected=corrected,
-            first_correction_turn=first_correction,
-            num_feedback_lines=num_lines,
-            by_type=FeedbackByTypeV1_1(**by_type),
+            first_correction_turn=feedback.first_correction,
+            num_feedback_lines=feedback.num_lines,
+            by_type=FeedbackByTypeV1_1(**feedback.by_type),
         ),
         evaluation=EvaluationV1_1(
             won=won,
@@ -379,8 +404,6 @@ class EpisodicStore:
     def index(self):
         """The vectorised :class:`pipeline.memory.retrieval.RetrievalIndex` (built once)."""
         if self._index is None:
-            from pipeline.memory.retrieval import RetrievalIndex
-
             self._index = RetrievalIndex.from_table(self.table, tie_seed=self.tie_seed)
         return self._index
 

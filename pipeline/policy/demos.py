@@ -5,14 +5,16 @@ played here):
 
 1. :func:`build_scene_memory`: a rule agent (``policy.rule_agent``, with
    ``policy.rule_epsilon`` random slips so that the simulated user has something to
-   say) plays the train quests; its feedback goes through the ``ground`` stage's core
-   (:func:`pipeline.stages.ground.ground`), the merge rules of the ``merge`` stage
-   (per scene) and the ``store`` stage's core. That gives, per scene, a
+   say) plays the train quests; its feedback goes through the library the ``ground``
+   stage runs (:func:`pipeline.grounding.episodes.ground`), the merge rules of the
+   ``merge`` stage (per scene) and the store's entries
+   (:func:`pipeline.memory.build_entries`). That gives, per scene, a
    ``$grounding_content`` text and an episodic store to retrieve advisories from, built
    by the same code that builds them for the real run.
 2. :func:`play_demos`: for every train quest, prompt *variants* (no grounding / the
-   scene's grounding, times no advisory / each configured condition's injected block, as
-   ``build_memory_slot`` makes it for the ``render`` stage), and ``policy.demos_per_quest``
+   scene's grounding, times no advisory / each of ``demos.advisory_variants``' injected
+   block, as ``build_memory_slot`` makes a condition's for the ``render`` stage: the
+   policy's own list, never the experiment's conditions), and ``policy.demos_per_quest``
    episodes of :class:`pipeline.policy.expert.BeliefExpert` replayed in
    :class:`pipeline.envs.household.env.HouseholdEnv`, the variants in turn. The expert reads the
    variant's frozen system prompt, so what it knows is exactly what the prompt says. The
@@ -30,14 +32,20 @@ played here):
 
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import numpy as np
 from omegaconf import OmegaConf
 
+from pipeline.agents.llm import LLMAgent
+from pipeline.core.conf_schema import Config, GroundingConfig
+from pipeline.core.schemas import episodes_table, turns_table
+from pipeline.core.seeding import crc_rng
+from pipeline.envs.household.env import HouseholdEnv
+from pipeline.grounding import TEXT_JOINER, merge_grounding_docs, render_grounding_to_markdown
+from pipeline.grounding.episodes import ground
+from pipeline.memory import EpisodicStore, build_entries, build_memory_slot
 from pipeline.policy.expert import (
     DemoEpisode,
     draw_renaming,
@@ -47,6 +55,9 @@ from pipeline.policy.expert import (
     rename_pattern,
     rename_text,
 )
+from pipeline.prompts import PromptOrganizer, extract_json_object
+from pipeline.session.collection import make_factories
+from pipeline.session.rollout import play, tasks_from_manifest
 
 
 @dataclass
@@ -56,13 +67,14 @@ class SceneMemory:
     Attributes:
         grounding: scene_id -> merged grounding Markdown (``""`` when the scene has none).
         store: an :class:`pipeline.memory.EpisodicStore` of those episodes.
-        episodes, turns: the rule agent's episode and turn rows.
+        episodes, turns: the rule agent's episode and turn rows (empty when the memory was
+            read back from ``data/demos``: :func:`pipeline.policy.demoset.load_demo_set`).
     """
 
     grounding: dict[str, str]
-    store: Any
-    episodes: list[dict]
-    turns: list[dict]
+    store: EpisodicStore
+    episodes: list[dict] = field(default_factory=list)
+    turns: list[dict] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,7 @@ class Variant:
 
     ``grounding`` is the scene's grounding text (None: none, as for a held-out scene or
     the ``collect`` stage); ``block`` the injected advisory block (``""``: none) and
-    ``source`` the condition that produced it.
+    ``source`` the advisory variant (``demos.advisory_variants``) that produced it.
     """
 
     name: str
@@ -108,21 +120,14 @@ class RenderedTurn:
     train: bool
 
 
-def _rng(seed: int, *parts: Any) -> np.random.Generator:
-    key = [int(seed)] + [zlib.crc32(str(p).encode("utf-8")) for p in parts]
-    return np.random.default_rng(key)
-
-
 def _scene_prefs(scenes: Mapping[str, Any], row: Mapping[str, Any]) -> list[dict]:
     wanted = set(row.get("preferences") or [])
     return [dict(p) for p in scenes[row["scene_id"]].get("preferences", []) if p["id"] in wanted]
 
 
-def make_env(cfg: Any, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any]) -> Any:
+def make_env(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any]) -> HouseholdEnv:
     """The ``HouseholdEnv`` of a manifest row, built as the ``collect`` stage builds it
     (minus ``info["expert_plan"]``: the expert plans for itself)."""
-    from pipeline.envs.household.env import HouseholdEnv
-
     return HouseholdEnv(str(root / row["game_file"]), scene_id=row["scene_id"], quest_id=row["quest_id"],
                         objective=row["objective"], max_steps=cfg.env.max_steps, reward=cfg.env.reward,
                         preferences=_scene_prefs(scenes, row), compute_expert_plan=False)
@@ -131,38 +136,44 @@ def make_env(cfg: Any, root: Path, scenes: Mapping[str, Any], row: Mapping[str, 
 # --------------------------------------------------------------------------- scene memory
 
 
-def build_scene_memory(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
-                       *, progress: Callable[[int], None] | None = None) -> SceneMemory:
-    """Play the train quests with the rule agent and build grounding + store from them.
+def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                        *, progress: Callable[[int], None] | None = None) -> tuple[list[dict], list[dict]]:
+    """The rule agent (``policy.rule_agent`` with ``policy.rule_epsilon``) on every train quest.
 
-    The ``ground`` stage's extractive generator is used whatever ``grounding.generator``
-    says (there is no model yet); merging follows ``grounding.dedupe_contents``.
+    Returns:
+        ``(episodes, turns)``: the rows :func:`pipeline.session.rollout.play` records.
     """
-    from pipeline.grounding import merge_grounding_docs, render_grounding_to_markdown
-    from pipeline.memory import EpisodicStore, build_entries
-    from pipeline.session.rollout import play, tasks_from_manifest
-    from pipeline.core.schemas import episodes_table, turns_table
-    from pipeline.session.collection import make_factories
-    from pipeline.stages.ground import ground
-
     pol = cfg.model.policy
     rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": float(pol.rule_epsilon)}})
     tasks = tasks_from_manifest(manifest, split="train", master_seed=int(cfg.seed))
     make_env_, make_agent_, make_user_ = make_factories(rule_cfg, root, dict(scenes))
-    bar = _Progress(progress)
     records = play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
                    agent_name=str(pol.rule_agent), preference_in_success=bool(cfg.user.preference_in_success),
-                   unknown_feedback=str(cfg.grounding.unknown_type), progress=bar)
-    episodes = [r["episode"] for r in records]
-    turns = [t for r in records for t in r["turns"]]
-    docs = ground(episodes, turns, generator="extractive", timestamp=str(cfg.grounding.timestamp),
-                  unknown_type=str(cfg.grounding.unknown_type))
+                   unknown_feedback=str(cfg.grounding.unknown_type), progress=_Progress(progress))
+    return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
+
+
+def scene_groundings(grounding_cfg: GroundingConfig, episodes: list[dict], turns: list[dict]) -> dict[str, str]:
+    """scene_id -> the merged grounding Markdown of its episodes, as ``ground`` + ``merge`` make it.
+
+    The extractive generator is used whatever ``grounding.generator`` says (there is no
+    model yet); merging follows ``grounding.dedupe_contents``.
+    """
+    docs = ground(episodes, turns, generator="extractive", timestamp=str(grounding_cfg.timestamp),
+                  unknown_type=str(grounding_cfg.unknown_type))
     by_scene: dict[str, list[dict]] = {}
     for doc in docs:
         by_scene.setdefault(doc["expr_info"].get("scene_id") or "unknown", []).append(doc)
-    grounding = {scene: render_grounding_to_markdown(
-        merge_grounding_docs(ds, dedupe_contents=bool(cfg.grounding.dedupe_contents))).strip()
+    return {scene: render_grounding_to_markdown(
+        merge_grounding_docs(ds, dedupe_contents=bool(grounding_cfg.dedupe_contents))).strip()
         for scene, ds in sorted(by_scene.items())}
+
+
+def build_scene_memory(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                       *, progress: Callable[[int], None] | None = None) -> SceneMemory:
+    """Play the train quests with the rule agent and build grounding + store from them."""
+    episodes, turns = rule_agent_episodes(cfg, root, manifest, scenes, progress=progress)
+    grounding = scene_groundings(cfg.grounding, episodes, turns)
     splits = list(cfg.memory.store_splits) or None
     entries = build_entries(episodes_table(episodes), turns_table(turns), splits=splits, config_hash=None)
     store = EpisodicStore.from_entries(entries, tie_seed=int(cfg.seed))
@@ -183,15 +194,14 @@ class _Progress:
 # --------------------------------------------------------------------------- prompts
 
 
-def grounding_text(cfg: Any, memory: SceneMemory, scene_id: str, organizer: Any) -> str | None:
+def grounding_text(grounding_cfg: GroundingConfig, memory: SceneMemory, scene_id: str,
+                   organizer: PromptOrganizer) -> str | None:
     """``$grounding_content`` of a task, as the ``render`` stage assembles it (None: nothing).
 
     The scene's merged grounding, then the merge of ``grounding.files`` when set, joined
     like the merged files are; None when ``grounding.use_in_prompt`` is off or both are empty.
     """
-    from pipeline.grounding import TEXT_JOINER
-
-    if not bool(cfg.grounding.use_in_prompt):
+    if not bool(grounding_cfg.use_in_prompt):
         return None
     parts = [memory.grounding.get(scene_id, "")]
     if organizer.grounding_file_path:
@@ -201,8 +211,8 @@ def grounding_text(cfg: Any, memory: SceneMemory, scene_id: str, organizer: Any)
     return TEXT_JOINER.join(parts) if parts else None
 
 
-def freeze_prompt(organizer: Any, objective: str, scene_id: str, grounding: str | None, block: str) -> str:
-    """The per-episode system prompt, rendered as ``pipeline.stages.render.Renderer.prompt`` does.
+def freeze_prompt(organizer: PromptOrganizer, objective: str, scene_id: str, grounding: str | None, block: str) -> str:
+    """The per-episode system prompt, rendered as ``pipeline.conditions.Renderer.prompt`` does.
 
     With neither grounding nor block it is the prompt the ``llm`` agent renders for itself
     in ``collect`` (the default grounding files, no advisory slot).
@@ -215,22 +225,25 @@ def freeze_prompt(organizer: Any, objective: str, scene_id: str, grounding: str 
     return organizer.freeze_system_prompt(None, grounding_content=content)
 
 
-def prompt_variants(cfg: Any, memory: SceneMemory, row: Mapping[str, Any], organizer: Any) -> list[Variant]:
+def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
+                    organizer: PromptOrganizer) -> list[Variant]:
     """The prompt variants of a task: {no grounding, scene grounding} x {no block, each
-    distinct block the configured conditions inject}."""
-    from pipeline.memory import build_memory_slot
+    distinct non-empty block of ``demos.advisory_variants``, in that order}.
 
+    Only the policy's own config is read (never ``cfg.condition``): the demonstrations do
+    not change when the experiment's list of conditions does.
+    """
     groundings: list[tuple[str, str | None]] = [("plain", None)]
-    text = grounding_text(cfg, memory, str(row["scene_id"]), organizer)
+    text = grounding_text(cfg.grounding, memory, str(row["scene_id"]), organizer)
     if text is not None:
         groundings.append(("grounded", text))
     blocks: list[tuple[str, str]] = [("", "")]
-    for name in cfg.condition:
-        slot = build_memory_slot(memory.store, dict(row), cfg.condition[name], cfg.memory, rng=int(cfg.seed),
-                                 condition_name=str(name))
+    for adv in cfg.demos.advisory_variants:
+        slot = build_memory_slot(memory.store, dict(row), adv, cfg.memory, rng=int(cfg.seed),
+                                 condition_name=str(adv.name))
         block = slot.injected_block_text
         if block and block not in [b for _, b in blocks]:
-            blocks.append((str(name), block))
+            blocks.append((str(adv.name), block))
     out = []
     for gname, gtext in groundings:
         for source, block in blocks:
@@ -241,11 +254,19 @@ def prompt_variants(cfg: Any, memory: SceneMemory, row: Mapping[str, Any], organ
 # --------------------------------------------------------------------------- demonstrations
 
 
-def play_demos(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+def demo_renaming(spec: Mapping[str, Any], objective: str, eval_objectives: set[str], rng: Any) -> dict[str, str]:
+    """A renaming of the house (:func:`pipeline.policy.expert.draw_renaming`) under which the
+    objective does not read like an eval quest's (``{}`` after 20 tries)."""
+    for _ in range(20):  # a renamed train quest must not read like an eval quest
+        mapping = draw_renaming(spec, rng)
+        if rename_text(objective, mapping) not in eval_objectives:
+            return mapping
+    return {}
+
+
+def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                memory: SceneMemory, *, progress: Callable[[int], None] | None = None) -> list[Demo]:
     """Expert episodes on every train quest and prompt variant (see the module docstring)."""
-    from pipeline.prompts import PromptOrganizer
-
     pol = cfg.model.policy
     seed = int(cfg.seed)
     organizer = PromptOrganizer.from_config(cfg)
@@ -253,23 +274,16 @@ def play_demos(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scen
     demos: list[Demo] = []
     rows = sorted((r for r in manifest if r["split"] == "train"), key=lambda r: (r["scene_id"], r["quest_id"]))
     for row in rows:
-        spec = scenes[row["scene_id"]]
         variants = prompt_variants(cfg, memory, row, organizer)
         frozen = [freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block) for v in variants]
         for k in range(int(pol.demos_per_quest)):
             # One demo per variant with the scene's own names and no slip, then renamed
             # houses (other names, places and directions) with slips, variants in turn.
             vi = k % len(variants)
-            variant = variants[vi]
-            rng = _rng(seed, "demo", row["scene_id"], row["quest_id"], k)
+            rng = crc_rng(seed, "demo", row["scene_id"], row["quest_id"], k)
             mapping: dict[str, str] = {}
             if k >= len(variants):
-                for _ in range(20):  # a renamed train quest must not read like an eval quest
-                    mapping = draw_renaming(spec, rng)
-                    if rename_text(row["objective"], mapping) not in eval_objectives:
-                        break
-                else:
-                    mapping = {}
+                mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
             env = make_env(cfg, root, scenes, row)
             try:
                 env.reset()
@@ -279,7 +293,7 @@ def play_demos(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scen
             finally:
                 env.close()
             demo_id = f"demo_{row['scene_id']}_{row['quest_id']}_{k:02d}"
-            demos.append(Demo(demo_id, dict(row), variant, mapping, episode, k))
+            demos.append(Demo(demo_id, dict(row), variants[vi], mapping, episode, k))
             if progress is not None:
                 progress(1)
     return demos
@@ -294,7 +308,7 @@ class _NoBackend:
         raise RuntimeError("the demonstration renderer does not generate")
 
 
-def render_demos(cfg: Any, demos: Sequence[Demo]) -> list[RenderedTurn]:
+def render_demos(cfg: Config, demos: Sequence[Demo]) -> list[RenderedTurn]:
     """Every demonstration turn as the ``llm`` agent's chat messages and the expert's answer.
 
     The agent is reset with the demonstration's frozen prompt (None for a bare variant, so
@@ -303,9 +317,6 @@ def render_demos(cfg: Any, demos: Sequence[Demo]) -> list[RenderedTurn]:
     does. Renamed demonstrations rename the objective, grounding, block, observations and
     answers consistently before anything is rendered.
     """
-    from pipeline.agents.llm import LLMAgent
-    from pipeline.prompts import PromptOrganizer, extract_json_object
-
     agent = LLMAgent(cfg, backend=_NoBackend())
     organizer = PromptOrganizer.from_config(cfg)
     out: list[RenderedTurn] = []
@@ -360,4 +371,3 @@ def demo_rows(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> list[dic
     """Rows of ``data/policy/demos.parquet``: what the model was trained on, verbatim."""
     return [{"demo_id": t.demo_id, "turn_index": t.turn_index, "variant": t.variant, "prompt": p,
              "response": t.response, "train": t.train} for t, p in zip(turns, prompts)]
-

@@ -1,6 +1,6 @@
 """The demonstrator of the default policy: an expert that knows only what it was told or saw.
 
-TextWorld's walkthrough (and :func:`pipeline.envs.household.env.shortest_plan`) is omniscient: it walks
+TextWorld's walkthrough (and :func:`pipeline.envs.household.planner.shortest_plan`) is omniscient: it walks
 straight to an object hidden in a closed cabinet of a room it has never entered. A model
 imitating that learns nothing a prompt could change. This expert acts on *knowledge*:
 
@@ -33,13 +33,16 @@ from __future__ import annotations
 
 import json
 import re
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.envs.household.env import INVENTORY, World, parse_fact, parse_preference, preference_text, shortest_plan
+from pipeline.agents.llm import render_response
+from pipeline.envs.household.env import command_to_action
+from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NAMES, SUPPORTER_KINDS
+from pipeline.envs.household.planner import breadth_first, shortest_plan
+from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference, preference_text
 
 # "Cup_3 is in the Bathroom." / "Cup_3 is in Cabinet_2 in the Bathroom." / "... on Table_0 in the Kitchen."
 _STATEMENT = re.compile(
@@ -61,18 +64,6 @@ class Knowledge:
     preferences: tuple = ()
 
 
-def room_of(world: World, entity: str, depth: int = 0) -> str | None:
-    """The room an entity is in (through its holder); None when carried or unknown."""
-    if entity in world.container_room:
-        return world.container_room[entity]
-    if entity in world.supporter_room:
-        return world.supporter_room[entity]
-    rel, holder = world.location.get(entity, (None, None))
-    if holder is None or holder == INVENTORY or depth > 4:
-        return None
-    return holder if rel == "at" else room_of(world, holder, depth + 1)
-
-
 def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, Any]]) -> Knowledge:
     """The knowledge a text (grounding + advisory block) gives about ``world``.
 
@@ -84,7 +75,7 @@ def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, A
     located = set()
     for m in _STATEMENT.finditer(text or ""):
         e, h, room = m.group("e"), m.group("h"), m.group("room")
-        if room_of(world, e) != room:
+        if world.room_of(e) != room:
             continue  # false here (another scene's advisory, a noisy user): ignored
         if h is not None:
             rel, holder = world.location.get(e, (None, None))
@@ -229,9 +220,13 @@ class BeliefExpert:
 
     def _toward_unexplored(self, held: set[str]) -> str | None:
         """First direction toward the nearest room worth visiting (unvisited, or holding a
-        locked unsearched container whose key is now held), over the known map."""
+        locked unsearched container whose key is now held), over the known map.
+
+        The search is the planner's (:func:`pipeline.envs.household.planner.breadth_first`),
+        limited to what the expert knows: only visited rooms' exits are expanded, in
+        N/S/E/W order.
+        """
         w = self.env.world
-        start = w.player
 
         def worth(room: str) -> bool:
             if room not in self.visited:
@@ -242,19 +237,12 @@ class BeliefExpert:
                     return True
             return False
 
-        first: dict[str, str | None] = {start: None}
-        todo = deque([start])
-        while todo:
-            room = todo.popleft()
-            if room != start and worth(room):
-                return first[room]
-            if room not in self.visited:
-                continue  # the exits of an unvisited room are not known yet
-            for d, nxt in w.room_exits(room).items():
-                if nxt not in first:
-                    first[nxt] = first[room] or d
-                    todo.append(nxt)
-        return None
+        def exits(room: str) -> list[tuple[str, str]]:
+            return list(w.room_exits(room).items())
+
+        # The exits of an unvisited room are not known yet.
+        path = breadth_first(w.player, exits, worth, expand=lambda room: room in self.visited)
+        return path[0] if path else None
 
     # -- answer format -----------------------------------------------------------------
 
@@ -331,8 +319,6 @@ def expert_episode(env: Any, knowledge: Knowledge, *, slip_prob: float = 0.0, rn
         rng: source of the slips.
         explore_cap: see :class:`BeliefExpert`.
     """
-    from pipeline.agents.llm import render_response
-
     rng = rng if rng is not None else np.random.default_rng(0)
     obs = env.observation()
     expert = BeliefExpert(env, knowledge, explore_cap=explore_cap)
@@ -383,8 +369,6 @@ def _slip(env: Any, obs: Mapping[str, Any], others: Sequence[str], rng: np.rando
 
 
 def _household(command: str) -> bool:
-    from pipeline.envs.household.env import command_to_action
-
     try:
         command_to_action(command)
         return True
@@ -429,8 +413,6 @@ def draw_renaming(spec: Mapping[str, Any], rng: np.random.Generator) -> dict[str
     in other places and the exits point other ways, which teaches the model to read
     names and exits from its prompt instead of memorising the train scenes.
     """
-    from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NAMES, SUPPORTER_KINDS
-
     def perm(pool: Sequence[str]) -> dict[str, str]:
         pool = sorted(set(pool))
         shuffled = [pool[i] for i in rng.permutation(len(pool))]

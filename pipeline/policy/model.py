@@ -35,6 +35,10 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
+from pipeline.core.conf_schema import PolicyConfig
+from pipeline.core.seeding import crc_rng
+from pipeline.envs.household.games import ROOM_NAMES
+
 PAD = "<|endoftext|>"
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"  # end of a turn; the model's EOS
@@ -50,14 +54,13 @@ def split_pattern() -> str:
     ``_<n>``, numbers and room names. Names are built from shared parts (``Cup`` +
     ``_3``), so every kind and index is learned from many names (one token per whole
     name learned worse in a trial); phrases around names still merge."""
-    from pipeline.envs.household.games import ROOM_NAMES
-
     rooms = "|".join(sorted(ROOM_NAMES, key=len, reverse=True))
     return r"[A-Z][A-Za-z]*(?=_\d)|_\d+|\d+|\b(?:" + rooms + r")\b"
 
 
 def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048) -> Any:
     """A byte-level BPE tokenizer trained on ``texts`` (deterministic for the same texts)."""
+    # deferred: heavy optional dependencies (tokenizers, transformers)
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -79,8 +82,9 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048) -> Any:
     return fast
 
 
-def build_model(tokenizer: Any, policy_cfg: Any, *, seed: int = 0) -> Any:
+def build_model(tokenizer: Any, policy_cfg: PolicyConfig, *, seed: int = 0) -> Any:
     """A randomly initialised Llama-style causal LM sized by ``model.policy`` (seeded)."""
+    # deferred: heavy optional dependencies (torch, transformers)
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
@@ -152,7 +156,7 @@ def batches(units: Sequence[Unit], per_batch: int, rng: np.random.Generator, buc
 def collate(units: Sequence[Unit], pad_id: int) -> dict:
     """Tensors of a batch: left-padded prefixes (one row per unit), right-padded turn
     rows (prompt rest + answer), each row's unit, positions, and the answer targets."""
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     P = max(len(u.prefix) for u in units)
     rows = [(e, p, a) for e, u in enumerate(units) for p, a in u.turns]
@@ -188,6 +192,7 @@ def answer_loss(model: Any, batch: dict) -> Any:
     top of it with their positions continuing the prefix, so every turn sees exactly
     the prompt the agent sends. The LM head runs on the answer positions only.
     """
+    # deferred: heavy optional dependencies (torch, transformers)
     import torch
     from transformers import DynamicCache
 
@@ -216,23 +221,23 @@ def lr_at(step: int, total: int, lr: float, warmup: int, final_frac: float = 0.1
     return lr * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
-def train(model: Any, units: Sequence[Unit], policy_cfg: Any, *, seed: int = 0, pad_id: int = 0,
+def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: int = 0, pad_id: int = 0,
           progress: Callable[[int, float], None] | None = None) -> list[dict]:
     """Train ``model`` in place for ``policy.epochs`` epochs; returns one record per step.
 
     Deterministic for the same units, config, seed and thread count: torch is seeded,
-    the batch order comes from ``numpy.random.default_rng(seed)``.
+    the batch order comes from ``crc_rng(seed, ints=(0x501,))``.
 
     Returns:
         ``[{"step", "epoch", "loss", "lr", "tokens"}, ...]`` (loss of the batch before the
         update, ``tokens`` the answer tokens it averaged over).
     """
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     if not units:
         raise ValueError("no training samples: the demonstrations are empty")
     torch.manual_seed(int(seed))
-    rng = np.random.default_rng([int(seed), 0x501])
+    rng = crc_rng(int(seed), ints=(0x501,))
     per_batch = int(policy_cfg.episodes_per_batch)
     epochs = [batches(units, per_batch, rng) for _ in range(int(policy_cfg.epochs))]
     total = sum(len(e) for e in epochs)

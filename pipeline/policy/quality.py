@@ -8,10 +8,11 @@ simulated user, same per-task seeds as the ``evaluate`` stage), under:
 - ``greedy`` decoding (``do_sample=false``) and the configured ``sampling`` (the default
   temperature the pipeline runs at);
 - two prompt kinds: ``plain`` (the prompt the agent renders for itself, as in
-  ``collect``: no grounding, no advisory) and ``memory`` (grounding and the first exposed
-  condition's advisory block, both built from a rule agent's train episodes by
-  :func:`pipeline.policy.demos.build_scene_memory`: a stand-in for what the real run's
-  ``ground``/``store`` stages will provide).
+  ``collect``: no grounding, no advisory) and ``memory`` (grounding and the advisory block
+  of the first exposed, non-placebo ``demos.advisory_variants`` entry, both built from a
+  rule agent's train episodes by :func:`pipeline.policy.demos.build_scene_memory` and
+  read from ``data/demos``: a stand-in for what the real run's ``ground``/``store``
+  stages will provide).
 
 The rule agents ``react`` and ``rag`` play the same quests for reference. Per run:
 success (won and preferences kept, as the ``evaluate`` stage counts it), won, turns, the
@@ -29,11 +30,24 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
+from pipeline.agents.llm import LLMAgent
+from pipeline.conditions import is_exposed
+from pipeline.core.conf_schema import AdvisoryVariantConfig, Config, DemosConfig, MemoryMode
+from pipeline.llm.backends import TransformersBackend
+from pipeline.memory import build_memory_slot
+from pipeline.policy.demos import SceneMemory, _Progress, freeze_prompt, grounding_text
+from pipeline.prompts import PromptOrganizer, extract_json_object
+from pipeline.session.collection import make_factories
+from pipeline.session.rollout import play, tasks_from_manifest
+
+# The memory prompts' advisories when no advisory variant shows real ones.
+LITERAL_MEMORY = OmegaConf.structured(AdvisoryVariantConfig(name="memory", memory_mode=MemoryMode.on,
+                                                            retrieval_executed=True, injection_mask=False,
+                                                            placebo=False))
+
 
 def run_metrics(records: Sequence[Mapping[str, Any]]) -> dict:
     """Success and turn-level rates of one run (records of :func:`pipeline.session.rollout.play`)."""
-    from pipeline.prompts import extract_json_object
-
     episodes = [r["episode"] for r in records]
     turns = [t for r in records for t in r["turns"]]
     n, k = len(episodes), len(turns)
@@ -64,19 +78,34 @@ def run_metrics(records: Sequence[Mapping[str, Any]]) -> dict:
     return out
 
 
-def exposed_condition(cfg: Any) -> tuple[str, Any]:
-    """The first configured condition that shows real advisories (C2), or a literal one."""
-    from pipeline.stages.render import is_exposed
+def exposed_variant(demos_cfg: DemosConfig) -> tuple[str, Any]:
+    """The first of ``demos.advisory_variants`` that shows real advisories (C2), or a literal one.
 
-    for name in cfg.condition:
-        c = cfg.condition[name]
-        if is_exposed(c) and not bool(c.placebo) and bool(c.retrieval_executed):
-            return str(name), c
-    return "memory", {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
+    The policy's own list, never the experiment's conditions: the evaluation does not
+    change when the experiment's list of conditions does.
+    """
+    for v in demos_cfg.advisory_variants:
+        if is_exposed(v) and not bool(v.placebo) and bool(v.retrieval_executed):
+            return str(v.name), v
+    return str(LITERAL_MEMORY.name), LITERAL_MEMORY
 
 
-def evaluate_policy(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
-                    model_dir: Path, *, memory: Any, progress: Callable[[int], None] | None = None) -> dict:
+def memory_prompts(cfg: Config, rows: Mapping[tuple[str, str], Mapping[str, Any]], memory: SceneMemory,
+                   variant_name: str, variant: Any) -> dict[tuple[str, str], str]:
+    """(scene_id, quest_id) -> the frozen ``memory`` prompt: scene grounding and the variant's block."""
+    organizer = PromptOrganizer.from_config(cfg)
+    out = {}
+    for key, row in rows.items():
+        slot = build_memory_slot(memory.store, dict(row), variant, cfg.memory, rng=int(cfg.seed),
+                                 condition_name=variant_name)
+        out[key] = freeze_prompt(organizer, row["objective"], row["scene_id"],
+                                 grounding_text(cfg.grounding, memory, row["scene_id"], organizer),
+                                 slot.injected_block_text)
+    return out
+
+
+def evaluate_policy(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                    model_dir: Path, *, memory: SceneMemory, progress: Callable[[int], None] | None = None) -> dict:
     """Play the eval quests with the saved policy and with the rule agents (module docstring).
 
     Args:
@@ -87,56 +116,54 @@ def evaluate_policy(cfg: Any, root: Path, manifest: Sequence[Mapping[str, Any]],
         memory: the :class:`pipeline.policy.demos.SceneMemory` the ``memory`` prompts use.
         progress: called with 1 per finished episode.
     """
-    from pipeline.agents.llm import LLMAgent
-    from pipeline.llm.backends import TransformersBackend
-    from pipeline.memory import build_memory_slot
-    from pipeline.policy.demos import _Progress, freeze_prompt, grounding_text
-    from pipeline.prompts import PromptOrganizer
-    from pipeline.session.rollout import play, tasks_from_manifest
-    from pipeline.session.collection import make_factories
-
     split = str(cfg.experiment.eval_split)
     rows = {(r["scene_id"], r["quest_id"]): r for r in manifest if r["split"] == split}
     llm_cfg = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"name_or_path": str(model_dir)}})
     make_env, _, make_user = make_factories(llm_cfg, root, dict(scenes))
-    bar = _Progress(progress)
     common = dict(make_env=make_env, make_user=make_user, preference_in_success=bool(cfg.user.preference_in_success),
-                  unknown_feedback=str(cfg.grounding.unknown_type), progress=bar)
+                  unknown_feedback=str(cfg.grounding.unknown_type), progress=_Progress(progress))
 
-    cond_name, cond_cfg = exposed_condition(cfg)
-    organizer = PromptOrganizer.from_config(cfg)
-    memory_prompts = {}
-    for key, row in rows.items():
-        slot = build_memory_slot(memory.store, dict(row), cond_cfg, cfg.memory, rng=int(cfg.seed),
-                                 condition_name=cond_name)
-        memory_prompts[key] = freeze_prompt(organizer, row["objective"], row["scene_id"],
-                                            grounding_text(cfg, memory, row["scene_id"], organizer),
-                                            slot.injected_block_text)
+    name, variant = exposed_variant(cfg.demos)
+    prompts_by_task = memory_prompts(cfg, rows, memory, name, variant)
+    report: dict[str, Any] = {"split": split, "tasks": len(rows), "memory_condition": name,
+                              "llm": llm_runs(cfg, llm_cfg, manifest, model_dir, prompts_by_task, common)}
+    for agent_name in ("react", "rag"):
+        report[agent_name] = rule_run(cfg, root, manifest, scenes, agent_name, common)
+    return report
 
-    report: dict[str, Any] = {"split": split, "tasks": len(rows), "memory_condition": cond_name, "llm": {}}
+
+def llm_runs(cfg: Config, llm_cfg: Config, manifest: Sequence[Mapping[str, Any]], model_dir: Path,
+             prompts_by_task: Mapping[tuple[str, str], str], common: Mapping[str, Any]) -> dict:
+    """``{greedy|sampled: {plain|memory: run_metrics}}`` of the saved model (loaded once)."""
+    split = str(cfg.experiment.eval_split)
     samplings = {"greedy": OmegaConf.merge(cfg.sampling, {"do_sample": False}), "sampled": cfg.sampling}
+    out: dict[str, Any] = {}
     backend = None
     for decoding, sampling in samplings.items():
         if backend is None:
             backend = TransformersBackend(llm_cfg.model, sampling)  # loads model_dir like collect does
         else:
             backend = TransformersBackend(llm_cfg.model, sampling, model=backend.model, tokenizer=backend.tokenizer)
-        report["llm"][decoding] = {}
+        out[decoding] = {}
         for prompts in ("plain", "memory"):
             tasks = tasks_from_manifest(manifest, split=split, master_seed=int(cfg.seed))
             if prompts == "memory":
                 for t in tasks:
-                    t.system_prompt = memory_prompts[(t.scene_id, t.quest_id)]
+                    t.system_prompt = prompts_by_task[(t.scene_id, t.quest_id)]
             records = play(tasks, make_agent=lambda t, b=backend: LLMAgent(llm_cfg, seed=t.seed, backend=b),
                            batch_size=max(1, len(tasks)), agent_name="llm", model_name=str(model_dir), **common)
-            report["llm"][decoding][prompts] = run_metrics(records)
-    for name in ("react", "rag"):
-        rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": name, "epsilon": 0.0}})
-        _, make_rule, _ = make_factories(rule_cfg, root, dict(scenes))
-        tasks = tasks_from_manifest(manifest, split=split, master_seed=int(cfg.seed))
-        records = play(tasks, make_agent=make_rule, batch_size=1, agent_name=name, **common)
-        report[name] = run_metrics(records)
-    return report
+            out[decoding][prompts] = run_metrics(records)
+    return out
+
+
+def rule_run(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+             agent_name: str, common: Mapping[str, Any]) -> dict:
+    """``run_metrics`` of a rule agent (no random actions) on the eval quests."""
+    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": agent_name, "epsilon": 0.0}})
+    _, make_rule, _ = make_factories(rule_cfg, root, dict(scenes))
+    tasks = tasks_from_manifest(manifest, split=str(cfg.experiment.eval_split), master_seed=int(cfg.seed))
+    records = play(tasks, make_agent=make_rule, batch_size=1, agent_name=agent_name, **common)
+    return run_metrics(records)
 
 
 def summary(report: Mapping[str, Any]) -> dict:

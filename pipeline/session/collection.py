@@ -25,15 +25,22 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from omegaconf import DictConfig
 from tqdm import tqdm
 
+import pipeline
+from pipeline.agents import Agent, make_agent, plays_with_model
+from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.envs import Env, make_env
+from pipeline.llm.accounting import token_statistics
+from pipeline.llm.backends import is_local
+from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
 from pipeline.session.rollout import Checkpoints, Task, play
+from pipeline.users import FileFeedback, User, make_user
 
 # Config subtrees whose change invalidates checkpointed episodes.
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type")
@@ -48,12 +55,12 @@ INFERENCE_THREADS = 1
 
 
 @contextlib.contextmanager
-def inference_threads(cfg: DictConfig) -> Iterator[None]:
+def inference_threads(cfg: Config) -> Iterator[None]:
     """Run a local transformers model on :data:`INFERENCE_THREADS` threads; restore after."""
-    if cfg.agent.name != "llm" or str(cfg.model.backend) != "transformers":
+    if not plays_with_model(cfg.agent) or not is_local(cfg.model):
         yield
         return
-    import torch
+    import torch  # deferred: heavy optional dependency (torch)
 
     before = torch.get_num_threads()
     torch.set_num_threads(INFERENCE_THREADS)
@@ -63,42 +70,34 @@ def inference_threads(cfg: DictConfig) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def load_games(root: Path, cfg: DictConfig) -> tuple[list[dict], dict]:
+def load_games(root: Path, cfg: Config) -> tuple[list[dict], dict]:
     games = root / cfg.paths.games
     manifest = read_parquet(games / "manifest.parquet").to_pylist()
     scenes = read_json(games / "scenes.json")
     return manifest, scenes
 
 
-def make_factories(cfg: DictConfig, root: Path, scenes: dict, *, feedback_source: Any = None):
-    """Environment, agent and user constructors for one task each."""
-    from pipeline.agents import make_agent
-    from pipeline.envs.household.env import HouseholdEnv
-    from pipeline.envs.household.user import SimulatedUser
+def make_factories(cfg: Config, root: Path, scenes: dict, *,
+                   feedback_source: FileFeedback | None = None) -> tuple[Callable[[Task], Env],
+                                                                          Callable[[Task], Agent],
+                                                                          Callable[[Task], User]]:
+    """Environment, agent and user constructors for one task each.
 
+    The agents share one loaded model (``shared``); ``feedback_source``, when given,
+    answers for every episode instead of the simulated user.
+    """
     shared: dict = {}
 
-    def make_env(task: Task):
-        return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
-                            objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
-                            preferences=_scene_preferences(scenes, task))
+    def env_for(task: Task) -> Env:
+        return make_env(cfg, task, root, scenes)
 
-    def make_agent_for(task: Task):
+    def agent_for(task: Task) -> Agent:
         return make_agent(cfg, seed=task.seed, shared=shared)
 
-    def make_user(task: Task):
-        if feedback_source is not None:
-            return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], task)
-        return SimulatedUser(cfg.user, scenes[task.scene_id], {"quest_id": task.quest_id,
-                             "objective": task.objective, "expert_plan": task.expert_plan,
-                             "preferences": task.preferences}, task.seed)
+    def user_for(task: Task) -> User:
+        return make_user(cfg, scenes, task, feedback_source)
 
-    return make_env, make_agent_for, make_user
-
-
-def _scene_preferences(scenes: dict, task: Task) -> list[dict]:
-    prefs = scenes[task.scene_id].get("preferences", [])
-    return [p for p in prefs if p["id"] in set(task.preferences)]
+    return env_for, agent_for, user_for
 
 
 def _file_digest(path: Path) -> str | None:
@@ -117,7 +116,7 @@ def _tree_digest(folder: Path, *, contents: bool = True) -> list:
     return out
 
 
-def inputs_hash(cfg: DictConfig, root: Path, tasks: list[Task], feedback_source: Any = None) -> str:
+def inputs_hash(cfg: Config, root: Path, tasks: list[Task], feedback_source: Any = None) -> str:
     """Hash of everything besides the config that decides what a collection's episodes are.
 
     The stage's DVC deps as files: the games manifest, the tasks themselves (seeds, and the
@@ -126,8 +125,6 @@ def inputs_hash(cfg: DictConfig, root: Path, tasks: list[Task], feedback_source:
     ``pipeline`` package's source. A change in any of them gives a fresh checkpoint
     folder, so an interrupted run is never resumed with stale episodes.
     """
-    import pipeline
-
     parts: dict[str, Any] = {
         "manifest": _file_digest(root / cfg.paths.games / "manifest.parquet"),
         "tasks": [asdict(t) for t in tasks],
@@ -138,14 +135,14 @@ def inputs_hash(cfg: DictConfig, root: Path, tasks: list[Task], feedback_source:
     if feedback_source is not None or cfg.user.source == "file":
         files.append(cfg.user.feedback_file)
     parts["files"] = [[str(f), _file_digest(root / str(f))] for f in files if f]
-    if cfg.agent.name == "llm" and cfg.model.name_or_path:
+    if plays_with_model(cfg.agent) and cfg.model.name_or_path:
         model_dir = root / str(cfg.model.name_or_path)
         parts["model"] = _tree_digest(model_dir, contents=False)
     blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 
 
-def checkpoint_dir(cfg: DictConfig, root: Path, tasks: list[Task], ckpt_name: str, feedback_source: Any = None) -> Path:
+def checkpoint_dir(cfg: Config, root: Path, tasks: list[Task], ckpt_name: str, feedback_source: Any = None) -> Path:
     """``<paths.checkpoints>/<ckpt_name>/<config hash>-<inputs hash>``: outside every DVC out.
 
     DVC deletes a stage's outs before rerunning it, so checkpoints live beside them, keyed
@@ -185,7 +182,7 @@ def sigint_flag() -> Iterator[threading.Event]:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path, *, scenes: dict,
+def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *, scenes: dict,
                    ckpt_name: str, desc: str, feedback_source: Any = None) -> tuple[list[dict], dict]:
     """Play ``tasks`` with checkpoints, write the collection to ``out_dir``; return (records, stats).
 
@@ -202,13 +199,27 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
     if resumed:
         print(f"resuming: {resumed} of {len(tasks)} episodes already finished (checkpoints in {ckpt_root})",
               file=sys.stderr)
-    make_env, make_agent_for, make_user = make_factories(cfg, root, scenes, feedback_source=feedback_source)
-    model_name = str(cfg.model.name_or_path or "") if cfg.agent.name == "llm" else ""
+    factories = make_factories(cfg, root, scenes, feedback_source=feedback_source)
     t0 = time.perf_counter()
+    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc)
+    wall = time.perf_counter() - t0
+    episodes, turns = write_collection(out_dir, records)
+    stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
+    shutil.rmtree(ckpt_root, ignore_errors=True)
+    return records, stats
+
+
+def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str) -> list[dict]:
+    """:func:`pipeline.session.rollout.play` under a progress bar, Ctrl-C flag and thread cap.
+
+    On Ctrl-C (exit 130) or a failure, says how many finished episodes the checkpoints keep.
+    """
+    make_env, make_agent_for, make_user = factories
+    model_name = str(cfg.model.name_or_path or "") if plays_with_model(cfg.agent) else ""
 
     def kept() -> str:
         n = sum(ckpts.path(t.episode_id).exists() for t in tasks)
-        return f"{n} of {len(tasks)} finished episodes kept in {ckpt_root}; rerun the stage to finish the rest"
+        return f"{n} of {len(tasks)} finished episodes kept in {ckpts.root}; rerun the stage to finish the rest"
 
     try:
         with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted, \
@@ -225,27 +236,24 @@ def run_collection(cfg: DictConfig, root: Path, tasks: list[Task], out_dir: Path
     except Exception:
         print(f"\nstopped: {kept()}", file=sys.stderr)
         raise
-    wall = time.perf_counter() - t0
+    return records
+
+
+def write_collection(out_dir: Path, records: list[dict]) -> tuple[list[dict], list[dict]]:
+    """Replace ``out_dir`` with the records' episodes, turns and tensors; return (episodes, turns)."""
     episodes = [r["episode"] for r in records]
     turns = [t for r in records for t in r["turns"]]
     with atomic_dir(out_dir) as tmp:
         write_episodes(tmp, episodes, turns)
-        with_tensors = [r for r in records if r["tensors"]]
-        if with_tensors:
-            from pipeline.llm.tensors import save_episode_tensors
-
-            for r in with_tensors:
+        for r in records:
+            if r["tensors"]:
                 save_episode_tensors(tmp / TENSORS_DIR / f"{r['episode']['episode_id']}.pt", r["tensors"])
-    stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
-    shutil.rmtree(ckpt_root, ignore_errors=True)
-    return records, stats
+    return episodes, turns
 
 
-def collection_stats(cfg: DictConfig, episodes: list[dict], turns: list[dict], *, wall: float,
+def collection_stats(cfg: Config, episodes: list[dict], turns: list[dict], *, wall: float,
                      resumed: int = 0) -> dict:
     """``metrics/collect.json`` of a collection: outcomes, token accounting, speed."""
-    from pipeline.llm.accounting import token_statistics
-
     stats = statistics(episodes, turns)
     stats.update(token_statistics(turns, cfg.sampling.max_new_tokens))
     stats["resumed_episodes"] = resumed
@@ -283,7 +291,7 @@ def shard_tasks(tasks: list[Task], k: int, n: int) -> list[Task]:
     return [t for i, t in enumerate(tasks) if i % n == k]
 
 
-def collect_shard(cfg: DictConfig, root: Path, tasks: list[Task], k: int, n: int, out_dir: Path, *, scenes: dict,
+def collect_shard(cfg: Config, root: Path, tasks: list[Task], k: int, n: int, out_dir: Path, *, scenes: dict,
                   feedback_source: Any = None) -> dict:
     """Play shard ``k`` of ``n`` of ``tasks`` into ``out_dir`` (+ its ``shard.json``); the stats."""
     part = shard_tasks(tasks, k, n)
@@ -297,7 +305,7 @@ def collect_shard(cfg: DictConfig, root: Path, tasks: list[Task], k: int, n: int
     return stats
 
 
-def merge_shards(cfg: DictConfig, tasks: list[Task], shard_dirs: list[Path], out_dir: Path) -> dict:
+def merge_shards(cfg: Config, tasks: list[Task], shard_dirs: list[Path], out_dir: Path) -> dict:
     """Union of shard folders into ``out_dir`` (episodes, turns, tensors); returns the stats.
 
     Raises:

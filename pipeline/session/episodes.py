@@ -76,7 +76,7 @@ class EpisodeStore:
 
     def load_tensors(self, episode_id: str, turn_index: int | None = None) -> Any:
         """Token tensors of an episode (or of one turn), loaded with ``weights_only=True``."""
-        import torch
+        import torch  # deferred: heavy optional dependency (torch)
 
         path = self.tensor_path(episode_id)
         if not path.exists():

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipeline.core.io import atomic_write_text, read_json
 from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
+from pipeline.core.seeding import task_seed
+from pipeline.grounding.feedback import classify_feedback_lines
 
 TENSOR_KEYS = ("generated_ids", "action_token_mask", "logprobs")
 
@@ -43,12 +44,6 @@ class Task:
     condition: str = ""
     system_prompt: str | None = None
     metadata: dict = field(default_factory=dict)
-
-
-def task_seed(master_seed: int, *parts: Any) -> int:
-    """A 63-bit seed derived from the master seed and the task identity (not its order)."""
-    blob = json.dumps([master_seed, *parts], ensure_ascii=False).encode()
-    return int.from_bytes(hashlib.sha256(blob).digest()[:8], "big") >> 1
 
 
 def tasks_from_manifest(rows: Iterable[dict], *, split: str, master_seed: int, repeats: int = 1,
@@ -112,8 +107,6 @@ class Checkpoints:
 
 
 def _feedback_columns(lines: list[str], unknown: str = "keep") -> dict:
-    from pipeline.grounding.feedback import classify_feedback_lines
-
     by_type = classify_feedback_lines(lines, unknown=unknown) if lines else {}
     return {f"feedback_{t}": by_type.get(t) for t in FEEDBACK_TYPES}
 
@@ -170,6 +163,71 @@ class _Slot:
     total_reward: float = 0.0
 
 
+def _start_slot(task: Task, make_env: Callable[[Task], Any], make_agent: Callable[[Task], Any],
+                make_user: Callable[[Task], Any]) -> _Slot:
+    """Build the task's environment, agent and user; reset the agent, then the environment."""
+    env = make_env(task)
+    agent = make_agent(task)
+    user = make_user(task)
+    agent.reset({"episode_id": task.episode_id, "scene_id": task.scene_id, "quest_id": task.quest_id,
+                 "objective": task.objective, "seed": task.seed, "system_prompt": task.system_prompt})
+    obs = env.reset()
+    return _Slot(task=task, env=env, agent=agent, user=user, obs=obs, first_obs=obs)
+
+
+def _act_all(active: list[_Slot]) -> list:
+    """One step of every running episode: one batched ``act_many`` call when the agent has it."""
+    observations = [s.obs for s in active]
+    act_many = getattr(type(active[0].agent), "act_many", None)
+    if act_many is not None and len(active) > 1:
+        return act_many([s.agent for s in active], observations)
+    return [s.agent.act(o) for s, o in zip(active, observations)]
+
+
+def _take_step(slot: _Slot, step: Any, unknown_feedback: str) -> tuple[bool, dict]:
+    """Apply ``step`` to the slot's environment, ask the user, record the turn; ``(done, info)``."""
+    obs_before = slot.obs
+    obs, reward, done, info = slot.env.step(step.action)
+    fb = slot.user.step_feedback(len(slot.turns) + 1, obs_before, step.action, info)
+    row, tens = _turn_row(slot.task, len(slot.turns), obs_before, step, info, reward, done,
+                          fb.lines, fb.status, unknown_feedback)
+    slot.turns.append(row)
+    if tens is not None:
+        slot.tensors.append(tens)
+    slot.obs = obs
+    return done, info
+
+
+def _episode_record(slot: _Slot, info: dict, *, agent_name: str, model_name: str, preference_in_success: bool,
+                    unknown_feedback: str) -> dict:
+    """The finished episode's record: the user's end feedback joins its last turn."""
+    pref_ok, end_lines = slot.user.end_feedback(info)
+    if slot.turns and end_lines:
+        last = slot.turns[-1]
+        last["feedback_lines"] = last["feedback_lines"] + list(end_lines)
+        last.update(_feedback_columns(last["feedback_lines"], unknown_feedback))
+    t = slot.task
+    won = bool(info.get("won", False))
+    ep = {
+        "episode_id": t.episode_id, "scene_id": t.scene_id, "quest_id": t.quest_id, "split": t.split,
+        "condition": t.condition, "objective": t.objective, "question": t.objective,
+        "choices": list(slot.first_obs.get("admissible_commands", [])),
+        "ground_truth": " ; ".join(t.expert_plan),
+        "final_answer": slot.turns[-1]["command"] or "" if slot.turns else "",
+        "final_reward": float(sum(x["reward"] for x in slot.turns)),
+        "won": won, "preferences_ok": bool(pref_ok),
+        "is_correct": won and (bool(pref_ok) or not preference_in_success),
+        "num_turns": len(slot.turns),
+        "num_invalid": sum(not x["action_valid"] for x in slot.turns),
+        "num_repeated": sum(bool(x["repeated"]) for x in slot.turns),
+        "prompt_tokens": sum(x["prompt_tokens"] or 0 for x in slot.turns),
+        "generated_tokens": sum(x["generated_tokens"] or 0 for x in slot.turns),
+        "agent": agent_name, "model": model_name, "seed": t.seed,
+        "metadata": canonical_json({"lost": bool(info.get("lost", False)), **t.metadata}),
+    }
+    return {"episode": ep, "turns": slot.turns, "tensors": slot.tensors}
+
+
 def play(
     tasks: list[Task],
     *,
@@ -207,43 +265,11 @@ def play(
     queue = list(pending)
     active: list[_Slot] = []
 
-    def start(task: Task) -> _Slot:
-        env = make_env(task)
-        agent = make_agent(task)
-        user = make_user(task)
-        agent.reset({"episode_id": task.episode_id, "scene_id": task.scene_id, "quest_id": task.quest_id,
-                     "objective": task.objective, "seed": task.seed, "system_prompt": task.system_prompt})
-        obs = env.reset()
-        return _Slot(task=task, env=env, agent=agent, user=user, obs=obs, first_obs=obs)
-
     def finish(slot: _Slot, info: dict) -> None:
-        pref_ok, end_lines = slot.user.end_feedback(info)
-        if slot.turns and end_lines:
-            last = slot.turns[-1]
-            last["feedback_lines"] = last["feedback_lines"] + list(end_lines)
-            last.update(_feedback_columns(last["feedback_lines"], unknown_feedback))
-        t = slot.task
-        won = bool(info.get("won", False))
-        ep = {
-            "episode_id": t.episode_id, "scene_id": t.scene_id, "quest_id": t.quest_id, "split": t.split,
-            "condition": t.condition, "objective": t.objective, "question": t.objective,
-            "choices": list(slot.first_obs.get("admissible_commands", [])),
-            "ground_truth": " ; ".join(t.expert_plan),
-            "final_answer": slot.turns[-1]["command"] or "" if slot.turns else "",
-            "final_reward": float(sum(x["reward"] for x in slot.turns)),
-            "won": won, "preferences_ok": bool(pref_ok),
-            "is_correct": won and (bool(pref_ok) or not preference_in_success),
-            "num_turns": len(slot.turns),
-            "num_invalid": sum(not x["action_valid"] for x in slot.turns),
-            "num_repeated": sum(bool(x["repeated"]) for x in slot.turns),
-            "prompt_tokens": sum(x["prompt_tokens"] or 0 for x in slot.turns),
-            "generated_tokens": sum(x["generated_tokens"] or 0 for x in slot.turns),
-            "agent": agent_name, "model": model_name, "seed": t.seed,
-            "metadata": canonical_json({"lost": bool(info.get("lost", False)), **t.metadata}),
-        }
-        rec = {"episode": ep, "turns": slot.turns, "tensors": slot.tensors}
-        checkpoints.save(t.episode_id, rec)
-        records[t.episode_id] = rec
+        rec = _episode_record(slot, info, agent_name=agent_name, model_name=model_name,
+                              preference_in_success=preference_in_success, unknown_feedback=unknown_feedback)
+        checkpoints.save(slot.task.episode_id, rec)
+        records[slot.task.episode_id] = rec
         slot.env.close()
         if progress is not None:
             progress.update(1)
@@ -252,24 +278,11 @@ def play(
         if should_stop is not None and should_stop():
             raise KeyboardInterrupt
         while queue and len(active) < max(1, batch_size):
-            active.append(start(queue.pop(0)))
-        observations = [s.obs for s in active]
-        act_many = getattr(type(active[0].agent), "act_many", None)
-        if act_many is not None and len(active) > 1:
-            steps = act_many([s.agent for s in active], observations)
-        else:
-            steps = [s.agent.act(o) for s, o in zip(active, observations)]
+            active.append(_start_slot(queue.pop(0), make_env, make_agent, make_user))
+        steps = _act_all(active)
         still = []
         for slot, step in zip(active, steps):
-            obs_before = slot.obs
-            obs, reward, done, info = slot.env.step(step.action)
-            fb = slot.user.step_feedback(len(slot.turns) + 1, obs_before, step.action, info)
-            row, tens = _turn_row(slot.task, len(slot.turns), obs_before, step, info, reward, done,
-                                  fb.lines, fb.status, unknown_feedback)
-            slot.turns.append(row)
-            if tens is not None:
-                slot.tensors.append(tens)
-            slot.obs = obs
+            done, info = _take_step(slot, step, unknown_feedback)
             if done:
                 finish(slot, info)
             else:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import atomic_write_json
+from pipeline.users.file import FileFeedback
 from pipeline.session.collection import collect_shard, load_games, merge_shards, parse_shard, run_collection
 from pipeline.session.rollout import tasks_from_manifest
 from pipeline.stages.common import stage_error
@@ -47,8 +48,6 @@ def main(argv: list[str] | None = None) -> int:
         manifest, scenes = load_games(root, cfg)
         feedback_source = None
         if cfg.user.source == "file":
-            from pipeline.envs.household.user import FileFeedback
-
             feedback_source = FileFeedback(root / cfg.user.feedback_file, cfg.user)
         tasks = tasks_from_manifest(manifest, split="train", master_seed=cfg.seed)
         if not tasks:

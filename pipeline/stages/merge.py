@@ -15,105 +15,19 @@ writes under ``data/grounding_merged``::
     index.json         scene -> files, sources, skipped files
 
 Only ``grounding.files``, ``grounding.merge_format`` and ``grounding.dedupe_contents`` are
-read here, so changing them re-runs this stage alone.
+read here, so changing them re-runs this stage alone. The library doing the work is
+:mod:`pipeline.grounding.scenes`.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
-from typing import Any
 
 from pipeline.core.config import ConfigError, load_params, project_root
-from pipeline.grounding import (
-    CONFIGURED_NAME,
-    SAVE_FORMATS,
-    GroundingError,
-    MergedGrounding,
-    merge_grounding_files,
-    replace_dir,
-    split_grounding_paths,
-)
-from pipeline.core.io import ArtifactError, atomic_write_json, atomic_write_text, read_json
-
-log = logging.getLogger(__name__)
-
-CONFIGURED = CONFIGURED_NAME  # configured.md: the merge of grounding.files
-
-
-def _v(x: Any) -> str:
-    return str(getattr(x, "value", x))
-
-
-def scene_sources(index: dict, grounding_dir: str) -> dict[str, list[str]]:
-    """Per scene, its episodes' grounding files (JSON when written, else TXT), in episode order.
-
-    Args:
-        index: ``data/grounding/index.json``.
-        grounding_dir: the ground stage's folder relative to the project root
-            (``cfg.paths.grounding``), prefixed to the index's relative names.
-    """
-    out: dict[str, list[str]] = {}
-    for ep in index.get("episodes", []):
-        name = ep.get("json") or ep.get("txt")
-        if not name:
-            raise GroundingError(f"{grounding_dir}/index.json: episode {ep.get('episode_id')!r} has no file")
-        out.setdefault(ep["scene_id"], []).append(f"{grounding_dir.rstrip('/')}/{name}")
-    return out
-
-
-def merge_groundings(index: dict, grounding_dir: str, files: Any, *, root: str | Path | None = None,
-                     dedupe_contents: bool = False) -> tuple[dict[str, MergedGrounding], MergedGrounding | None]:
-    """The stage's core: one merge per scene, and the merge of ``files`` (``None`` if empty).
-
-    Raises:
-        GroundingError: a scene or the configured files have no usable file (the message
-            names every file and why).
-    """
-    scenes = {}
-    for scene, paths in scene_sources(index, grounding_dir).items():
-        try:
-            scenes[scene] = merge_grounding_files(paths, root=root, dedupe_contents=dedupe_contents)
-        except GroundingError as exc:
-            raise GroundingError(f"scene {scene}: {exc}") from exc
-    configured = None
-    if split_grounding_paths(files):
-        try:
-            configured = merge_grounding_files(files, root=root, dedupe_contents=dedupe_contents)
-        except GroundingError as exc:
-            raise GroundingError(f"grounding.files: {exc}") from exc
-    return scenes, configured
-
-
-def _write_one(out: Path, name: str, merged: MergedGrounding | None, merge_format: str) -> dict:
-    content = merged.content if merged is not None else ""
-    atomic_write_text(out / f"{name}.md", content + "\n" if content else "")
-    entry: dict[str, Any] = {"md": f"{name}.md", "json": None}
-    if merge_format in ("json", "both"):
-        data = merged.to_dict() if merged is not None else MergedGrounding("", None).to_dict()
-        atomic_write_json(out / f"{name}.json", data, sort_keys=False)
-        entry["json"] = f"{name}.json"
-    entry["sources"] = merged.sources if merged is not None else []
-    entry["skipped"] = merged.skipped if merged is not None else []
-    return entry
-
-
-def write_merge_outputs(scenes: dict[str, MergedGrounding], configured: MergedGrounding | None,
-                        out_dir: str | Path, merge_format: str = "both") -> dict:
-    """Write ``<scene>.md/.json``, ``configured.md/.json`` and ``index.json``; return the index."""
-    merge_format = _v(merge_format)
-    if merge_format not in SAVE_FORMATS:
-        raise GroundingError(f"grounding.merge_format={merge_format!r}: expected one of {' | '.join(SAVE_FORMATS)}")
-    if CONFIGURED in scenes:
-        raise GroundingError(f"scene_id={CONFIGURED!r} collides with the merge of grounding.files")
-    index: dict[str, Any] = {"merge_format": merge_format, "scenes": {}, CONFIGURED: None}
-    with replace_dir(out_dir) as tmp:
-        for scene, merged in sorted(scenes.items()):
-            index["scenes"][scene] = _write_one(tmp, scene, merged, merge_format)
-        index[CONFIGURED] = _write_one(tmp, CONFIGURED, configured, merge_format)
-        atomic_write_json(tmp / "index.json", index)
-    return index
+from pipeline.core.io import ArtifactError, read_json
+from pipeline.grounding import GroundingError, split_grounding_paths
+from pipeline.grounding.scenes import CONFIGURED, merge_groundings, write_merge_outputs
 
 
 def main() -> int:
@@ -127,7 +41,7 @@ def main() -> int:
         scenes, configured = merge_groundings(index, str(cfg.paths.grounding), files, root=root,
                                               dedupe_contents=bool(g.dedupe_contents))
         out = root / cfg.paths.grounding_merged
-        written = write_merge_outputs(scenes, configured, out, _v(g.merge_format))
+        written = write_merge_outputs(scenes, configured, out, str(g.merge_format))
         skipped = sum(len(e["skipped"]) for e in written["scenes"].values()) + len(written[CONFIGURED]["skipped"])
         print(f"merged grounding of {len(scenes)} scenes and {len(split_grounding_paths(files))} configured "
               f"files -> {out}" + (f" ({skipped} files skipped, see warnings)" if skipped else ""))

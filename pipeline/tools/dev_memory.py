@@ -27,6 +27,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from omegaconf import OmegaConf
+
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError, compose_text, project_root, validate
+from pipeline.llm.backends import is_local, make_backend
 from pipeline.prompts import (
     PromptOrganizer,
     PromptTemplateError,
@@ -143,13 +148,11 @@ def _json_arg(value: str | None, what: str) -> Any:
     return obj
 
 
-def backend_generate(cfg: Any, user_message: str = DEFAULT_USER_MESSAGE) -> GenerateFn:
+def backend_generate(cfg: Config, user_message: str = DEFAULT_USER_MESSAGE) -> GenerateFn:
     """A ``prompt -> text`` callable over the llm engineer's backends (``pipeline.llm``).
 
     The prompt is the system message; ``user_message`` asks for the answer.
     """
-    from pipeline.llm.backends import make_backend
-
     backend = make_backend(cfg.model, cfg.sampling)
 
     def generate(prompt: str) -> str:
@@ -160,6 +163,29 @@ def backend_generate(cfg: Any, user_message: str = DEFAULT_USER_MESSAGE) -> Gene
         return gen.text
 
     return generate
+
+
+def _cli_generate(cfg: Config, response: str | None, user_message: str) -> GenerateFn | None:
+    """The given ``--response`` (text or a file holding it), else the configured model.
+
+    ``None`` after printing the error when no model is configured or it cannot be built.
+    """
+    if response is not None:
+        reply = Path(response).read_text(encoding="utf-8") if Path(response).is_file() else response
+
+        def generate(prompt: str) -> str:
+            return reply
+
+        return generate
+    if is_local(cfg.model) and not cfg.model.name_or_path:
+        print("error: no model: pass model.name_or_path=DIR (a local causal LM directory), "
+              "model.backend=openai model.base_url=URL, or --response TEXT to try a reply", file=sys.stderr)
+        return None
+    try:
+        return backend_generate(cfg, user_message)
+    except Exception as exc:  # a backend that cannot be built: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -177,9 +203,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides of conf/, e.g. model.name_or_path=DIR")
     args = parser.parse_args(argv)
 
-    from pipeline.core.config import ConfigError, compose_text, project_root, validate
-    from omegaconf import OmegaConf
-
     root = project_root()
     try:
         cfg = validate(OmegaConf.create(compose_text(root, args.overrides)))
@@ -192,23 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.grounding:
         variables.setdefault("grounding_content", org.grounding_content(args.grounding))
 
-    if args.response is not None:
-        reply = Path(args.response).read_text(encoding="utf-8") if Path(args.response).is_file() else args.response
-
-        def generate(prompt: str) -> str:
-            return reply
-    else:
-        backend_name = getattr(cfg.model.backend, "value", cfg.model.backend)
-        if backend_name == "transformers" and not cfg.model.name_or_path:
-            print("error: no model: pass model.name_or_path=DIR (a local causal LM directory), "
-                  "model.backend=openai model.base_url=URL, or --response TEXT to try a reply", file=sys.stderr)
-            return 2
-        try:
-            generate = backend_generate(cfg, args.user_message)
-        except Exception as exc:  # a backend that cannot be built: one line, not a traceback
-            print(f"error: {exc}", file=sys.stderr)
-            return 2
-
+    generate = _cli_generate(cfg, args.response, args.user_message)
+    if generate is None:
+        return 2
     try:
         res = run_dev_memory(template, generate, memory=_json_arg(args.memory, "memory"), variables=variables,
                              observation=_json_arg(args.observation, "observation"), template_name=args.prompt,

@@ -38,7 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
+
+from pipeline.core.config import project_root
 
 WORKSPACE = "workspace"
 
@@ -120,6 +124,7 @@ def open_rev(root: str | Path, name: str) -> Rev:
     root = Path(root).resolve()
     if name == WORKSPACE:
         return Rev(name=name, sha=None, kind=WORKSPACE, root=root)
+    # deferred: heavy dependency (dvc), needed for git revisions and experiments only
     from dvc.api import DVCFileSystem
     from dvc.repo import Repo
 
@@ -129,7 +134,7 @@ def open_rev(root: str | Path, name: str) -> Rev:
         raise DiffError(f"{root} is not a DVC repository: {exc}") from exc
     kind, sha = "git", None
     try:
-        from dvc.repo.experiments.utils import resolve_name
+        from dvc.repo.experiments.utils import resolve_name  # deferred: heavy dependency (dvc)
 
         ref = resolve_name(repo.scm, name).get(name)
         if ref is not None:
@@ -217,38 +222,11 @@ def diff_tables(rows_a: list[dict], rows_b: list[dict], *, limit: int, width: in
     note = None
     if not key:
         note = "no key column: rows matched by position"
-
-    def index(rows: list[dict]) -> dict[tuple, dict]:
-        out: dict[tuple, dict] = {}
-        for i, r in enumerate(rows):
-            k = tuple(r.get(c) for c in key) if key else (i,)
-            if k in out:
-                raise DiffError(f"{where}: key {dict(zip(key, k))} occurs twice; cannot match rows")
-            out[k] = r
-        return out
-
-    a, b = index(rows_a), index(rows_b)
+    a, b = _index_rows(rows_a, key, where), _index_rows(rows_b, key, where)
     common = sorted(set(a) & set(b), key=lambda k: tuple(str(x) for x in k))
     compared = [c for c in names if c not in key]
-    per_col = {c: 0 for c in compared}
-    changed_keys = []
-    for k in common:
-        diff_cols = [c for c in compared if _norm(a[k].get(c)) != _norm(b[k].get(c))]
-        for c in diff_cols:
-            per_col[c] += 1
-        if diff_cols:
-            changed_keys.append((k, diff_cols))
-
-    def order(c: str) -> tuple:
-        return (SHOW_FIRST.index(c) if c in SHOW_FIRST else len(SHOW_FIRST), names.index(c))
-
-    examples = []
-    for k, diff_cols in changed_keys[:limit]:
-        cells = []
-        for c in sorted(diff_cols, key=order):
-            va, vb = _window(a[k].get(c), b[k].get(c), width)
-            cells.append({"column": c, "a": va, "b": vb})
-        examples.append({"key": {c: v for c, v in zip(key or ["row"], k)}, "changes": cells})
+    changed_keys, per_col = _changed_rows(a, b, common, compared)
+    examples = _row_examples(a, b, changed_keys[:limit], names, key, width)
     added = sorted(set(b) - set(a), key=lambda k: tuple(str(x) for x in k))
     removed = sorted(set(a) - set(b), key=lambda k: tuple(str(x) for x in k))
     return {
@@ -268,6 +246,48 @@ def diff_tables(rows_a: list[dict], rows_b: list[dict], *, limit: int, width: in
         "examples": examples,
         **({"note": note} if note else {}),
     }
+
+
+def _index_rows(rows: list[dict], key: list[str], where: str) -> dict[tuple, dict]:
+    """Rows by their key values (by position when there is no key column)."""
+    out: dict[tuple, dict] = {}
+    for i, r in enumerate(rows):
+        k = tuple(r.get(c) for c in key) if key else (i,)
+        if k in out:
+            raise DiffError(f"{where}: key {dict(zip(key, k))} occurs twice; cannot match rows")
+        out[k] = r
+    return out
+
+
+def _changed_rows(a: dict[tuple, dict], b: dict[tuple, dict], common: list[tuple],
+                  compared: list[str]) -> tuple[list[tuple[tuple, list[str]]], dict[str, int]]:
+    """``(key, differing columns)`` of every common row that differs, and changes per column."""
+    per_col = {c: 0 for c in compared}
+    changed_keys = []
+    for k in common:
+        diff_cols = [c for c in compared if _norm(a[k].get(c)) != _norm(b[k].get(c))]
+        for c in diff_cols:
+            per_col[c] += 1
+        if diff_cols:
+            changed_keys.append((k, diff_cols))
+    return changed_keys, per_col
+
+
+def _row_examples(a: dict[tuple, dict], b: dict[tuple, dict], shown: list[tuple[tuple, list[str]]],
+                  names: list[str], key: list[str], width: int) -> list[dict]:
+    """The shown changed rows side by side, :data:`SHOW_FIRST` columns first."""
+
+    def order(c: str) -> tuple:
+        return (SHOW_FIRST.index(c) if c in SHOW_FIRST else len(SHOW_FIRST), names.index(c))
+
+    examples = []
+    for k, diff_cols in shown:
+        cells = []
+        for c in sorted(diff_cols, key=order):
+            va, vb = _window(a[k].get(c), b[k].get(c), width)
+            cells.append({"column": c, "a": va, "b": vb})
+        examples.append({"key": {c: v for c, v in zip(key or ["row"], k)}, "changes": cells})
+    return examples
 
 
 def _key_text(key: Sequence[str], k: tuple) -> str:
@@ -296,9 +316,6 @@ def diff_text(text_a: str, text_b: str, *, limit: int, name: str = "") -> dict[s
 
 
 def read_table_rows(data: bytes, path: str) -> list[dict]:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         return pq.read_table(io.BytesIO(data)).to_pylist()
     except (pa.ArrowInvalid, OSError) as exc:
@@ -458,37 +475,49 @@ def format_diff(d: Mapping[str, Any], *, limit: int = 5) -> str:
         out += ["", f"== {name}: {s['changed']} file(s) changed, {s['added']} added, {s['removed']} removed, "
                     f"{s['same']} identical"]
         for e in art["entries"]:
-            if e["status"] != "changed":
-                out.append(f"  {e['status']}: {e['path']}")
-                continue
-            if e["kind"] == "table":
-                out.append(f"  {e['path']}  (key: {', '.join(e['key']) or 'row position'}; rows {e['rows_a']} -> "
-                           f"{e['rows_b']}): {e['added']} added, {e['removed']} removed, {e['changed']} changed")
-                if e["columns_added"] or e["columns_removed"]:
-                    out.append(f"    columns added {e['columns_added']}, removed {e['columns_removed']}")
-                if e["column_changes"]:
-                    out.append("    changed cells per column: " + ", ".join(
-                        f"{c}={n}" for c, n in sorted(e["column_changes"].items(), key=lambda x: (-x[1], x[0]))))
-                for k in e["added_keys"]:
-                    out.append(f"    + {k}")
-                for k in e["removed_keys"]:
-                    out.append(f"    - {k}")
-                for ex in e["examples"][:limit]:
-                    out.append("    ~ " + ", ".join(f"{c}={v}" for c, v in ex["key"].items()))
-                    colw = max(len(c["column"]) for c in ex["changes"])
-                    for c in ex["changes"]:
-                        out.append(f"        {c['column']:<{colw}}  A: {c['a']}")
-                        out.append(f"        {'':<{colw}}  B: {c['b']}")
-            elif e["kind"] == "json":
-                out.append(f"  {e['path']}: {e['keys_changed']} key(s) changed, {e['keys_added']} added, "
-                           f"{e['keys_removed']} removed")
-                for ex in e["examples"]:
-                    out.append(f"    {ex['key']}:  A: {ex['a']}")
-                    out.append(f"    {'':<{len(ex['key'])}}   B: {ex['b']}")
-            else:
-                out.append(f"  {e['path']}: +{e['lines_added']} -{e['lines_removed']} lines")
-                out += [f"    {ln}" for ln in e["diff"]]
+            out += _format_entry(e, limit)
     return "\n".join(out) + "\n"
+
+
+def _format_entry(e: Mapping[str, Any], limit: int) -> list[str]:
+    """The lines of one file's entry: added / removed, or its table, JSON or text changes."""
+    if e["status"] != "changed":
+        return [f"  {e['status']}: {e['path']}"]
+    if e["kind"] == "table":
+        return _format_table_entry(e, limit)
+    out = []
+    if e["kind"] == "json":
+        out.append(f"  {e['path']}: {e['keys_changed']} key(s) changed, {e['keys_added']} added, "
+                   f"{e['keys_removed']} removed")
+        for ex in e["examples"]:
+            out.append(f"    {ex['key']}:  A: {ex['a']}")
+            out.append(f"    {'':<{len(ex['key'])}}   B: {ex['b']}")
+    else:
+        out.append(f"  {e['path']}: +{e['lines_added']} -{e['lines_removed']} lines")
+        out += [f"    {ln}" for ln in e["diff"]]
+    return out
+
+
+def _format_table_entry(e: Mapping[str, Any], limit: int) -> list[str]:
+    """A changed Parquet file: counts, column changes, added / removed keys, changed rows."""
+    out = [f"  {e['path']}  (key: {', '.join(e['key']) or 'row position'}; rows {e['rows_a']} -> "
+           f"{e['rows_b']}): {e['added']} added, {e['removed']} removed, {e['changed']} changed"]
+    if e["columns_added"] or e["columns_removed"]:
+        out.append(f"    columns added {e['columns_added']}, removed {e['columns_removed']}")
+    if e["column_changes"]:
+        out.append("    changed cells per column: " + ", ".join(
+            f"{c}={n}" for c, n in sorted(e["column_changes"].items(), key=lambda x: (-x[1], x[0]))))
+    for k in e["added_keys"]:
+        out.append(f"    + {k}")
+    for k in e["removed_keys"]:
+        out.append(f"    - {k}")
+    for ex in e["examples"][:limit]:
+        out.append("    ~ " + ", ".join(f"{c}={v}" for c, v in ex["key"].items()))
+        colw = max(len(c["column"]) for c in ex["changes"])
+        for c in ex["changes"]:
+            out.append(f"        {c['column']:<{colw}}  A: {c['a']}")
+            out.append(f"        {'':<{colw}}  B: {c['b']}")
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -506,8 +535,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit < 0:
         parser.error("--limit must be >= 0")
     try:
-        from pipeline.core.config import project_root
-
         root = project_root(Path(args.repo))
         d = diff_revisions(root, args.a, args.b, artifacts=args.artifact, limit=args.limit, width=args.width)
     except DiffError as exc:

@@ -31,6 +31,14 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, TextIO
 
+from omegaconf import OmegaConf
+
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError, compose_text, project_root, validate
+from pipeline.core.io import ArtifactError, read_json, read_parquet
+from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
+from pipeline.core.seeding import task_seed
+from pipeline.envs.household.user import step_status
 from pipeline.grounding import (
     GroundingError,
     GroundingFileManager,
@@ -39,7 +47,9 @@ from pipeline.grounding import (
     render_episode_text,
     split_grounding_paths,
 )
-from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
+from pipeline.grounding.episodes import make_generate as grounding_generator
+from pipeline.session.collection import make_factories
+from pipeline.session.rollout import Task, tasks_from_manifest
 
 DEFAULT_OUT = "outputs/play"
 _STATUS_RE = re.compile(r"^\s*status\s*[:：]\s*(\S+)\s*$", re.IGNORECASE)
@@ -126,39 +136,18 @@ def _describe(obs: dict) -> str:
     return f"  at {obs.get('agent_location')}; carrying {inv}; sees {seen}"
 
 
-def run_session(cfg: Any, root: Path, console: Console, *, episode: int | None = None, split: str = "train",
+def run_session(cfg: Config, root: Path, console: Console, *, episode: int | None = None, split: str = "train",
                 scene: str | None = None, quest: str | None = None, out_dir: Path | None = None,
                 make_generate: Callable[[Any], Callable[[str], str] | None] | None = None) -> list[Path]:
     """Play one episode with a person giving feedback; write and return its grounding files."""
-    from pipeline.core.io import read_json, read_parquet
-    from pipeline.session.rollout import tasks_from_manifest, task_seed
-    from pipeline.session.collection import make_factories
-    from pipeline.envs.household.user import step_status
-
     out_dir = out_dir or root / DEFAULT_OUT
     g = cfg.grounding
     games = root / cfg.paths.games
     manifest = read_parquet(games / "manifest.parquet").to_pylist()
     scenes = read_json(games / "scenes.json")
-    tasks = [t for t in tasks_from_manifest(manifest, split=split, master_seed=int(cfg.seed))
-             if (scene is None or t.scene_id == scene) and (quest is None or t.quest_id == quest)]
-    if not tasks:
-        raise GroundingError(f"no {split} quest matches scene={scene!r} quest={quest!r} in "
-                             f"{games / 'manifest.parquet'}")
-
-    n = episode if episode is not None else ask_episode_number(console)
-    task = tasks[(n - 1) % len(tasks)]
-    task.episode_id = str(n)
-    task.seed = task_seed(int(cfg.seed), task.scene_id, task.quest_id, "play", n)
-
-    # Seed 000: the earlier grounding (configured files + this folder's latest) goes into
-    # the system prompt; the llm agent reads grounding.files, so the list is extended there.
-    files = split_grounding_paths(g.files if isinstance(g.files, str) else list(g.files or []))
-    latest = out_dir / "grounding_latest.json"
-    if latest.exists() and str(latest) not in files:
-        files.append(str(latest))
-    cfg.grounding.files = files
-    console.say(f"Episode {n}: scene {task.scene_id}, quest {task.quest_id}, agent {_v(cfg.agent.name)}")
+    n, task = _pick_task(cfg, console, manifest, games, episode=episode, split=split, scene=scene, quest=quest)
+    files = _grounding_in_effect(cfg, out_dir)
+    console.say(f"Episode {n}: scene {task.scene_id}, quest {task.quest_id}, agent {cfg.agent.name}")
     console.say(f"Objective: {task.objective}")
     previous = grounding_content(files, root=root) if files else ""
     console.say("Grounding in effect:\n" + (previous if previous else "  (none)"))
@@ -168,37 +157,80 @@ def run_session(cfg: Any, root: Path, console: Console, *, episode: int | None =
     agent = make_agent_for(task)
     agent.reset({"episode_id": task.episode_id, "scene_id": task.scene_id, "quest_id": task.quest_id,
                  "objective": task.objective, "seed": task.seed, "system_prompt": None})
-    gfm = GroundingFileManager(n, out_dir=out_dir, save_format=_v(g.save_format), unknown_type=_v(g.unknown_type),
+    gfm = GroundingFileManager(n, out_dir=out_dir, save_format=str(g.save_format), unknown_type=str(g.unknown_type),
                                expr_info={"scene_id": task.scene_id, "quest_id": task.quest_id,
-                                          "objective": task.objective, "agent": _v(cfg.agent.name)},
+                                          "objective": task.objective, "agent": str(cfg.agent.name)},
                                latest_dirs=[out_dir])
-    unknown = _v(g.unknown_type)
     try:
-        obs = env.reset()
-        plan_len = len(task.expert_plan)
-        done, step_id, info = False, 0, {}
-        while not done:
-            step_id += 1
-            console.say(f"\n--- Step {step_id} ---\n{_describe(obs)}")
-            step = agent.act(obs)
-            obs, _, done, info = env.step(step.action)
-            if step.reasoning:
-                console.say(f"  agent thinks: {step.reasoning}")
-            console.say(f"  agent does: {info.get('command') or step.action}")
-            console.say(f"  game says: {info.get('env_feedback', '')}")
-            status = step_status(info, plan_len)
-            if info.get("expert_plan") is not None:
-                plan_len = len(info["expert_plan"])
-            feedback, status, quit_ = ask_step_feedback(console, step_id, status, unknown)
-            gfm.append_step_feedback(step_id, info.get("command") or str(step.action), status, feedback)
-            if quit_:
-                break
+        step_id, info = _play_steps(console, env, agent, task, gfm, str(g.unknown_type))
     finally:
         env.close()
     verdict = "won" if info.get("won") else "not won"
     console.say(f"\nEpisode over after {step_id} steps ({verdict}).")
+    return _save_grounding(cfg, console, gfm, out_dir, make_generate)
+
+
+def _pick_task(cfg: Config, console: Console, manifest: list[dict], games: Path, *, episode: int | None,
+               split: str, scene: str | None, quest: str | None) -> tuple[int, Task]:
+    """The episode number (asked when not given) and its task: the n-th matching quest, cyclically."""
+    tasks = [t for t in tasks_from_manifest(manifest, split=split, master_seed=int(cfg.seed))
+             if (scene is None or t.scene_id == scene) and (quest is None or t.quest_id == quest)]
+    if not tasks:
+        raise GroundingError(f"no {split} quest matches scene={scene!r} quest={quest!r} in "
+                             f"{games / 'manifest.parquet'}")
+    n = episode if episode is not None else ask_episode_number(console)
+    task = tasks[(n - 1) % len(tasks)]
+    task.episode_id = str(n)
+    task.seed = task_seed(int(cfg.seed), task.scene_id, task.quest_id, "play", n)
+    return n, task
+
+
+def _grounding_in_effect(cfg: Config, out_dir: Path) -> list[str]:
+    """``grounding.files`` plus this folder's latest grounding; written back into ``cfg``.
+
+    Seed 000: the earlier grounding (configured files + this folder's latest) goes into
+    the system prompt; the llm agent reads grounding.files, so the list is extended there.
+    """
+    g = cfg.grounding
+    files = split_grounding_paths(g.files if isinstance(g.files, str) else list(g.files or []))
+    latest = out_dir / "grounding_latest.json"
+    if latest.exists() and str(latest) not in files:
+        files.append(str(latest))
+    cfg.grounding.files = files
+    return files
+
+
+def _play_steps(console: Console, env: Any, agent: Any, task: Task, gfm: GroundingFileManager,
+                unknown: str) -> tuple[int, dict]:
+    """The agent acts until the episode ends or the person quits; ``(steps played, last info)``."""
+    obs = env.reset()
+    plan_len = len(task.expert_plan)
+    done, step_id, info = False, 0, {}
+    while not done:
+        step_id += 1
+        console.say(f"\n--- Step {step_id} ---\n{_describe(obs)}")
+        step = agent.act(obs)
+        obs, _, done, info = env.step(step.action)
+        if step.reasoning:
+            console.say(f"  agent thinks: {step.reasoning}")
+        console.say(f"  agent does: {info.get('command') or step.action}")
+        console.say(f"  game says: {info.get('env_feedback', '')}")
+        status = step_status(info, plan_len)
+        if info.get("expert_plan") is not None:
+            plan_len = len(info["expert_plan"])
+        feedback, status, quit_ = ask_step_feedback(console, step_id, status, unknown)
+        gfm.append_step_feedback(step_id, info.get("command") or str(step.action), status, feedback)
+        if quit_:
+            break
+    return step_id, info
+
+
+def _save_grounding(cfg: Config, console: Console, gfm: GroundingFileManager, out_dir: Path,
+                    make_generate: Callable[[Any], Callable[[str], str] | None] | None) -> list[Path]:
+    """Generate the episode's final grounding, write its files and show them."""
+    g = cfg.grounding
     generate = make_generate(cfg) if make_generate is not None else None
-    final = gfm.generate_final_grounding(_v(g.generator), generate=generate, timestamp=g.timestamp)
+    final = gfm.generate_final_grounding(str(g.generator), generate=generate, timestamp=g.timestamp)
     paths = gfm.save_final_grounding(final)
     if gfm.expr_info.get("fallback_reason"):
         console.say(f"(llm grounding fell back to extractive: {gfm.expr_info['fallback_reason']})")
@@ -208,10 +240,6 @@ def run_session(cfg: Any, root: Path, console: Console, *, episode: int | None =
         console.say(f"wrote {p}")
     console.say(f"Use it in the next run: add {out_dir / 'grounding_latest.json'} to grounding.files")
     return paths
-
-
-def _v(x: Any) -> str:
-    return str(getattr(x, "value", x))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -225,12 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. agent=rag env.max_steps=10")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s: %(message)s")
-    from omegaconf import OmegaConf
-
-    from pipeline.core.config import ConfigError, compose_text, project_root, validate
-    from pipeline.core.io import ArtifactError
-    from pipeline.stages.ground import make_generate
-
     try:
         root = project_root()
         cfg = validate(OmegaConf.create(compose_text(root, args.overrides)))
@@ -238,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             raise GroundingError(f"--episode={args.episode}: expected an integer >= 1")
         out = Path(args.out)
         run_session(cfg, root, Console(), episode=args.episode, split=args.split, scene=args.scene,
-                    quest=args.quest, out_dir=out if out.is_absolute() else root / out, make_generate=make_generate)
+                    quest=args.quest, out_dir=out if out.is_absolute() else root / out,
+                    make_generate=grounding_generator)
     except (ConfigError, ArtifactError, GroundingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

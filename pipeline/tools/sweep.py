@@ -60,8 +60,16 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
+import hydra
 import yaml
+from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from pipeline.core.conf_schema import Config, register_configs
+from pipeline.core.config import compose, project_root
+from pipeline.core.io import atomic_write_json, atomic_write_text
 
 log = logging.getLogger(__name__)
 
@@ -182,8 +190,6 @@ def extra_inputs(dvc_yaml: Mapping[str, Any], params: Mapping[str, Any]) -> list
 
 def prepare_job(source: Path, job_dir: Path, params: Mapping[str, Any]) -> Path:
     """Turn ``job_dir`` into a standalone project running ``params``; returns ``job_dir``."""
-    from pipeline.core.config import compose
-
     dvc_yaml_path = source / "dvc.yaml"
     if not dvc_yaml_path.is_file():
         raise SweepError(f"{dvc_yaml_path} is missing: run the sweep from the project root")
@@ -248,7 +254,7 @@ def collect_results(job_dir: Path, params: Mapping[str, Any]) -> dict[str, Any]:
             "comparison_order": comp_order}
 
 
-def run_job(cfg: DictConfig, job_dir: Path, source: Path, overrides: list[str], job_num: int = 0) -> dict[str, Any]:
+def run_job(cfg: Config, job_dir: Path, source: Path, overrides: list[str], job_num: int = 0) -> dict[str, Any]:
     """Set up ``job_dir`` for ``cfg``, run ``dvc repro`` there, write and return its result."""
     t0 = time.perf_counter()
     params = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -270,8 +276,6 @@ def run_job(cfg: DictConfig, job_dir: Path, source: Path, overrides: list[str], 
         log.error("job %s (%s) failed: %s", job_num, " ".join(overrides), exc)
         result.update(status="failed", error=str(exc), conditions={}, comparisons={})
     result["wall_s"] = round(time.perf_counter() - t0, 1)
-    from pipeline.core.io import atomic_write_json
-
     atomic_write_json(job_dir / RESULT_FILE, result)
     return result
 
@@ -324,8 +328,6 @@ def format_table(header: list[str], rows: list[list[str]]) -> str:
 
 def summarize(sweep_dir: Path) -> list[dict]:
     """Read every job's result under ``sweep_dir``; print and save the summary table."""
-    from pipeline.core.io import atomic_write_json, atomic_write_text
-
     results = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(sweep_dir.glob(f"*/{RESULT_FILE}"))]
     if (sweep_dir / RESULT_FILE).is_file():  # a single run: the run dir is the job dir
         results.append(json.loads((sweep_dir / RESULT_FILE).read_text(encoding="utf-8")))
@@ -345,13 +347,7 @@ def summarize(sweep_dir: Path) -> list[dict]:
     return results
 
 
-try:
-    from hydra.experimental.callback import Callback as _Callback
-except ImportError:  # pragma: no cover - hydra is a dependency
-    _Callback = object  # type: ignore[misc,assignment]
-
-
-class SweepSummary(_Callback):  # type: ignore[misc]
+class SweepSummary(Callback):
     """Hydra callback: prints the summary table when the sweep (or single run) ends."""
 
     failed: int = 0
@@ -370,9 +366,7 @@ class SweepSummary(_Callback):  # type: ignore[misc]
 # --------------------------------------------------------------------------- entry point
 
 
-def _task(cfg: DictConfig) -> dict:
-    from hydra.core.hydra_config import HydraConfig
-
+def _task(cfg: Config) -> dict:
     hc = HydraConfig.get()
     job_dir = Path(hc.runtime.output_dir)
     source = Path(os.environ[SOURCE_ENV])
@@ -381,18 +375,11 @@ def _task(cfg: DictConfig) -> dict:
 
 
 def main() -> int:
-    import hydra
-
-    from pipeline.core.config import project_root
-    from pipeline.core.conf_schema import register_configs
-
     source = project_root()
     if not (source / "conf" / "config.yaml").is_file():
         print(f"error: no conf/config.yaml under {source}: run the sweep from the project root", file=sys.stderr)
         return 1
     register_configs()
-    from hydra.core.config_store import ConfigStore
-
     ConfigStore.instance().store(name=APP_CONFIG, node={
         "defaults": ["config", "_self_"],
         "hydra": {

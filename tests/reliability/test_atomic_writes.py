@@ -246,8 +246,8 @@ def test_write_store_alone_never_leaves_a_store_that_loads_wrong(monkeypatch, tm
 
 def test_ground_and_merge_outputs_survive_any_failing_write(monkeypatch, tmp_path):
     from pipeline.grounding import GroundingFileManager
-    from pipeline.stages.ground import write_ground_outputs
-    from pipeline.stages.merge import merge_groundings, write_merge_outputs
+    from pipeline.grounding.episodes import write_ground_outputs
+    from pipeline.grounding.scenes import merge_groundings, write_merge_outputs
 
     docs = []
     for i in range(3):

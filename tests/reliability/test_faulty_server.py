@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import time as _time
-from types import SimpleNamespace as NS
 
 import pytest
+from omegaconf import DictConfig
 
-import pipeline.llm.backends as backends
+import pipeline.llm.backends.openai as openai_backend
+from pipeline.core.conf_schema import ModelConfig, SamplingConfig
+from pipeline.core.config import section
 from pipeline.core.io import read_parquet
 from pipeline.llm.backends import OpenAIBackend
 
@@ -26,12 +28,14 @@ MESSAGES = [{"role": "system", "content": "You are a household agent."}, {"role"
 TIMEOUT_S, RETRIES, BACKOFF_S = 0.4, 2, 0.01
 
 
-def model_cfg(url: str, **kw) -> NS:
-    return NS(base_url=url, api_model="fake-model", name_or_path=None, timeout_s=TIMEOUT_S, max_retries=RETRIES,
-              backoff_s=BACKOFF_S, logprobs=False, extra_body={}, api_key_env="REL_UNSET_KEY", **kw)
+def model_cfg(url: str, **kw) -> DictConfig:
+    return section(ModelConfig, dict(backend="openai", base_url=url, api_model="fake-model", name_or_path=None,
+                                     timeout_s=TIMEOUT_S, max_retries=RETRIES, backoff_s=BACKOFF_S, logprobs=False,
+                                     extra_body={}, api_key_env="REL_UNSET_KEY", **kw))
 
 
-SAMPLING = NS(seed=0, do_sample=False, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=32, early_stop=True)
+SAMPLING = section(SamplingConfig, dict(seed=0, do_sample=False, temperature=0.7, top_p=0.9, top_k=0,
+                                        max_new_tokens=32, early_stop=True))
 
 
 @pytest.fixture
@@ -47,7 +51,7 @@ def sleeps(monkeypatch) -> list[float]:
         def sleep(s):
             delays.append(round(s, 6))
 
-    monkeypatch.setattr(backends, "time", Clock())
+    monkeypatch.setattr(openai_backend, "time", Clock())
     return delays
 
 

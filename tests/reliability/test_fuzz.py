@@ -396,7 +396,7 @@ def test_formatted_feedback_round_trips(ftype, text):
     st.builds(lambda ln: json.dumps({"episode_id": "e", "step_id": 1, "line": ln}), MIXED_TEXT)), max_size=6))
 def test_a_feedback_file_loads_or_fails_naming_file_and_line(lines):
     from pipeline.grounding.feedback import FeedbackFormatError
-    from pipeline.envs.household.user import FileFeedback
+    from pipeline.users.file import FileFeedback
 
     count("feedback file: random JSONL")
     with tempfile.TemporaryDirectory() as tmp:
@@ -414,7 +414,7 @@ def test_a_feedback_file_loads_or_fails_naming_file_and_line(lines):
                                      b"[" * 100_000], ids=["not UTF-8", "nested too deeply"])
 def test_a_feedback_file_that_cannot_be_decoded_is_named(tmp_path, content):
     from pipeline.grounding.feedback import FeedbackFormatError
-    from pipeline.envs.household.user import FileFeedback
+    from pipeline.users.file import FileFeedback
 
     path = tmp_path / "feedback.jsonl"
     path.write_bytes(content)

@@ -112,7 +112,7 @@ def test_grounding_paths_inside_or_explicitly_absolute_are_read(tmp_path):
 
 def test_merge_stage_names_an_escaping_configured_file(tmp_path):
     from pipeline.grounding import GroundingError
-    from pipeline.stages.merge import merge_groundings
+    from pipeline.grounding.scenes import merge_groundings
 
     with pytest.raises(GroundingError, match=r"grounding.files: grounding file '\.\./x\.txt' climbs out"):
         merge_groundings({"episodes": []}, "data/grounding", ["../x.txt"], root=tmp_path)

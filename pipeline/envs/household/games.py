@@ -7,7 +7,7 @@ can be reached), supporters and portable objects, all named as in seed 004 (``Ki
 that same layout, so what an agent learns about a scene (where things are, which
 container is locked and where its key lies) carries over between its quests. Quests are
 goal facts (an ``Event``), their objective states the goal only, and their expert plan
-is a verified shortest plan (:func:`pipeline.envs.household.env.shortest_plan`), not TextWorld's own
+is a verified shortest plan (:func:`pipeline.envs.household.planner.shortest_plan`), not TextWorld's own
 walkthrough.
 
 Example:
@@ -15,12 +15,12 @@ Example:
     ...                           games_dir="data/games")            # doctest: +SKIP
     >>> compile_quest_game({"spec": scenes[r["scene_id"]], "row": r, "out": "/abs/q00.z8"})  # doctest: +SKIP
 
-The stage that runs all of this is :mod:`pipeline.stages.games`.
+The stage that runs all of this is :mod:`pipeline.stages.games` (through
+:mod:`pipeline.envs.household.build`).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -30,9 +30,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.envs.household.env import (DIRECTIONS, OPPOSITE, World, check_game_file, command_to_action, fact_str,
-                          parse_fact, preference_text, shortest_plan, typed_facts)
+from pipeline.core.conf_schema import EnvConfig
 from pipeline.core.schemas import canonical_json
+from pipeline.core.seeding import derive_seed
+from pipeline.envs.household.env import HouseholdEnv, check_game_file, command_to_action
+from pipeline.envs.household.planner import shortest_plan
+from pipeline.envs.household.world import (DIRECTIONS, OPPOSITE, World, fact_str, parse_fact, preference_text,
+                                           typed_facts)
 
 ROOM_NAMES = ("Kitchen", "Bedroom", "Bathroom", "LivingRoom", "DiningRoom", "Office")
 # Which containers / supporters a room may hold (a fridge only in the kitchen, ...).
@@ -61,12 +65,6 @@ _GRID = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 _SERIAL = b"000000"  # Z-machine serial number (Inform writes the compile date there)
 
 
-def derive_seed(*parts: Any) -> int:
-    """A stable 31-bit seed from any parts (same parts -> same seed on every machine)."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
 def scene_id(index: int) -> str:
     return f"scene_{index:02d}"
 
@@ -74,71 +72,29 @@ def scene_id(index: int) -> str:
 # --------------------------------------------------------------------------- scenes
 
 
-def make_scene(env_cfg: Mapping[str, Any], index: int, seed: int, preferences_per_scene: int) -> dict[str, Any]:
-    """The scene spec of scene ``index`` (a JSON dict, see docs/contracts.md "Games")."""
+def make_scene(env_cfg: EnvConfig, index: int, seed: int, preferences_per_scene: int) -> dict[str, Any]:
+    """The scene spec of scene ``index`` (a JSON dict, see docs/contracts.md "Games").
+
+    Every part is drawn from one ``random.Random`` seeded from ``(seed, "scene", index)``,
+    in this order: rooms, their connections, containers (and which are locked),
+    supporters, keys, objects, preferences, the start room.
+    """
     sid = scene_id(index)
     scene_seed = derive_seed(seed, "scene", index)
     rng = random.Random(scene_seed)
-    n_rooms = int(env_cfg["rooms_per_scene"])
-    rooms = ["Kitchen"] + rng.sample(ROOM_NAMES[1:], n_rooms - 1)
-
-    # Rooms on a grid, each new one attached to a placed one through a free side, so the
-    # compass directions are always consistent (no two exits lead to one room).
-    pos = {rooms[0]: (0, 0)}
-    taken = {(0, 0)}
-    connections = []
-    for room in rooms[1:]:
-        options = [(r, d) for r in pos for d in DIRECTIONS
-                   if (pos[r][0] + _GRID[d][0], pos[r][1] + _GRID[d][1]) not in taken]
-        src, d = rng.choice(options)
-        pos[room] = (pos[src][0] + _GRID[d][0], pos[src][1] + _GRID[d][1])
-        taken.add(pos[room])
-        connections.append([src, d, room])
-
-    containers = []
-    used_fridge = False
-    for i in range(int(env_cfg["containers_per_scene"])):
-        room = "Kitchen" if i == 0 else rng.choice(rooms)
-        kinds = [k for k in CONTAINER_KINDS[room] if not (k == "Fridge" and used_fridge)]
-        kind = "Fridge" if i == 0 else rng.choice(kinds)
-        used_fridge = used_fridge or kind == "Fridge"
-        containers.append({"name": f"{kind}_{i}", "room": room, "locked": False, "key": None})
-    for i in sorted(rng.sample(range(len(containers)), int(env_cfg["locked_containers"]))):
-        containers[i]["locked"] = True
-        containers[i]["key"] = f"Key_{i}"
-
+    rooms = ["Kitchen"] + rng.sample(ROOM_NAMES[1:], env_cfg.rooms_per_scene - 1)
+    connections = _draw_connections(rng, rooms)
+    containers = _draw_containers(rng, rooms, env_cfg.containers_per_scene, env_cfg.locked_containers)
     supporters = []
-    for j in range(int(env_cfg["supporters_per_scene"])):
+    for j in range(env_cfg.supporters_per_scene):
         room = rng.choice(rooms)
         supporters.append({"name": f"{rng.choice(SUPPORTER_KINDS[room])}_{j}", "room": room})
-
     # Keys lie on a floor, a supporter or in an unlocked container: always reachable.
     key_spots = rooms + [s["name"] for s in supporters] + [c["name"] for c in containers if not c["locked"]]
     keys = [{"name": c["key"], "location": rng.choice(key_spots), "opens": c["name"]}
             for c in containers if c["locked"]]
-
-    objects = []
-    for j, kind in enumerate(rng.sample(OBJECT_KINDS, int(env_cfg["objects_per_scene"]))):
-        r = rng.random()
-        if r < 0.5:
-            spot = rng.choice(containers)["name"]
-        elif r < 0.8 and supporters:
-            spot = rng.choice(supporters)["name"]
-        else:
-            spot = rng.choice(rooms)
-        objects.append({"name": f"{kind}_{j}", "location": spot})
-
-    kinds = ["close_containers", "keep_closed"] + (["lock_after_use"] if keys else [])
-    prefs = []
-    for kind in sorted(rng.sample(kinds, min(int(preferences_per_scene), len(kinds))), key=kinds.index):
-        target = None
-        if kind == "keep_closed":
-            target = rng.choice([c["name"] for c in containers])
-        elif kind == "lock_after_use":
-            target = rng.choice([c["name"] for c in containers if c["locked"]])
-        pid = kind if target is None else f"{kind}:{target}"
-        prefs.append({"id": pid, "kind": kind, "target": target, "text": preference_text(kind, target)})
-
+    objects = _draw_objects(rng, rooms, containers, supporters, env_cfg.objects_per_scene)
+    prefs = _draw_preferences(rng, containers, bool(keys), preferences_per_scene)
     return {
         "scene_id": sid,
         "seed": scene_seed,
@@ -153,6 +109,71 @@ def make_scene(env_cfg: Mapping[str, Any], index: int, seed: int, preferences_pe
     }
 
 
+def _draw_connections(rng: random.Random, rooms: list[str]) -> list[list[str]]:
+    """Rooms on a grid, each new one attached to a placed one through a free side, so the
+    compass directions are always consistent (no two exits lead to one room)."""
+    pos = {rooms[0]: (0, 0)}
+    taken = {(0, 0)}
+    connections = []
+    for room in rooms[1:]:
+        options = [(r, d) for r in pos for d in DIRECTIONS
+                   if (pos[r][0] + _GRID[d][0], pos[r][1] + _GRID[d][1]) not in taken]
+        src, d = rng.choice(options)
+        pos[room] = (pos[src][0] + _GRID[d][0], pos[src][1] + _GRID[d][1])
+        taken.add(pos[room])
+        connections.append([src, d, room])
+    return connections
+
+
+def _draw_containers(rng: random.Random, rooms: list[str], n: int, n_locked: int) -> list[dict[str, Any]]:
+    """``Fridge_0`` in the Kitchen, then ``n - 1`` more (one fridge at most); ``n_locked``
+    of them locked, container ``i`` opened by ``Key_<i>``."""
+    containers = []
+    used_fridge = False
+    for i in range(n):
+        room = "Kitchen" if i == 0 else rng.choice(rooms)
+        kinds = [k for k in CONTAINER_KINDS[room] if not (k == "Fridge" and used_fridge)]
+        kind = "Fridge" if i == 0 else rng.choice(kinds)
+        used_fridge = used_fridge or kind == "Fridge"
+        containers.append({"name": f"{kind}_{i}", "room": room, "locked": False, "key": None})
+    for i in sorted(rng.sample(range(len(containers)), n_locked)):
+        containers[i]["locked"] = True
+        containers[i]["key"] = f"Key_{i}"
+    return containers
+
+
+def _draw_objects(rng: random.Random, rooms: list[str], containers: list[dict[str, Any]],
+                  supporters: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """``n`` objects of distinct kinds: half in containers, some on supporters, the rest on a floor."""
+    objects = []
+    for j, kind in enumerate(rng.sample(OBJECT_KINDS, n)):
+        r = rng.random()
+        if r < 0.5:
+            spot = rng.choice(containers)["name"]
+        elif r < 0.8 and supporters:
+            spot = rng.choice(supporters)["name"]
+        else:
+            spot = rng.choice(rooms)
+        objects.append({"name": f"{kind}_{j}", "location": spot})
+    return objects
+
+
+def _draw_preferences(rng: random.Random, containers: list[dict[str, Any]], has_keys: bool,
+                      n: int) -> list[dict[str, Any]]:
+    """``n`` distinct preference kinds (``lock_after_use`` only with a locked container), with targets."""
+    kinds = ["close_containers", "keep_closed"] + (["lock_after_use"] if has_keys else [])
+    prefs = []
+    for kind in sorted(rng.sample(kinds, min(int(n), len(kinds))), key=kinds.index):
+        target = None
+        if kind == "keep_closed":
+            target = rng.choice([c["name"] for c in containers])
+        elif kind == "lock_after_use":
+            target = rng.choice([c["name"] for c in containers if c["locked"]])
+        pid = kind if target is None else f"{kind}:{target}"
+        prefs.append({"id": pid, "kind": kind, "target": target, "text": preference_text(kind, target)})
+    return prefs
+
+
 def build_maker(spec: Mapping[str, Any]):
     """A ``textworld.GameMaker`` holding the scene's initial layout.
 
@@ -160,7 +181,7 @@ def build_maker(spec: Mapping[str, Any]):
         ``(maker, entities)`` with ``entities`` mapping every name (plus ``"P"`` for the
         player and ``"I"`` for the inventory) to its ``WorldEntity``.
     """
-    import textworld
+    import textworld  # deferred: heavy optional dependency (textworld)
     from textworld import GameMaker
     from textworld.generator.data import KnowledgeBase
 
@@ -203,10 +224,6 @@ def scene_world(spec: Mapping[str, Any]) -> World:
 
 def quest_candidates(spec: Mapping[str, Any], world: World) -> dict[str, list[dict[str, Any]]]:
     """Every distinct goal of each quest type (unordered, not yet checked for solvability)."""
-    def room_of(name: str) -> str:
-        rel, holder = world.location[name]
-        return holder if rel == "at" else world.container_room.get(holder) or world.supporter_room.get(holder)
-
     out: dict[str, list[dict[str, Any]]] = {t: [] for t in QUEST_TYPES}
     for o in [x["name"] for x in spec["objects"]]:
         where = world.location[o]
@@ -222,7 +239,7 @@ def quest_candidates(spec: Mapping[str, Any], world: World) -> dict[str, list[di
                 out["put_on"].append({"type": "put_on", "goal": [fact_str("on", [o, s["name"]])],
                                       "objective": f"Put {o} on {s['name']}."})
         for r in spec["rooms"]:
-            if room_of(o) != r:
+            if world.room_of(o) != r:
                 out["bring"].append({"type": "bring", "goal": [fact_str("at", [o, r])],
                                      "objective": f"Bring {o} to the {r} and drop it there."})
         out["take"].append({"type": "take", "goal": [fact_str("in", [o, "I"])], "objective": f"Pick up {o}."})
@@ -265,7 +282,7 @@ def make_quests(spec: Mapping[str, Any], n_quests: int, min_length: int) -> list
     return quests
 
 
-def plan_games(env_cfg: Mapping[str, Any], *, seed: int, preferences_per_scene: int,
+def plan_games(env_cfg: EnvConfig, *, seed: int, preferences_per_scene: int,
                games_dir: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """All scenes and the manifest rows of their quests (pure: nothing is compiled).
 
@@ -283,16 +300,16 @@ def plan_games(env_cfg: Mapping[str, Any], *, seed: int, preferences_per_scene: 
         ``(scenes, rows)``: ``{scene_id: spec}`` and MANIFEST_SCHEMA rows sorted by
         (scene_id, quest_id).
     """
-    n = int(env_cfg["num_scenes"])
-    heldout = int(env_cfg["heldout_scenes"])
-    n_eval, n_train = int(env_cfg["eval_quests_per_scene"]), int(env_cfg["train_quests_per_scene"])
+    n = env_cfg.num_scenes
+    heldout = env_cfg.heldout_scenes
+    n_eval, n_train = env_cfg.eval_quests_per_scene, env_cfg.train_quests_per_scene
     scenes, rows = {}, []
     for i in range(n):
         spec = make_scene(env_cfg, i, seed, preferences_per_scene)
         is_heldout = i >= n - heldout
         spec["scene_split"] = "heldout" if is_heldout else "seen"
         scenes[spec["scene_id"]] = spec
-        quests = make_quests(spec, n_eval + (0 if is_heldout else n_train), int(env_cfg["min_quest_length"]))
+        quests = make_quests(spec, n_eval + (0 if is_heldout else n_train), env_cfg.min_quest_length)
         for k, q in enumerate(quests):
             qid = f"q{k:02d}"
             rows.append({
@@ -334,7 +351,7 @@ def parser_aliases(names) -> dict[str, str]:
 
 def build_game(spec: Mapping[str, Any], row: Mapping[str, Any]):
     """The ``textworld.Game`` of one quest, plus its Inform 7 source (with the aliases)."""
-    from textworld.generator.game import Event, Quest
+    from textworld.generator.game import Event, Quest  # deferred: heavy optional dependency (textworld)
     from textworld.generator.inform7 import generate_inform7_source
 
     M, ents = build_maker(spec)
@@ -367,7 +384,7 @@ def compile_quest_game(job: Mapping[str, Any]) -> dict[str, Any]:
     Returns:
         ``{"scene_id", "quest_id", "compile_s", "error"}`` (``error`` None when verified).
     """
-    from textworld.generator.inform7 import compile_inform7_game
+    from textworld.generator.inform7 import compile_inform7_game  # deferred: heavy optional dependency (textworld)
 
     spec, row, out = job["spec"], job["row"], Path(job["out"])
     t0 = time.perf_counter()
@@ -398,8 +415,6 @@ def compile_quest_game(job: Mapping[str, Any]) -> dict[str, Any]:
 
 def verify_game(game_file: str | Path, spec: Mapping[str, Any], row: Mapping[str, Any]) -> str | None:
     """Replay the expert plan in the compiled game; ``None`` if it wins, else why not."""
-    from pipeline.envs.household.env import HouseholdEnv
-
     check_game_file(game_file)
     with HouseholdEnv(game_file, scene_id=row["scene_id"], quest_id=row["quest_id"], objective=row["objective"],
                       max_steps=len(row["expert_plan"]) + 1, preferences=spec["preferences"],

@@ -1,0 +1,417 @@
+"""Experimental conditions: what each one injects into the prompt, and the evidence that it did.
+
+A condition (``conf/condition/<name>.yaml``, schema :class:`~pipeline.core.conf_schema.ConditionConfig`)
+says whether retrieval runs (``retrieval_executed``), whether its advisories are shown
+(``memory_mode``, ``injection_mask``) and whether real advisories are swapped for
+length-matched ones from other scenes (``placebo``). The standard four: C1 (no memory),
+C2 (advisories shown), C2_silent (retrieval runs, nothing shown), C2_placebo.
+
+To add a condition: write ``conf/condition/<name>.yaml``, list it under ``condition`` in
+``conf/config.yaml`` (and in ``experiment.comparisons`` to compare it); what it injects is
+decided by ``pipeline.memory.build_memory_slot`` from those four fields, and the checks
+below hold it to them.
+
+For one eval task: signature -> retrieval -> advisory bundle -> gate
+(``pipeline.memory.build_memory_slot``) -> system prompt (``prompts.system_template`` with
+the scene's merged grounding ``data/grounding_merged/<scene_id>.md`` (+ ``configured.md``
+when ``grounding.files`` is set) and the injected block). :class:`Renderer` gives one
+row of :data:`PROMPTS_SCHEMA`; :func:`render_condition` renders every configured condition
+and runs the evidence checks; the ``render`` stage (``python -m pipeline.stages.render``)
+writes the rows of one condition.
+
+The stored ``system_prompt`` is the per-episode ("frozen") prompt: everything fixed for the
+episode is in it verbatim, and the per-turn slots (observation fields, ``$memory[...]``)
+are kept for the agent to fill each turn with
+``pipeline.prompts.render_turn_prompt(system_prompt, observation, memory_dict)`` (``$`` in
+inserted text is escaped as ``$$`` so that fill reproduces it exactly).
+
+Evidence checks run on the text the model sees (the frozen prompt filled with a probe
+observation and the memory defaults); a failure raises :class:`EvidenceError`:
+
+1. an exposed condition's prompt whose gate passed contains its injected block;
+2. every prompt equals the no-memory prompt of its task with its injected block removed
+   (so the memory block is the only difference, and a prompt without one is identical);
+3. a masked condition (C1, C2_silent: not ``memory_mode=on`` or ``injection_mask``) injects
+   nothing and shows no advisory text (slot name, heading, advisory JSON, messages);
+4. for the same task, the prompts of all masked conditions are byte-identical.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import pyarrow as pa
+
+from pipeline import memory
+from pipeline.core.conf_schema import ConditionConfig, Config
+from pipeline.core.config import ConfigError
+from pipeline.core.io import ArtifactError, read_parquet, sha256_text
+from pipeline.core.schemas import canonical_json
+from pipeline.memory import EpisodicStore
+from pipeline.prompts import PromptOrganizer, render_turn_prompt, split_grounding_paths
+
+PROMPTS_SCHEMA_VERSION = "1"
+PROMPTS_SCHEMA = pa.schema(
+    [
+        ("task_id", pa.string()),  # "<scene_id>/<quest_id>"
+        ("scene_id", pa.string()),
+        ("quest_id", pa.string()),
+        ("split", pa.string()),
+        ("scene_split", pa.string()),
+        ("objective", pa.string()),
+        ("condition", pa.string()),
+        ("template", pa.string()),  # template file (relative to the project root)
+        ("template_sha256", pa.string()),
+        ("system_prompt", pa.string()),  # frozen per-episode prompt (turn slots kept)
+        ("prompt_sha256", pa.string()),  # sha256 of system_prompt
+        ("memory_block", pa.string()),  # exactly what $memory_slot inserted ("" when nothing)
+        ("injected", pa.bool_()),  # memory_block non-empty
+        ("bundle_json", pa.string()),  # AdvisoryBundleV1_1, canonical JSON
+        ("memory_on", pa.bool_()),
+        ("memory_mode", pa.string()),
+        ("retrieval_executed", pa.bool_()),
+        ("gate_ok", pa.bool_()),
+        ("gate_reason", pa.string()),
+        ("advisory_ids", pa.list_(pa.string())),
+        ("retrieved_entry_ids", pa.list_(pa.string())),
+        ("injected_entry_ids", pa.list_(pa.string())),
+        ("notes", pa.list_(pa.string())),  # record-only remarks (placebo draws), never shown
+        ("store_hash", pa.string()),  # content hash of the episodic store used (null: no retrieval)
+        ("grounding_files", pa.list_(pa.string())),
+        ("grounding_sha256", pa.string()),  # sha256 of the $grounding_content text
+        ("memory_defaults", pa.string()),  # JSON: memory dict the turn slots start from
+    ]
+)
+
+#: Observation used to fill the turn slots of a frozen prompt for the evidence checks.
+PROBE_OBSERVATION: dict[str, Any] = {}
+
+
+class EvidenceError(RuntimeError):
+    """An evidence check failed: what the model would see contradicts the condition.
+
+    Attributes:
+        violations: Every violation, ``"[<check>] <condition> <task_id>: <what>"``.
+    """
+
+    def __init__(self, message: str, violations: Sequence[str] = ()):
+        super().__init__(message)
+        self.violations = list(violations)
+
+
+def is_exposed(condition_cfg: ConditionConfig) -> bool:
+    """Whether a condition may show advisories at all (seed 001: mode ``on``, unmasked)."""
+    return condition_cfg.memory_mode == "on" and not bool(condition_cfg.injection_mask)
+
+
+def task_id(row: Mapping[str, Any]) -> str:
+    """``"<scene_id>/<quest_id>"`` of a task or prompt row."""
+    return f"{row['scene_id']}/{row['quest_id']}"
+
+
+def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, configured: bool,
+                        root: Path) -> list[str]:
+    """The grounding files a task's prompt merges (paths relative to the project root).
+
+    The scene's merged grounding when the merge stage wrote one (a held-out scene has
+    none), then ``configured.md`` (the merge of ``grounding.files``) when files are set.
+    """
+    if not use_in_prompt:
+        return []
+    out = []
+    for name in (f"{scene_id}.md", "configured.md" if configured else None):
+        if name and (root / merged_dir / name).is_file():
+            out.append(f"{merged_dir.rstrip('/')}/{name}")
+    return out
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+@dataclass
+class Renderer:
+    """Renders one task's prompt under one condition (the stage's core, no file writes).
+
+    Args:
+        cfg: The composed config.
+        store: The loaded episodic store (``pipeline.memory.load_store``).
+        root: Project root (templates, grounding files).
+    """
+
+    cfg: Config
+    store: EpisodicStore
+    root: Path
+
+    def __post_init__(self) -> None:
+        self.organizer = PromptOrganizer.from_config(self.cfg, root=self.root)
+        self.template_path = self.organizer.system_template_path
+        self.template_sha256 = sha256_text(self.organizer.template(self.template_path))
+        self.memory_defaults = canonical_json(self.organizer.memory_defaults)
+        g = self.cfg.grounding
+        self._configured = bool(split_grounding_paths(list(g.files) if not isinstance(g.files, str) else g.files))
+
+    def grounding(self, scene_id: str) -> list[str]:
+        """The grounding files of ``scene_id``'s prompt (:func:`grounding_files_for`)."""
+        return grounding_files_for(scene_id, merged_dir=str(self.cfg.paths.grounding_merged),
+                                   use_in_prompt=bool(self.cfg.grounding.use_in_prompt),
+                                   configured=self._configured, root=self.root)
+
+    def prompt(self, task: Mapping[str, Any], block: str, files: list[str]) -> str:
+        """The frozen prompt of ``task`` with ``block`` as the injected memory block."""
+        org = self.organizer
+        org.set_variables(objective=str(task["objective"]), scene=str(task["scene_id"]))
+        org.set_memory_block(block)
+        return org.freeze_system_prompt(files)
+
+    def seen_text(self, frozen: str) -> str:
+        """What the model sees at a turn (probe observation, memory defaults)."""
+        org = self.organizer
+        return render_turn_prompt(frozen, PROBE_OBSERVATION, org.memory_defaults, template_name="<frozen prompt>",
+                                  strict=True, missing_memory_value=org.missing_memory_value,
+                                  empty_string_value=org.empty_string_value, max_depth=org.max_depth)
+
+    def row(self, task: Mapping[str, Any], condition: str) -> dict:
+        """One Parquet row: retrieval, bundle, gate and prompt of ``task`` under ``condition``."""
+        cond_cfg = self.cfg.condition[condition]
+        # Looked up on the package at call time, so a test can substitute it.
+        slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=int(self.cfg.seed),
+                                        condition_name=condition)
+        files = self.grounding(str(task["scene_id"]))
+        frozen = self.prompt(task, slot.injected_block_text, files)
+        bundle = slot.bundle
+        return {
+            "task_id": task_id(task),
+            "scene_id": str(task["scene_id"]),
+            "quest_id": str(task["quest_id"]),
+            "split": str(task.get("split") or ""),
+            "scene_split": str(task.get("scene_split") or ""),
+            "objective": str(task["objective"]),
+            "condition": condition,
+            "template": self.template_path,
+            "template_sha256": self.template_sha256,
+            "system_prompt": frozen,
+            "prompt_sha256": sha256_text(frozen),
+            "memory_block": self.organizer.memory_slot,
+            "injected": bool(self.organizer.memory_slot),
+            "bundle_json": canonical_json(bundle.model_dump(mode="json")),
+            "memory_on": bool(bundle.memory_on),
+            "memory_mode": str(bundle.meta.memory_mode),
+            "retrieval_executed": bool(bundle.meta.retrieval_executed),
+            "gate_ok": bool(slot.gate_ok),
+            "gate_reason": str(slot.reason),
+            "advisory_ids": [a.advisory_id for a in bundle.retrieved],
+            "retrieved_entry_ids": [str(i) for i in slot.retrieved_entry_ids],
+            "injected_entry_ids": [str(i) for i in slot.injected_entry_ids],
+            "notes": [str(n) for n in slot.notes],
+            "store_hash": bundle.meta.store_hash,
+            "grounding_files": files,
+            "grounding_sha256": sha256_text(self.organizer.grounding_content(files)),
+            "memory_defaults": self.memory_defaults,
+        }
+
+    def reference_advisories(self, task: Mapping[str, Any]) -> list[str]:
+        """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
+        on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
+        slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=int(self.cfg.seed),
+                                        condition_name="reference")
+        return [a.message for a in slot.bundle.retrieved]
+
+
+def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Config, store: EpisodicStore,
+                     root: Path) -> tuple[list[dict], dict]:
+    """The stage's core: rows for ``condition`` and the evidence report.
+
+    Renders every configured condition (cheap) so the checks can compare them; raises
+    :class:`EvidenceError` listing the violations when a check fails.
+    """
+    if condition not in cfg.condition:
+        raise ConfigError(f"--condition {condition!r}: not a configured condition "
+                          f"(condition: {', '.join(cfg.condition)})")
+    r = Renderer(cfg, store, root)
+    tasks = sorted(tasks, key=lambda t: (str(t["scene_id"]), str(t["quest_id"])))
+    rows_by = {c: [r.row(t, c) for t in tasks] for c in cfg.condition}
+    exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}
+    checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
+    target = rows_by[condition]
+    report = {
+        "condition": condition,
+        "exposed": exposed[condition],
+        "tasks": len(target),
+        "injected": sum(row["injected"] for row in target),
+        "gate_reasons": dict(sorted(Counter(row["gate_reason"] for row in target).items())),
+        "store_hash": store.store_hash,
+        "template": r.template_path,
+        "template_sha256": r.template_sha256,
+        "mean_prompt_chars": round(sum(len(row["system_prompt"]) for row in target) / max(1, len(target)), 1),
+        "evidence": {"checks": checks, "passed": not violations, "compared_conditions": list(cfg.condition)},
+    }
+    if violations:
+        shown = "\n  ".join(violations[:10]) + (f"\n  ... ({len(violations)} in all)" if len(violations) > 10 else "")
+        raise EvidenceError(f"render {condition}: evidence checks failed:\n  {shown}", violations)
+    return target, report
+
+
+def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by: Mapping[str, list[dict]],
+                        condition: str, exposed: Mapping[str, bool]) -> tuple[dict[str, int], list[str]]:
+    """The evidence checks of ``condition`` (module docstring, 1-4) on what the model sees.
+
+    Args:
+        r: The renderer that rendered ``rows_by``.
+        tasks: The tasks, sorted by scene and quest.
+        rows_by: ``{condition: rows}`` for every configured condition, in config order.
+        condition: The condition checked.
+        exposed: ``{condition: is_exposed(...)}``.
+
+    Returns:
+        ``(checks, violations)``: the number of violations per check that ran, and every
+        violation as ``"[<check>] <condition> <task_id>: <what>"``.
+    """
+    cfg = r.cfg
+    seen = {c: {row["task_id"]: r.seen_text(row["system_prompt"]) for row in rows} for c, rows in rows_by.items()}
+    baseline = {task_id(t): r.seen_text(r.prompt(t, "", r.grounding(str(t["scene_id"])))) for t in tasks}
+    advisory_texts: dict[str, set[str]] = {task_id(t): set(r.reference_advisories(t)) for t in tasks}
+    for rows in rows_by.values():
+        for row in rows:
+            advisory_texts[row["task_id"]].update(a["message"] for a in json.loads(row["bundle_json"])["retrieved"])
+    # Grounding and objective may quote the same feedback an advisory was built from.
+    allowed = {task_id(t): r.organizer.grounding_content(r.grounding(str(t["scene_id"]))) + "\n" + str(t["objective"])
+               for t in tasks}
+    markers = [str(cfg.memory.io.slot_memory_name), r.organizer.slot_heading, '"advisory_id"']
+
+    seen_rows = [{**row, "seen_prompt": seen[condition][row["task_id"]],
+                  "seen_block": row["memory_block"]} for row in rows_by[condition]]
+    violations: list[str] = []
+    checks: dict[str, int] = {}
+
+    def run(name: str, found: list[str]) -> None:
+        checks[name] = len(found)
+        violations.extend(f"[{name}] {v}" for v in found)
+
+    run("injected_block_present", check_injected_blocks(seen_rows, exposed=exposed[condition]))
+    run("only_block_differs", check_only_block_differs(seen_rows, baseline))
+    masked = [c for c in cfg.condition if not exposed[c]]
+    if condition in masked:
+        run("no_advisory_text", check_no_advisory_text(seen_rows, advisory_texts, markers, allowed))
+        run("masked_identical", check_masked_identical({c: seen[c] for c in masked}))
+    return checks, violations
+
+
+# --------------------------------------------------------------------------- evidence checks
+# Pure functions over plain rows: each returns the list of violations (empty = passed).
+# A row carries task_id, condition, gate_ok, memory_block, and seen_prompt / seen_block:
+# the text the model sees and the block as it appears there.
+
+
+def check_injected_blocks(rows: Iterable[Mapping[str, Any]], *, exposed: bool) -> list[str]:
+    """An exposed condition's prompt whose gate passed contains its (non-empty) block;
+    a prompt whose gate refused carries no block."""
+    out = []
+    for row in rows:
+        tid, block, prompt = row["task_id"], row["seen_block"], row["seen_prompt"]
+        if row["gate_ok"] and exposed:
+            if not block:
+                out.append(f"{row['condition']} {tid}: gate passed but no memory block was injected")
+            elif block not in prompt:
+                out.append(f"{row['condition']} {tid}: gate passed but the prompt lacks its memory block")
+        elif block:
+            out.append(f"{row['condition']} {tid}: memory block injected although "
+                       f"{'the gate refused (' + str(row.get('gate_reason')) + ')' if exposed else 'the condition is masked'}")
+    return out
+
+
+def check_only_block_differs(rows: Iterable[Mapping[str, Any]], baseline: Mapping[str, str]) -> list[str]:
+    """Each prompt, with its block removed once, equals its task's no-memory prompt."""
+    out = []
+    for row in rows:
+        tid, block, prompt = row["task_id"], row["seen_block"], row["seen_prompt"]
+        if tid not in baseline:
+            out.append(f"{row['condition']} {tid}: no reference prompt for this task")
+            continue
+        stripped = prompt.replace(block, "", 1) if block else prompt
+        if stripped != baseline[tid]:
+            out.append(f"{row['condition']} {tid}: differs from the no-memory prompt beyond its memory block "
+                       f"(first difference at character {_first_diff(stripped, baseline[tid])})")
+    return out
+
+
+def check_no_advisory_text(rows: Iterable[Mapping[str, Any]], advisory_texts: Mapping[str, Iterable[str]],
+                           markers: Sequence[str], allowed: Mapping[str, str] | None = None) -> list[str]:
+    """A masked condition's prompt injects nothing and shows no advisory text.
+
+    Args:
+        rows: Rows of a masked condition.
+        advisory_texts: Per task, the advisory messages retrieval produced (any condition).
+        markers: Strings only an injected slot contains (slot name, heading, ``"advisory_id"``).
+        allowed: Per task, text the prompt legitimately shows without memory (its
+            grounding and objective, which may quote the feedback an advisory was built
+            from); a message found there is not counted.
+    """
+    out = []
+    for row in rows:
+        tid, prompt = row["task_id"], row["seen_prompt"]
+        if row["seen_block"]:
+            out.append(f"{row['condition']} {tid}: masked condition has a memory block")
+        for m in markers:
+            if m and m in prompt:
+                out.append(f"{row['condition']} {tid}: prompt contains {m!r}")
+        ok_text = (allowed or {}).get(tid, "")
+        for msg in sorted(set(advisory_texts.get(tid, ()))):
+            if msg and msg in prompt and msg not in ok_text:
+                out.append(f"{row['condition']} {tid}: prompt contains advisory text {msg[:60]!r}")
+    return out
+
+
+def check_masked_identical(seen_by_condition: Mapping[str, Mapping[str, str]]) -> list[str]:
+    """For each task, the prompts of every masked condition (C1, C2_silent) are byte-identical."""
+    out = []
+    conds = sorted(seen_by_condition)
+    if len(conds) < 2:
+        return out
+    first = conds[0]
+    tasks = set().union(*(set(v) for v in seen_by_condition.values()))
+    for tid in sorted(tasks):
+        ref = seen_by_condition[first].get(tid)
+        for c in conds[1:]:
+            other = seen_by_condition[c].get(tid)
+            if ref is None or other is None:
+                out.append(f"{tid}: missing under {first if ref is None else c}")
+            elif other.encode("utf-8") != ref.encode("utf-8"):
+                out.append(f"{tid}: {c} differs from {first} (first difference at character "
+                           f"{_first_diff(other, ref)})")
+    return out
+
+
+def _first_diff(a: str, b: str) -> int:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def prompts_table(rows: list[dict]) -> pa.Table:
+    """Rows of :func:`render_condition` as a table of :data:`PROMPTS_SCHEMA` (a clear error per bad field)."""
+    cols = {}
+    for f in PROMPTS_SCHEMA:
+        try:
+            cols[f.name] = pa.array([r[f.name] for r in rows], type=f.type)
+        except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise ValueError(f"prompts row field {f.name!r}: {exc}") from exc
+    return pa.table(cols, schema=PROMPTS_SCHEMA)
+
+
+def load_eval_tasks(root: Path, cfg: Config) -> list[dict]:
+    """The games manifest's tasks of ``experiment.eval_split`` (an error when there is none)."""
+    manifest = root / cfg.paths.games / "manifest.parquet"
+    rows = read_parquet(manifest).to_pylist()
+    split = str(cfg.experiment.eval_split)
+    tasks = [r for r in rows if r["split"] == split]
+    if not tasks:
+        raise ArtifactError(f"{manifest}: no task with split={split!r} (experiment.eval_split)")
+    return tasks

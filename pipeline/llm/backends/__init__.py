@@ -1,0 +1,105 @@
+"""Generation backends for the ``llm`` agent: local ``transformers`` models and OpenAI-compatible APIs.
+
+Both take a batch of chat conversations and return one :class:`Generation` per
+conversation, with the JSON action tracked token by token (``pipeline.llm.tracker``)::
+
+    backend = make_backend(cfg.model, cfg.sampling)        # picks by cfg.model.backend
+    gens = backend.generate([messages_a, messages_b], seeds=[11, 12])
+    gens[0].action_text, gens[0].action_token_mask, gens[0].stop_reason
+
+- :mod:`~pipeline.llm.backends.base`: the :class:`Backend` protocol (and the optional
+  :class:`CandidateScorer` capability), :class:`Generation`, :class:`BackendError` and
+  the prompt rendering both backends share.
+- :mod:`~pipeline.llm.backends.transformers` (``model.backend=transformers``): any causal
+  LM directory (or hub id) that ``AutoModelForCausalLM`` loads, batched with a KV cache,
+  one seeded ``torch.Generator`` per row, rows leaving the batch when their JSON action
+  closes (``sampling.early_stop``), at EOS or at ``max_new_tokens``.
+- :mod:`~pipeline.llm.backends.openai` (``model.backend=openai``): ``POST
+  {model.base_url}/chat/completions`` (OpenAI, vLLM, ...), one request per conversation
+  run concurrently, key from the environment variable ``model.api_key_env`` (never logged
+  or stored), retries with exponential backoff on connection errors, timeouts,
+  408/409/429/5xx.
+
+Runtime failures (a request that still fails after the retries, a failed forward pass)
+come back as a :class:`Generation` with ``error`` set and ``stop_reason="error"``: the
+agent decides whether that is a recorded failed turn or a stage failure
+(``agent.on_backend_error``). Configuration errors raise :class:`BackendError`.
+
+:func:`make_backend` and :func:`is_local` are the only places that look at
+``model.backend``.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from pipeline.core.conf_schema import Backend as BackendName
+from pipeline.core.conf_schema import Config, ModelConfig, SamplingConfig
+from pipeline.core.seeding import prompt_seed
+from pipeline.llm.backends.base import (
+    Backend,
+    BackendError,
+    CandidateScorer,
+    Generation,
+    Messages,
+    plain_prompt,
+    render_prompt,
+)
+from pipeline.llm.backends.openai import RETRY_STATUS, OpenAIBackend, parse_chat_response
+from pipeline.llm.backends.transformers import DTYPES, TransformersBackend
+
+__all__ = [
+    "DTYPES",
+    "RETRY_STATUS",
+    "Backend",
+    "BackendError",
+    "CandidateScorer",
+    "Generation",
+    "Messages",
+    "OpenAIBackend",
+    "TransformersBackend",
+    "is_local",
+    "make_backend",
+    "make_text_generator",
+    "parse_chat_response",
+    "plain_prompt",
+    "render_prompt",
+]
+
+
+def make_backend(model_cfg: ModelConfig, sampling_cfg: SamplingConfig) -> Backend:
+    """The backend named by ``model.backend``."""
+    name = str(model_cfg.backend)
+    if name == BackendName.transformers:
+        return TransformersBackend(model_cfg, sampling_cfg)
+    if name == BackendName.openai:
+        return OpenAIBackend(model_cfg, sampling_cfg)
+    raise BackendError(f"model.backend={name!r}: expected transformers | openai")
+
+
+def is_local(model_cfg: ModelConfig) -> bool:
+    """True when the backend runs the model inside this process (``model.backend=transformers``):
+    its weights are files, its threads are ours, and the ``policy`` stage can train it."""
+    return str(model_cfg.backend) == BackendName.transformers
+
+
+def make_text_generator(cfg: Config, *, backend: Backend | None = None,
+                        max_new_tokens: int | None = None) -> Callable[[str], str]:
+    """A ``prompt -> text`` function over the configured backend (free text, no early stop).
+
+    For callers that want plain text (the ``llm`` grounding generator): the prompt is
+    sent as one user message; the sampling seed is derived from ``sampling.seed`` and the
+    prompt, so the same prompt gives the same text. A failed call raises
+    :class:`BackendError`.
+    """
+    backend = backend if backend is not None else make_backend(cfg.model, cfg.sampling)
+    base_seed = int(cfg.sampling.seed)
+
+    def generate(prompt: str) -> str:
+        gen = backend.generate([[{"role": "user", "content": prompt}]], seeds=[prompt_seed(base_seed, prompt)],
+                               max_new_tokens=max_new_tokens, early_stop=False)[0]
+        if gen.error:
+            raise BackendError(gen.error)
+        return gen.text
+
+    return generate

@@ -1,0 +1,160 @@
+"""What every generation backend shares: the :class:`Backend` seam, :class:`Generation`, errors, prompts.
+
+A backend takes a batch of chat conversations, one sampling seed per conversation, and
+returns one :class:`Generation` per conversation (the JSON action tracked token by token
+by ``pipeline.llm.tracker``). Runtime failures come back as a :class:`Generation` with
+``error`` set; configuration errors raise :class:`BackendError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, Sequence
+
+from pipeline.llm.tracker import TrackedTurn
+
+Messages = list[dict]  # [{"role": "system"|"user"|"assistant", "content": str}, ...]
+
+
+class BackendError(RuntimeError):
+    """A backend that cannot be built or a request that failed (message names the cause)."""
+
+
+@dataclass
+class Generation:
+    """One conversation's generated turn, with the tracked JSON action and its accounting."""
+
+    prompt: str  # exact text the model was conditioned on (chat template applied)
+    prompt_tokens: int
+    generated_tokens: int
+    text: str  # generated text (special tokens skipped)
+    generated_ids: list[int] | None = None  # None: the server returned no token ids
+    action_token_mask: list[bool] | None = None  # one per generated token (None: no token data)
+    action_token_start_index: int | None = None
+    action_token_end_index: int | None = None  # exclusive
+    tracking_method: str = "none"  # stream | fallback | none
+    stop_reason: str = "error"  # json_closed | max_new_tokens | eos | error
+    action_text: str | None = None  # the JSON action's text, exactly as generated
+    logprobs: list[float] | None = None  # per generated token (model distribution)
+    error: str | None = None
+
+    @classmethod
+    def from_turn(cls, prompt: str, prompt_tokens: int, turn: TrackedTurn) -> "Generation":
+        return cls(
+            prompt=prompt,
+            prompt_tokens=prompt_tokens,
+            generated_tokens=turn.num_tokens,
+            text=turn.text,
+            generated_ids=turn.generated_ids,
+            action_token_mask=turn.action_token_mask,
+            action_token_start_index=turn.action_token_start_index,
+            action_token_end_index=turn.action_token_end_index,
+            tracking_method=turn.tracking_method,
+            stop_reason=turn.stop_reason,
+            action_text=turn.action_text,
+            logprobs=turn.logprobs,
+        )
+
+    @classmethod
+    def failed(cls, prompt: str, error: str, prompt_tokens: int = 0) -> "Generation":
+        return cls(prompt=prompt, prompt_tokens=prompt_tokens, generated_tokens=0, text="", error=error)
+
+
+class Backend(Protocol):
+    """The generation seam the ``llm`` agent (and the ``llm`` grounding generator) talks to.
+
+    Built by :func:`pipeline.llm.backends.make_backend` from ``cfg.model`` and
+    ``cfg.sampling``; implemented by
+    :class:`~pipeline.llm.backends.transformers.TransformersBackend` and
+    :class:`~pipeline.llm.backends.openai.OpenAIBackend`.
+
+    Attributes:
+        name: the model's name (directory, hub id or served model name).
+    """
+
+    name: str
+
+    def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
+                 max_new_tokens: int | None = None, early_stop: bool | None = None) -> list[Generation]:
+        """Generate one turn for every conversation in ``batch``.
+
+        Args:
+            batch: conversations (lists of chat messages).
+            seeds: one sampling seed per conversation (default ``sampling.seed``); a
+                conversation's output depends on its seed, never on the rest of the batch.
+            max_new_tokens, early_stop: override ``sampling.*``.
+
+        Returns:
+            One :class:`Generation` per conversation, in order; a runtime failure is a
+            Generation with ``error`` set and ``stop_reason="error"``.
+        """
+        ...
+
+
+class CandidateScorer(Protocol):
+    """An optional backend capability (declared here, implemented by no backend yet).
+
+    A backend that can score given answers, rather than only sample new ones, would
+    implement this next to :class:`Backend`: for each candidate continuation of the
+    conversation, the summed log-probability the model gives its tokens. Callers would
+    check for it (``hasattr(backend, "score")``), so backends without it keep working.
+    """
+
+    def score(self, messages: Messages, candidates: Sequence[str]) -> list[float]:
+        """Summed token log-probability of each candidate as the assistant's answer to ``messages``."""
+        ...
+
+
+def plain_prompt(messages: Messages) -> str:
+    """The prompt format for tokenizers without a chat template (and for stored API prompts).
+
+    Role-tagged blocks, ending where the assistant's answer starts::
+
+        ### System:
+        <system prompt>
+
+        ### User:
+        <observation>
+
+        ### Assistant:
+    """
+    blocks = [f"### {str(m['role']).capitalize()}:\n{m['content']}" for m in messages]
+    return "\n\n".join(blocks) + "\n\n### Assistant:\n"
+
+
+def render_prompt(tokenizer: Any, messages: Messages) -> tuple[str, bool]:
+    """Prompt text for ``messages``: the tokenizer's chat template when it has one.
+
+    Returns ``(text, add_special_tokens)``: a chat template already writes BOS and other
+    special tokens, so its text is tokenized without adding them again. Templates that
+    reject a ``system`` role get the system prompt prepended to the first user message.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        try:
+            return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), False
+        except Exception:  # e.g. "System role not supported"
+            merged = _merge_system(messages)
+            return tokenizer.apply_chat_template(merged, tokenize=False, add_generation_prompt=True), False
+    return plain_prompt(messages), True
+
+
+def _merge_system(messages: Messages) -> Messages:
+    system = "\n\n".join(m["content"] for m in messages if m["role"] == "system")
+    rest = [dict(m) for m in messages if m["role"] != "system"]
+    if system and rest and rest[0]["role"] == "user":
+        rest[0]["content"] = f"{system}\n\n{rest[0]['content']}"
+    elif system:
+        rest.insert(0, {"role": "user", "content": system})
+    return rest
+
+
+def check_seeds(batch: Sequence[Messages], seeds: Sequence[int] | None, default_seed: int) -> list[int]:
+    """One seed per conversation: ``seeds`` as a list, or ``default_seed`` for every one.
+
+    Raises:
+        ValueError: ``seeds`` and ``batch`` differ in length.
+    """
+    out = list(seeds) if seeds is not None else [int(default_seed)] * len(batch)
+    if len(out) != len(batch):
+        raise ValueError(f"generate: {len(batch)} conversations but {len(out)} seeds")
+    return out

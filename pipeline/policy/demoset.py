@@ -1,0 +1,131 @@
+"""The default policy's demonstrations as a library product (stage ``demos``, folder ``data/demos``).
+
+Built from the games only (:mod:`pipeline.policy.demos`: a rule agent's train episodes ->
+grounding and episodic store -> expert demonstrations -> the ``llm`` agent's chat
+messages), written to ``paths.demos`` and read back by the ``policy`` stage, which trains
+on them and measures the model with the same grounding and store. The demonstrations
+depend on the policy's own config (``model.policy``, ``demos.advisory_variants``), never
+on the experiment's list of conditions. Files::
+
+    turns.parquet          every demonstration turn: variant, chat messages, expert answer, train flag
+    grounding.json         scene_id -> merged grounding Markdown of the rule agent's episodes
+    store/                 the episodic store of those episodes (pipeline.memory.write_store)
+    summary.json           demonstration counts and the rule agent's success (training.json's
+                           ``demos`` and ``rule_agent_episodes``)
+
+::
+
+    demo_set = build_demo_set(cfg, root, manifest, scenes)
+    write_demo_set(demo_set, out_dir)
+    demo_set = load_demo_set(out_dir, tie_seed=cfg.seed)   # turns, memory (grounding + store), summary
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import pyarrow as pa
+
+from pipeline.core.conf_schema import Config, PolicyConfig
+from pipeline.core.config import ConfigError
+from pipeline.core.io import atomic_write_json, read_json, read_parquet, write_parquet
+from pipeline.memory import load_store, write_store
+from pipeline.policy.demos import (
+    RenderedTurn,
+    SceneMemory,
+    build_scene_memory,
+    demo_stats,
+    play_demos,
+    render_demos,
+)
+
+TURNS_FILE = "turns.parquet"
+GROUNDING_FILE = "grounding.json"
+STORE_DIR = "store"
+SUMMARY_FILE = "summary.json"
+
+MESSAGE_TYPE = pa.struct([("role", pa.string()), ("content", pa.string())])
+TURNS_SCHEMA = pa.schema([
+    ("demo_id", pa.string()),
+    ("turn_index", pa.int32()),
+    ("variant", pa.string()),  # prompt variant: plain | grounded, +<advisory variant> when a block is in
+    ("messages", pa.list_(MESSAGE_TYPE)),  # the llm agent's chat messages of the turn (system, user)
+    ("response", pa.string()),  # the expert's answer (reasoning line + JSON action)
+    ("train", pa.bool_()),  # False: a slip the expert recovers from (not learned)
+])
+
+
+@dataclass
+class DemoSet:
+    """The demonstrations and what the policy stage needs beside them.
+
+    Attributes:
+        turns: every demonstration turn, in demonstration order (the order the tokenizer
+            is trained on).
+        memory: the scene grounding and episodic store the demonstrations' prompts were
+            built from (the quality evaluation's ``memory`` prompts use them too).
+        summary: ``{"demos": ..., "rule_agent_episodes": ...}`` for ``training.json``.
+    """
+
+    turns: list[RenderedTurn]
+    memory: SceneMemory
+    summary: dict
+
+
+def rule_agent_summary(policy_cfg: PolicyConfig, episodes: Sequence[Mapping[str, Any]]) -> dict:
+    """The rule agent's episode count and success rate (``training.json``)."""
+    return {"agent": str(policy_cfg.rule_agent), "episodes": len(episodes),
+            "success_rate": round(sum(e["is_correct"] for e in episodes) / max(1, len(episodes)), 6)}
+
+
+def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
+                   memory_progress: Callable[[int], None] | None = None,
+                   demo_progress: Callable[[int], None] | None = None) -> DemoSet:
+    """Rule agent episodes -> grounding and store -> expert demonstrations -> rendered turns.
+
+    Raises:
+        ConfigError: the manifest has no train quests.
+    """
+    if not any(r["split"] == "train" for r in manifest):
+        raise ConfigError("the games manifest has no train quests to demonstrate (env.train_quests_per_scene=0?)")
+    memory = build_scene_memory(cfg, root, manifest, scenes, progress=memory_progress)
+    demos = play_demos(cfg, root, manifest, scenes, memory, progress=demo_progress)
+    turns = render_demos(cfg, demos)
+    summary = {"demos": demo_stats(demos, turns),
+               "rule_agent_episodes": rule_agent_summary(cfg.model.policy, memory.episodes)}
+    return DemoSet(turns=turns, memory=memory, summary=summary)
+
+
+def turns_table(turns: Sequence[RenderedTurn]) -> pa.Table:
+    """``turns.parquet``'s table, rows in demonstration order."""
+    cols = {
+        "demo_id": [t.demo_id for t in turns],
+        "turn_index": [t.turn_index for t in turns],
+        "variant": [t.variant for t in turns],
+        "messages": [[{"role": m["role"], "content": m["content"]} for m in t.messages] for t in turns],
+        "response": [t.response for t in turns],
+        "train": [t.train for t in turns],
+    }
+    return pa.table({f.name: pa.array(cols[f.name], type=f.type) for f in TURNS_SCHEMA}, schema=TURNS_SCHEMA)
+
+
+def write_demo_set(demo_set: DemoSet, out_dir: Path) -> None:
+    """Write the demonstration files into ``out_dir`` (the stage swaps the folder in whole)."""
+    out = Path(out_dir)
+    write_parquet(turns_table(demo_set.turns), out / TURNS_FILE, schema_version="1")  # kept in order
+    atomic_write_json(out / GROUNDING_FILE, demo_set.memory.grounding)
+    write_store(demo_set.memory.store, out / STORE_DIR)
+    atomic_write_json(out / SUMMARY_FILE, demo_set.summary)
+
+
+def load_demo_set(demo_dir: Path, *, tie_seed: int) -> DemoSet:
+    """Read what :func:`write_demo_set` wrote (the store with retrieval ties seeded by ``tie_seed``)."""
+    d = Path(demo_dir)
+    turns = [RenderedTurn(r["demo_id"], int(r["turn_index"]), r["variant"], list(r["messages"]), r["response"],
+                          bool(r["train"]))
+             for r in read_parquet(d / TURNS_FILE).to_pylist()]
+    memory = SceneMemory(grounding=dict(read_json(d / GROUNDING_FILE)),
+                         store=load_store(d / STORE_DIR, tie_seed=int(tie_seed)))
+    return DemoSet(turns=turns, memory=memory, summary=read_json(d / SUMMARY_FILE))

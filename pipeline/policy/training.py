@@ -1,0 +1,201 @@
+"""The ``policy`` stage's core: the demonstrations of ``data/demos`` -> tokenizer -> model -> training.
+
+The library behind :mod:`pipeline.stages.policy` (the demonstrations come from
+:mod:`pipeline.policy.demoset`, stage ``demos``)::
+
+    reason = skip_reason(cfg)                         # None: train
+    demo_set = load_demo_set(demo_dir, tie_seed=cfg.seed)
+    built = build_policy(cfg, demo_set, out_dir)      # writes model/, demos.parquet, training.json
+    csv = loss_csv(built["curve"])
+
+Written into ``out_dir`` (``paths.policy``):
+
+- ``model/``: ``save_pretrained`` model (safetensors) + tokenizer, the directory
+  ``model.name_or_path`` points at;
+- ``demos.parquet``: every demonstration turn, prompt (chat template applied) and answer
+  verbatim;
+- ``training.json``: data and training summary (no wall-clock times).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pyarrow as pa
+
+from pipeline.agents import plays_with_model
+from pipeline.core.conf_schema import Config, GroundingGenerator, PolicyConfig
+from pipeline.core.config import ConfigError
+from pipeline.core.io import atomic_dir, atomic_write_json, write_parquet
+from pipeline.llm.backends import TransformersBackend, is_local
+from pipeline.policy.demos import RenderedTurn, demo_rows
+from pipeline.policy.demoset import DemoSet
+from pipeline.policy.model import (
+    IM_END,
+    Sample,
+    Unit,
+    build_model,
+    count_parameters,
+    make_unit,
+    save_policy,
+    train,
+    train_tokenizer,
+)
+
+MODEL_DIR = "model"
+DEMOS_FILE = "demos.parquet"
+SUMMARY_FILE = "training.json"
+SKIPPED_FILE = "SKIPPED.json"
+LOSS_CSV = "policy_loss.csv"
+LOSS_COLUMNS = ("step", "epoch", "loss", "lr", "tokens")
+
+DEMOS_SCHEMA = pa.schema([
+    ("demo_id", pa.string()),
+    ("turn_index", pa.int32()),
+    ("variant", pa.string()),  # prompt variant: plain | grounded, +<advisory variant> when an advisory block is in
+    ("prompt", pa.string()),  # the exact text the model is conditioned on (chat template applied)
+    ("response", pa.string()),  # the expert's answer (reasoning line + JSON action)
+    ("train", pa.bool_()),  # False: a slip the expert recovers from (not learned)
+])
+
+
+def model_dir(cfg: Config) -> str:
+    """``<paths.policy>/model``: where the stage saves the model (``model.name_or_path``)."""
+    return f"{str(cfg.paths.policy).rstrip('/')}/{MODEL_DIR}"
+
+
+def skip_reason(cfg: Config) -> str | None:
+    """Why the ``demos`` and ``policy`` stages build nothing (None: they build).
+
+    Raises:
+        ConfigError: ``model.train_policy`` is true but ``model.name_or_path`` is not the
+            directory this stage writes (the trained model would never be used).
+    """
+    m = cfg.model
+    if not bool(m.train_policy):
+        return f"model.train_policy is false (the llm agent uses model.name_or_path={m.name_or_path!r})"
+    if not is_local(m):
+        return f"model.backend={m.backend}: a remote model needs no local policy"
+    if not plays_with_model(cfg.agent) and cfg.grounding.generator != GroundingGenerator.llm:
+        return (f"no stage runs a language model (agent.name={cfg.agent.name}, "
+                f"grounding.generator={cfg.grounding.generator})")
+    expected = model_dir(cfg)
+    if str(m.name_or_path or "").rstrip("/") != expected:
+        raise ConfigError(f"model.train_policy=true but model.name_or_path={m.name_or_path!r}: expected {expected!r} "
+                          "(the directory the policy stage writes), or set model.train_policy=false to use your model")
+    return None
+
+
+def loss_csv(curve: list[dict]) -> str:
+    """``metrics/policy_loss.csv``: one line per training step (:data:`LOSS_COLUMNS`)."""
+    lines = [",".join(LOSS_COLUMNS)]
+    lines += [",".join(str(rec[c]) for c in LOSS_COLUMNS) for rec in curve]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass
+class Tokenized:
+    """The demonstrations as the model sees them.
+
+    Attributes:
+        tokenizer, model: the trained tokenizer and the freshly initialised model.
+        prompts: every turn's prompt text (chat template applied), in turn order.
+        by_demo: demo_id -> its train turns' samples.
+        units: one training unit per demonstration, in demo_id order.
+    """
+
+    tokenizer: Any
+    model: Any
+    prompts: list[str]
+    by_demo: dict[str, list[Sample]]
+    units: list[Unit]
+
+
+def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
+    """Train the tokenizer on the turns, build the model, and turn every train turn into ids."""
+    pol = cfg.model.policy
+    texts = [m["content"] for tr in turns for m in tr.messages] + [tr.response for tr in turns]
+    tokenizer = train_tokenizer(texts, vocab_size=int(pol.vocab_size))
+    model = build_model(tokenizer, pol, seed=int(cfg.seed))
+    # Prompts go through the backend's own rendering (chat template, special tokens):
+    # the token ids the model is trained on are the ids it will be given.
+    backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
+    eos = tokenizer.convert_tokens_to_ids(IM_END)
+    prompts: list[str] = []
+    by_demo: dict[str, list[Sample]] = {}
+    for tr in turns:
+        text, ids = backend.render(tr.messages)
+        prompts.append(text)
+        if tr.train:
+            answer = list(tokenizer(tr.response, add_special_tokens=False)["input_ids"]) + [eos]
+            by_demo.setdefault(tr.demo_id, []).append(Sample(list(ids), answer))
+    units = [make_unit(v) for _, v in sorted(by_demo.items())]
+    return Tokenized(tokenizer, model, prompts, by_demo, units)
+
+
+def training_summary(policy_cfg: PolicyConfig, demo_summary: dict, tok: Tokenized, curve: list[dict]) -> dict:
+    """``training.json``: the demonstrations, tokenizer, model and training figures (no wall times)."""
+    units, samples = tok.units, [s for v in tok.by_demo.values() for s in v]
+    last = curve[-min(10, len(curve)):]
+    return {
+        **demo_summary,  # "demos", "rule_agent_episodes"
+        "tokenizer": {"vocab_size": len(tok.tokenizer)},
+        "model": {"architecture": "LlamaForCausalLM", "parameters": count_parameters(tok.model),
+                  "hidden_size": int(policy_cfg.hidden_size), "n_layer": int(policy_cfg.n_layer),
+                  "n_head": int(policy_cfg.n_head)},
+        "training": {
+            "episodes": len(units), "samples": sum(len(u.turns) for u in units), "steps": len(curve),
+            "epochs": int(policy_cfg.epochs), "tokens_per_epoch": sum(u.tokens for u in units),
+            "full_prompt_tokens_per_epoch": sum(len(s.prompt_ids) + len(s.answer_ids) for s in samples),
+            "answer_tokens_per_epoch": sum(len(a) for u in units for _, a in u.turns),
+            "first_loss": curve[0]["loss"], "final_loss": round(sum(r["loss"] for r in last) / len(last), 6),
+            "mean_prompt_tokens": round(sum(len(s.prompt_ids) for s in samples) / max(1, len(samples)), 3),
+        },
+    }
+
+
+def demos_table(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> pa.Table:
+    """``demos.parquet``'s table (:data:`DEMOS_SCHEMA`)."""
+    rows = demo_rows(turns, prompts)
+    return pa.table({f.name: pa.array([r[f.name] for r in rows], type=f.type) for f in DEMOS_SCHEMA},
+                    schema=DEMOS_SCHEMA)
+
+
+def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
+                 train_progress: Callable[[int], Callable[[int, float], None]] | None = None) -> dict:
+    """Tokenizer -> model -> training on ``demo_set``, saved into ``out_dir`` (swapped in whole).
+
+    Args:
+        cfg: the composed config (``model.policy`` sizes and trains the model).
+        demo_set: the demonstrations (:func:`pipeline.policy.demoset.load_demo_set`).
+        out_dir: ``paths.policy``.
+        train_progress: called with the number of training steps; returns the per-step
+            callback ``(n, loss)`` given to :func:`pipeline.policy.model.train`.
+
+    Returns:
+        ``{"memory", "summary", "curve", "timings"}``: the scene memory (for the quality
+        evaluation), the deterministic summary, the loss curve and wall times.
+    """
+    pol = cfg.model.policy
+    timings: dict[str, float] = {}
+    t = time.perf_counter()
+    tok = tokenize_demos(cfg, demo_set.turns)
+    timings["tokenize_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    n_steps = int(pol.epochs) * -(-len(tok.units) // int(pol.episodes_per_batch))
+    progress = train_progress(n_steps) if train_progress is not None else None
+    curve = train(tok.model, tok.units, pol, seed=int(cfg.seed), pad_id=int(tok.tokenizer.pad_token_id),
+                  progress=progress)
+    timings["train_s"] = time.perf_counter() - t
+
+    summary = training_summary(pol, demo_set.summary, tok, curve)
+    with atomic_dir(out_dir) as tmp:
+        save_policy(tmp / MODEL_DIR, tok.model, tok.tokenizer)
+        write_parquet(demos_table(demo_set.turns, tok.prompts), tmp / DEMOS_FILE, sort_by=["demo_id", "turn_index"],
+                      schema_version="1")
+        atomic_write_json(tmp / SUMMARY_FILE, summary)
+    return {"memory": demo_set.memory, "summary": summary, "curve": curve, "timings": timings}

@@ -1,0 +1,237 @@
+"""The prompt organizer (seed 000 / seed 002 API): memory dict, grounding, system prompts.
+
+:class:`PromptOrganizer` holds an episode's memory dict and variables and renders
+``prompts.system_template`` (or the entropy template) with them; a per-episode "frozen"
+prompt keeps the turn slots, which :func:`render_turn_prompt` fills each turn.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from omegaconf import DictConfig
+
+from pipeline.core.conf_schema import Config, PromptsConfig
+from pipeline.core.config import project_root, section
+from pipeline.grounding import grounding_content, split_grounding_paths
+from pipeline.prompts.observation import (
+    TURN_VARIABLES,
+    memory_from_response,
+    memory_slot_text,
+    observation_variables,
+    plain_data,
+    render_memory_slot,
+)
+from pipeline.prompts.templates import load_template, safe_str, system_prompt_interp
+
+
+class PromptOrganizer:
+    """Holds the memory dict and renders system prompts (seed 000 / seed 002 names).
+
+    Example:
+        >>> org = PromptOrganizer({"system_template": "conf/templates/system_compact.txt"})  # doctest: +SKIP
+        >>> org.set_variables(objective="Put Apple_2 in Fridge_0", scene="scene_0")  # doctest: +SKIP
+        >>> org.update_memory_from_response('{"action": "look", "target": null, '  # doctest: +SKIP
+        ...                                 '"memory": {"previous_action": "look"}}')
+        >>> text = org.get_system_prompt(observation=obs)  # doctest: +SKIP
+
+    Args:
+        prompts_cfg: ``cfg.prompts``; a dict (or None) is merged over the
+            :class:`~pipeline.core.conf_schema.PromptsConfig` defaults.
+        root: Project root for relative template and grounding paths.
+        grounding_file_path: Default grounding files (str / list / None) used when
+            ``get_system_prompt`` is called without ``grounding_file_path``.
+        slot_name: Context key the advisory bundle is merged under
+            (``cfg.memory.io.slot_memory_name``).
+    """
+
+    def __init__(
+        self,
+        prompts_cfg: PromptsConfig | Mapping[str, Any] | None = None,
+        *,
+        root: str | os.PathLike | None = None,
+        grounding_file_path: str | Sequence[str] | None = None,
+        slot_name: str = "DEBATE_CONTEXT__MEMORY",
+    ) -> None:
+        # The composed config's section is used as it is (its interpolations resolve
+        # against the whole config); a hand-built dict gets the schema's defaults and checks.
+        cfg = prompts_cfg if isinstance(prompts_cfg, DictConfig) else section(PromptsConfig, prompts_cfg)
+        self.root = Path(root) if root is not None else None
+        self.system_template_path: str = cfg.system_template
+        self.entropy_template_path: str = cfg.entropy_template
+        self.strict: bool = cfg.strict
+        self.missing_memory_value: str = cfg.missing_memory_value
+        self.empty_string_value: str = cfg.empty_string_value
+        self.max_depth: int = cfg.max_depth
+        self.empty_grounding_text: str = cfg.empty_grounding_text
+        self.slot_heading: str = cfg.memory_slot_heading
+        self.memory_merge_defaults: bool = cfg.memory_merge_defaults
+        self.memory_defaults: dict = copy.deepcopy(dict(plain_data(cfg.memory_defaults)))
+        self.grounding_file_path = grounding_file_path
+        self.slot_name = slot_name
+        self.memory_dict: dict = copy.deepcopy(self.memory_defaults)
+        self.variables: dict[str, Any] = {}
+        self.memory_slot: str = ""
+        self._templates: dict[str, str] = {}
+        self._grounding_cache: dict[tuple, str] = {}
+
+    @classmethod
+    def from_config(cls, cfg: Config, *, root: str | os.PathLike | None = None) -> "PromptOrganizer":
+        """Build from the whole composed config (prompts, grounding files, slot name)."""
+        files = plain_data(cfg.grounding.files) if cfg.grounding.files else None
+        return cls(cfg.prompts, root=root, grounding_file_path=files, slot_name=cfg.memory.io.slot_memory_name)
+
+    # -- memory dict (seed 002 section 1) -------------------------------------------
+    def set_memory_dict(self, d: Mapping[str, Any] | None) -> None:
+        """Replace the memory dict (None: back to the configured defaults)."""
+        if d is None:
+            self.memory_dict = copy.deepcopy(self.memory_defaults)
+            return
+        d = plain_data(d)
+        if not isinstance(d, Mapping):
+            raise TypeError(f"memory dict must be a mapping, got {type(d).__name__}")
+        self.memory_dict = copy.deepcopy(dict(d))
+
+    def reset_memory(self) -> None:
+        """Start of an episode: the memory dict becomes ``prompts.memory_defaults``."""
+        self.set_memory_dict(None)
+
+    def update_memory_from_response(self, response: Any) -> bool:
+        """Take the ``memory`` object of a model response as the next memory dict.
+
+        The whole object becomes the memory dict (seed 002 section 1); with
+        ``prompts.memory_merge_defaults`` a top-level key it lacks keeps its default value
+        (so a template's ``$memory[notes]`` does not warn every turn the model omits it).
+
+        Args:
+            response: The parsed JSON response (dict) or the raw generated text.
+
+        Returns:
+            True when the response carried a ``memory`` object (the dict was replaced);
+            False otherwise (the memory dict is kept).
+        """
+        mem = memory_from_response(response)
+        if mem is None:
+            return False
+        if self.memory_merge_defaults:
+            mem = {**self.memory_defaults, **mem}
+        self.set_memory_dict(mem)
+        return True
+
+    def memory_json(self) -> str:
+        """The memory dict as canonical JSON (the per-turn ``memory`` column)."""
+        return json.dumps(self.memory_dict, ensure_ascii=False, sort_keys=True, separators=(",", ":"),
+                          default=safe_str)
+
+    # -- per-episode context -----------------------------------------------------------
+    def set_variables(self, **variables: Any) -> None:
+        """Set episode-level variables (objective, scene, ...)."""
+        self.variables.update(variables)
+
+    def set_memory_slot(self, bundle: Any, *, exposed: bool) -> str:
+        """Set the advisory slot (seed 001): its JSON goes into ``$memory_slot`` only if exposed."""
+        self.memory_slot = render_memory_slot(bundle, slot_name=self.slot_name, exposed=exposed,
+                                              heading=self.slot_heading)
+        return self.memory_slot
+
+    def set_memory_block(self, block: str) -> str:
+        """Set ``$memory_slot`` from an injected block text (``MemorySlot.injected_block_text``)."""
+        self.memory_slot = memory_slot_text(block, heading=self.slot_heading)
+        return self.memory_slot
+
+    def grounding_content(self, grounding_file_path: str | Sequence[str] | None = None) -> str:
+        """``$grounding_content`` for the given files (None: the default files)."""
+        src = self.grounding_file_path if grounding_file_path is None else grounding_file_path
+        paths = split_grounding_paths(src)
+        if not paths:
+            return self.empty_grounding_text
+        # Cached per (files, mtimes, sizes): a prompt is rendered every turn, the files
+        # change only between episodes.
+        key = (tuple(paths), tuple(self._stat(p) for p in paths))
+        text = self._grounding_cache.get(key)
+        if text is None:
+            # JSON files merged and rendered as Markdown (H3 -> H4), TXT / Markdown files
+            # joined with "\n\n---\n\n"; a corrupt file is skipped with a warning.
+            text = grounding_content(paths, root=self._root())
+            if len(self._grounding_cache) >= 256:
+                self._grounding_cache.clear()
+            self._grounding_cache[key] = text
+        return text if text.strip() else self.empty_grounding_text
+
+    def _root(self) -> Path:
+        return self.root if self.root is not None else project_root()
+
+    def _stat(self, p: str) -> tuple[int, int]:
+        try:
+            st = os.stat(p if os.path.isabs(p) else os.path.join(self._root(), p))
+            return st.st_mtime_ns, st.st_size
+        except OSError:
+            return -1, -1
+
+    def template(self, path: str) -> str:
+        if path not in self._templates:
+            self._templates[path] = load_template(path, self._root())
+        return self._templates[path]
+
+    # -- system prompts (seed 000 API) ----------------------------------------------
+    def _interp(self, template: str, name: str, variables: Mapping[str, Any], **kw: Any) -> str:
+        return system_prompt_interp(
+            template, variables, self.memory_dict, template_name=name, strict=self.strict,
+            missing_memory_value=self.missing_memory_value, empty_string_value=self.empty_string_value,
+            max_depth=self.max_depth, **kw)
+
+    def _variables(self, grounding_file_path: Any, observation: Any, extra: Mapping[str, Any]) -> dict:
+        variables = {"memory_slot": self.memory_slot, **self.variables}
+        variables["grounding_content"] = self.grounding_content(grounding_file_path)
+        if observation is not None:
+            variables.update(observation_variables(observation))
+        variables.update(extra)
+        return variables
+
+    def get_system_prompt(self, grounding_file_path: str | Sequence[str] | None = None, *,
+                          observation: Mapping[str, Any] | None = None, **variables: Any) -> str:
+        """Render ``prompts.system_template`` with grounding, slot, memory and observation.
+
+        Args:
+            grounding_file_path: Grounding files (str, comma-separated str, list, or None
+                for the organizer's default files), merged into ``$grounding_content``.
+            observation: The current observation dict (fills :data:`TURN_VARIABLES`).
+            **variables: Further variables (override the episode-level ones).
+        """
+        path = self.system_template_path
+        return self._interp(self.template(path), path, self._variables(grounding_file_path, observation, variables))
+
+    def get_verbalized_entropy_system_prompt(self, grounding_file_path: str | Sequence[str] | None = None, *,
+                                             observation: Mapping[str, Any] | None = None,
+                                             **variables: Any) -> str:
+        """As :meth:`get_system_prompt`, with ``prompts.entropy_template`` (the model states
+        a probability for each candidate action; parse with :func:`parse_verbalized_distribution`)."""
+        path = self.entropy_template_path
+        return self._interp(self.template(path), path, self._variables(grounding_file_path, observation, variables))
+
+    def freeze_system_prompt(self, grounding_file_path: str | Sequence[str] | None = None, *,
+                             entropy: bool = False, **variables: Any) -> str:
+        """The per-episode prompt: episode slots filled, turn slots and ``$memory[...]`` kept.
+
+        Render it per turn with :meth:`render_turn`; the result equals
+        :meth:`get_system_prompt` with the same state.
+        """
+        path = self.entropy_template_path if entropy else self.system_template_path
+        vs = self._variables(grounding_file_path, None, variables)
+        return self._interp(self.template(path), path, vs, keep=TURN_VARIABLES, keep_memory=True)
+
+    def render_turn(self, frozen_prompt: str, observation: Mapping[str, Any] | None = None, *,
+                    template_name: str = "<frozen prompt>") -> str:
+        """Fill a frozen prompt's turn slots with the observation and the memory dict."""
+        return self._interp(frozen_prompt, template_name, observation_variables(observation))
+
+
+def render_turn_prompt(frozen_prompt: str, observation: Mapping[str, Any] | None, memory: Mapping[str, Any] | None,
+                       *, template_name: str = "<frozen prompt>", **kw: Any) -> str:
+    """Fill a frozen (per-episode) prompt with one turn's observation and memory dict."""
+    return system_prompt_interp(frozen_prompt, observation_variables(observation), memory,
+                                template_name=template_name, **kw)

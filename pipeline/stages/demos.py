@@ -1,0 +1,75 @@
+"""``demos`` stage: the default policy's expert demonstrations, built from the games.
+
+    python -m pipeline.stages.demos          # what `dvc repro demos` runs
+
+A rule agent (``model.policy.rule_agent``) plays the *train* quests; its feedback becomes
+per-scene grounding and an episodic store, from which the prompt variants of
+:mod:`pipeline.policy.demos` are built (no grounding / the scene's grounding, times no
+advisory / each of ``demos.advisory_variants``); a knowledge-limited expert plays
+``model.policy.demos_per_quest`` demonstrations per quest and every turn is rendered by
+the ``llm`` agent's own code. All of it by the library (:mod:`pipeline.policy.demoset`),
+from the games and the policy's own config: the experiment's list of conditions is never
+read, so adding a condition does not change the demonstrations or the model the
+``policy`` stage trains on them.
+
+Writes ``data/demos/`` (:mod:`pipeline.policy.demoset`: ``turns.parquet``,
+``grounding.json``, ``store/``, ``summary.json``) and ``metrics/demos.json`` (the summary
+and wall times). Skipped (a marker ``data/demos/SKIPPED.json``) exactly when the
+``policy`` stage is (:func:`pipeline.policy.training.skip_reason`).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from tqdm import tqdm
+
+from pipeline.core.config import load_params, project_root
+from pipeline.core.io import atomic_dir, atomic_write_json
+from pipeline.policy.demoset import build_demo_set, write_demo_set
+from pipeline.policy.training import SKIPPED_FILE, skip_reason
+from pipeline.session.collection import load_games
+from pipeline.stages.common import stage_error
+
+METRICS_FILE = "demos.json"
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_params()
+        root = project_root()
+        out_dir = root / cfg.paths.demos
+        metrics_path = root / cfg.paths.metrics / METRICS_FILE
+        reason = skip_reason(cfg)
+        if reason is not None:
+            with atomic_dir(out_dir) as tmp:
+                atomic_write_json(tmp / SKIPPED_FILE, {"built": False, "reason": reason})
+            atomic_write_json(metrics_path, {"built": False, "reason": reason})
+            print(f"demos: skipped ({reason})")
+            return 0
+
+        t0 = time.perf_counter()
+        manifest, scenes = load_games(root, cfg)
+        n_train = sum(r["split"] == "train" for r in manifest)
+        pol = cfg.model.policy
+        with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
+                tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2:
+            demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,
+                                      demo_progress=bar2.update)
+        with atomic_dir(out_dir) as tmp:
+            write_demo_set(demo_set, tmp)
+        wall = round(time.perf_counter() - t0, 3)
+        atomic_write_json(metrics_path, {"built": True, **demo_set.summary, "wall_time_s": wall})
+        d = demo_set.summary["demos"]
+        print(f"demos: {d['episodes']} demonstrations, {d['turns']} turns ({d['train_turns']} learned) "
+              f"-> {cfg.paths.demos}")
+    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
+        return stage_error(exc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

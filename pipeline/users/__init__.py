@@ -1,0 +1,65 @@
+"""Who comments on the agent's steps: the simulated user of the world, or a person's file.
+
+    user = make_user(cfg, scenes, task)                       # cfg.user: the simulated user
+    user = make_user(cfg, scenes, task, feedback_source=fb)   # fb: a FileFeedback
+    fb = user.step_feedback(1, obs_before, action, info)      # StepFeedback(lines, status, noisy)
+    preferences_ok, lines = user.end_feedback(last_info)
+
+Every user satisfies the :class:`User` protocol. The simulated user belongs to its world
+(:class:`pipeline.envs.household.user.SimulatedUser`, with :class:`StepFeedback` and
+:func:`step_status`, which read the household env's ``info``); a person's feedback file
+(:class:`pipeline.users.file.FileFeedback`) works with any of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Protocol
+
+from pipeline.core.conf_schema import Config
+from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
+from pipeline.session.rollout import Task
+from pipeline.users.file import FileFeedback
+
+__all__ = ["FileFeedback", "SimulatedUser", "StepFeedback", "User", "make_user", "quest_of", "step_status"]
+
+
+class User(Protocol):
+    """What the rollout needs from a user: feedback on each step and a verdict at the end."""
+
+    def step_feedback(self, step_id: int, obs: Mapping[str, Any], action: Mapping[str, Any] | None,
+                      info: Mapping[str, Any]) -> StepFeedback:
+        """Lines and status for one step.
+
+        Args:
+            step_id: 1-based step number.
+            obs: the observation the agent acted on (before the step).
+            action: the action dict the agent sent.
+            info: the env's info after the step.
+        """
+        ...
+
+    def end_feedback(self, final: Mapping[str, Any] | Iterable[str] | None) -> tuple[bool, list[str]]:
+        """``(preferences_ok, lines)`` on the final ``info`` (or the final facts)."""
+        ...
+
+
+def quest_of(task: Task) -> dict[str, Any]:
+    """What a user knows of a task's quest: ``quest_id``, ``objective``, ``expert_plan``, ``preferences``."""
+    return {"quest_id": task.quest_id, "objective": task.objective, "expert_plan": task.expert_plan,
+            "preferences": task.preferences}
+
+
+def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: Task,
+              feedback_source: FileFeedback | None = None) -> User:
+    """The user of one episode.
+
+    Args:
+        cfg: the composed config (``cfg.user`` configures the simulated user).
+        scenes: ``{scene_id: scene spec}`` (``scenes.json``).
+        task: the episode's task (its seed seeds the simulated user's draws).
+        feedback_source: a person's feedback file; when given, its view of this episode
+            answers instead of the simulated user.
+    """
+    if feedback_source is not None:
+        return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], quest_of(task))
+    return SimulatedUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
