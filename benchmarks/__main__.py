@@ -133,7 +133,7 @@ def bench_pipeline(variant: str, quick: bool) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- start-up
 
-STAGE_MODULES = ("games", "policy", "collect", "ground", "merge", "store", "render", "evaluate", "compare")
+STAGE_MODULES = ("games", "demos", "policy", "collect", "ground", "merge", "store", "render", "evaluate", "compare")
 
 
 def bench_startup(variant: str, quick: bool) -> dict[str, Any]:

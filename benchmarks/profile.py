@@ -35,7 +35,7 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/profile.py`
 from benchmarks.common import make_scratch_repo, venv_env  # noqa: E402
 
 # (stage, args) in DAG order; matrix stages are run per condition as needed.
-DAG = ("games", "policy", "collect", "ground", "merge", "store", "render", "evaluate", "compare")
+DAG = ("games", "demos", "policy", "collect", "ground", "merge", "store", "render", "evaluate", "compare")
 PER_CONDITION = ("render", "evaluate")
 
 

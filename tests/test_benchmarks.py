@@ -84,7 +84,7 @@ def config_repo(tmp_path: Path) -> Path:
     """A copy of the config route (conf/, params.yaml composed from it, dvc.yaml, plugin)."""
     import shutil
 
-    from pipeline import config as C
+    from pipeline.core import config as C
 
     for name in ("conf", "hydra_plugins"):
         shutil.copytree(ROOT / name, tmp_path / name)
@@ -95,7 +95,7 @@ def config_repo(tmp_path: Path) -> Path:
 
 def test_a_passed_stale_check_is_stamped_and_any_change_invalidates_it(config_repo: Path, monkeypatch):
     """Issue 9: stages skip the Hydra compose when exactly these inputs passed the check before."""
-    from pipeline import config as C
+    from pipeline.core import config as C
 
     stamps = config_repo / ".checkpoints" / "params_check"
     C.check(config_repo, use_stamp=False)
