@@ -75,3 +75,28 @@ def test_covered_by_file_or_directory():
     assert deps.covered("pipeline/core/io.py", ["pipeline/core/io.py"])
     assert not deps.covered("pipeline/agents_extra/x.py", ["pipeline/agents"])
     assert not deps.covered("pipeline/core/io.py", ["${paths.games}", "pipeline/core/config.py"])
+
+
+def test_the_seam_factories_name_an_unknown_world(tiny_cfg, tiny_games, tmp_path):
+    """`env.name` is read only by the factories, which reject a world they do not know by name."""
+    from omegaconf import OmegaConf
+
+    from pipeline.envs import build_games, make_env
+    from pipeline.session.rollout import tasks_from_manifest
+    from pipeline.users import make_user
+
+    task = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[0]
+    other = OmegaConf.merge(tiny_cfg, {"env": {"name": "kitchen_sim"}})
+    for call in (lambda: make_env(other, task, tiny_games.root, tiny_games.scenes),
+                 lambda: make_user(other, tiny_games.scenes, task),
+                 lambda: build_games(other, tmp_path, progress=False)):
+        with pytest.raises(ValueError, match="env.name='kitchen_sim'"):
+            call()
+    env = make_env(tiny_cfg, task, tiny_games.root, tiny_games.scenes)
+    try:
+        obs = env.reset()
+        assert obs["admissible_commands"] == env.admissible and env.admissible
+    finally:
+        env.close()
+    user = make_user(tiny_cfg, tiny_games.scenes, task)
+    assert callable(user.step_feedback) and callable(user.end_feedback)

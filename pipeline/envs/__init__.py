@@ -1,13 +1,14 @@
 """Environments the agents play: today the household world (TextWorld games).
 
+    games = build_games(cfg, root)               # the `games` stage: data/games of cfg.env.name's world
     env = make_env(cfg, task, root, scenes)     # the world named by cfg.env.name
     obs = env.reset()                            # the observation dict
     obs, reward, done, info = env.step({"action": "open", "target": "Fridge_0"})
     env.admissible                               # the commands admissible now
     env.close()
 
-Every environment satisfies the :class:`Env` protocol; :func:`make_env` is the only place
-that looks at ``env.name``. The household world lives in :mod:`pipeline.envs.household`
+Every environment satisfies the :class:`Env` protocol; :func:`make_env` and
+:func:`build_games` are the only places that look at ``env.name``. The household world lives in :mod:`pipeline.envs.household`
 (``env``: the game adapter, ``world``: the state read from facts, ``planner``: the expert
 plan, ``user``: its simulated user, ``games``: building the games).
 """
@@ -18,12 +19,13 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from pipeline.core.conf_schema import Config
+from pipeline.envs.household import build as household_build
 from pipeline.envs.household.env import HouseholdEnv
 
 # conf/env/*.yaml `name:` values of the household world (`tiny` is it shrunk for smoke runs).
 HOUSEHOLD_ENVS = ("household", "tiny")
 
-__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "make_env", "scene_preferences"]
+__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "build_games", "make_env", "scene_preferences"]
 
 
 class EnvTask(Protocol):
@@ -85,4 +87,18 @@ def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mappin
         return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
                             objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
                             preferences=scene_preferences(scenes[task.scene_id], task.preferences))
+    raise ValueError(f"env.name={name!r}: unknown environment, expected one of {', '.join(HOUSEHOLD_ENVS)}")
+
+
+def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_build.GamesResult:
+    """Build the games of the world ``cfg.env`` names into ``root / cfg.paths.games`` (the
+    ``games`` stage): its manifest, scene specs and game files, in the format of
+    ``docs/contracts.md``.
+
+    Raises:
+        ValueError: ``env.name`` names no known environment.
+    """
+    name = str(cfg.env.name)
+    if name in HOUSEHOLD_ENVS:
+        return household_build.build_games(cfg, root, progress=progress)
     raise ValueError(f"env.name={name!r}: unknown environment, expected one of {', '.join(HOUSEHOLD_ENVS)}")

@@ -9,7 +9,8 @@ Reads ``seed``, ``env.*``, ``user.preferences_per_scene`` and ``paths.games`` /
 (+ ``.json``), ``<paths.games>/scenes.json``, ``<paths.games>/manifest.parquet``
 (MANIFEST_SCHEMA, sorted by scene_id, quest_id) and ``<paths.metrics>/games.json``.
 Games compile in ``env.compile_workers`` processes; the outputs do not depend on it.
-The library doing the work is :mod:`pipeline.envs.household.build`.
+The library doing the work is :func:`pipeline.envs.build_games` (for the household world
+:mod:`pipeline.envs.household.build`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import logging
 import sys
 
 from pipeline.core.config import ConfigError, load_params, project_root
-from pipeline.envs.household.build import build_games
+from pipeline.envs import build_games
 
 
 def main() -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Protocol
 
 from pipeline.core.conf_schema import Config
+from pipeline.envs import HOUSEHOLD_ENVS
 from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
 from pipeline.session.rollout import Task
 from pipeline.users.file import FileFeedback
@@ -59,7 +60,13 @@ def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: Task,
         task: the episode's task (its seed seeds the simulated user's draws).
         feedback_source: a person's feedback file; when given, its view of this episode
             answers instead of the simulated user.
+
+    Raises:
+        ValueError: no feedback file, and ``env.name``'s world has no simulated user.
     """
     if feedback_source is not None:
         return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], quest_of(task))
-    return SimulatedUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
+    if str(cfg.env.name) in HOUSEHOLD_ENVS:
+        return SimulatedUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
+    raise ValueError(f"env.name={cfg.env.name!r}: no simulated user for this world; give feedback from a file "
+                     "(user=file) or add its simulated user here")
