@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pipeline.agents.llm import render_response
-from pipeline.envs.household.env import command_to_action
+from pipeline.envs.household.env import is_household_command
 from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NAMES, SUPPORTER_KINDS
 from pipeline.envs.household.planner import breadth_first, shortest_plan
 from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference, preference_text
@@ -330,7 +330,7 @@ def expert_episode(env: Any, knowledge: Knowledge, *, slip_prob: float = 0.0, rn
         decision = expert.decide()
         slip = slip_prob > 0 and turns and rng.random() < slip_prob
         if slip:
-            others = sorted(c for c in env.admissible if c != decision.command and _household(c))
+            others = sorted(c for c in env.admissible if c != decision.command and is_household_command(c))
             slip = bool(others)
         if slip:
             cmd, action = _slip(env, obs, others, rng, last)
@@ -368,12 +368,6 @@ def _slip(env: Any, obs: Mapping[str, Any], others: Sequence[str], rng: np.rando
     return cmd, command_action(cmd, obs)
 
 
-def _household(command: str) -> bool:
-    try:
-        command_to_action(command)
-        return True
-    except ValueError:
-        return False
 
 
 # --------------------------------------------------------------------------- renaming

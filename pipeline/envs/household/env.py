@@ -328,7 +328,7 @@ class HouseholdEnv:
             "objective": self.objective,
             "admissible_commands": list(self.admissible),
             "admissible_actions": [dict(command_to_action(c, exits), command=c) for c in self.admissible
-                                   if _is_household(c)],
+                                   if is_household_command(c)],
             "step": self.steps,
             "max_steps": self.max_steps,
         }
@@ -463,7 +463,8 @@ def _one_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"
 
 
-def _is_household(command: str) -> bool:
+def is_household_command(command: str) -> bool:
+    """Whether ``command`` is one of the household verbs (an action dict can express it)."""
     try:
         command_to_action(command)
         return True
