@@ -101,7 +101,11 @@ class Project:
         return proc
 
     def start(self, stage: str, *args: str, env: dict | None = None) -> subprocess.Popen:
+        # SIGINT back to its default in the stage: a test run started in the background
+        # (`cmd &`, nohup) inherits SIGINT *ignored*, and Python keeps an ignored SIGINT, so
+        # the Ctrl-C tests would send a signal the stage never sees.
         return subprocess.Popen(self.cmd(stage, *args), cwd=self.root, env=subprocess_env(env),
+                                preexec_fn=_default_sigint,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def checkpoint_files(self, name: str = "collect") -> list[Path]:
@@ -109,6 +113,11 @@ class Project:
 
     def read(self, rel: str) -> bytes:
         return (self.root / rel).read_bytes()
+
+
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT handled as a terminal's Ctrl-C would be."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(cond: Callable[[], bool], proc: subprocess.Popen, timeout: float = STAGE_TIMEOUT_S,

@@ -108,10 +108,7 @@ def test_sigkill_in_the_middle_of_a_write_keeps_the_previous_files(project, tmp_
 def test_ctrl_c_stops_cleanly_and_says_what_was_kept(project, tmp_path):
     project.configure("agent.batched=false")
     all_ids = _train_ids(project)
-    # 0.2 s per step: the window between the first checkpoint and the end of the run is
-    # the second episode's steps; at 0.05 s a short second quest left ~0.1 s, which a busy
-    # machine's poller could miss (the run then finished before the signal was sent).
-    proc = project.start("collect", env={"REL_STEP_DELAY": "0.2"})
+    proc = project.start("collect", env={"REL_STEP_DELAY": "0.05"})
     rc, _, err = kill_when(proc, lambda: len(project.checkpoint_files()) >= 1, signal.SIGINT)
     assert rc == 130, err[-2000:]
     kept = project.checkpoint_files()
