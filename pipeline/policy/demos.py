@@ -42,6 +42,7 @@ from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng
+from pipeline.envs import scene_preferences
 from pipeline.envs.household.env import HouseholdEnv
 from pipeline.grounding import TEXT_JOINER, merge_grounding_docs, render_grounding_to_markdown
 from pipeline.grounding.episodes import ground
@@ -121,8 +122,8 @@ class RenderedTurn:
 
 
 def _scene_prefs(scenes: Mapping[str, Any], row: Mapping[str, Any]) -> list[dict]:
-    wanted = set(row.get("preferences") or [])
-    return [dict(p) for p in scenes[row["scene_id"]].get("preferences", []) if p["id"] in wanted]
+    """The preference specs of a manifest row's quest (:func:`pipeline.envs.scene_preferences`)."""
+    return scene_preferences(scenes[row["scene_id"]], list(row.get("preferences") or []))
 
 
 def make_env(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any]) -> HouseholdEnv:
