@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro test params bench clean-venv
+.PHONY: install repro test reprocheck params bench clean-venv
 
 install: $(VENV)/.installed
 
@@ -22,6 +22,11 @@ repro: install
 
 test: install
 	$(BIN)/python -m pytest -q
+
+# Does this machine reproduce the committed bytes? The DAG on env=tiny in a scratch copy vs
+# .ci/repro_tiny.json (what CI runs after the tests; docs/reproducibility.md).
+reprocheck: install
+	$(BIN)/python -m pipeline.tools.reprocheck --scratch env=tiny --golden .ci/repro_tiny.json
 
 params: install
 	$(BIN)/python -m pipeline.core.config compose

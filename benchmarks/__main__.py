@@ -429,19 +429,19 @@ def _collect_threads(quick: bool) -> dict[str, Any]:
     train = [r for r in manifest if r["split"] == "train"]
     tasks = tasks_from_manifest(manifest, split="train", master_seed=0, repeats=-(-8 // len(train)))[:8]
     default = torch.get_num_threads()
-    fixed = C.INFERENCE_THREADS
+    fixed = int(cfg.numerics.threads)
     _warm_up(cfg, root, tasks, scenes)
     times: dict[int, list[float]] = {default: [], fixed: []}
     turns = 0
     for threads in [default, fixed] * (1 if quick else 2):
-        C.INFERENCE_THREADS = threads
+        cfg.numerics.threads = threads
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             _, stats = C.run_collection(cfg, root, tasks, Path(tmp) / "episodes", scenes=scenes,
                                         ckpt_name="bench_threads", desc=f"collect, {threads} threads")
             times[threads].append(time.perf_counter() - t0)
             turns = stats["num_turns"]
-    C.INFERENCE_THREADS = fixed
+    cfg.numerics.threads = fixed
     before, after = min(times[default]), min(times[fixed])
     return {"rows": [
         row(f"collect batch 8, torch threads = cores ({default}) (before)", _r(turns / before, 2), "steps/s",
@@ -456,7 +456,7 @@ def _collect_threads(quick: bool) -> dict[str, Any]:
 def bench_collect_memory(variant: str, quick: bool) -> dict[str, Any]:
     """Peak memory and speed of collect with the llm agent at one batch size (``variant``)."""
     from pipeline.session.rollout import tasks_from_manifest
-    from pipeline.session.collection import INFERENCE_THREADS, run_collection
+    from pipeline.session.collection import run_collection
 
     if variant == "threads":
         return _collect_threads(quick)
@@ -484,7 +484,7 @@ def bench_collect_memory(variant: str, quick: bool) -> dict[str, Any]:
         row(f"collect batch {batch}: agent steps/s", _r(sps, 2), "steps/s",
             vs=None if batch == 1 else "collect batch 1: agent steps/s",  # ratio filled in by the parent
             note=f"{stats['num_turns']} steps in {wall:.1f} s; {stats.get('generated_tokens_per_turn', 0):.1f} "
-                 f"generated tokens/turn; torch threads while generating: {INFERENCE_THREADS}"),
+                 f"generated tokens/turn; torch threads while generating: {cfg.numerics.threads}"),
     ], "details": {"batch": batch, "model": label, "wall_s": round(wall, 2), "steps_per_s": round(sps, 3),
                    "peak_rss_gib": _r(peak), "stats": stats}}
 
@@ -511,6 +511,86 @@ def bench_load(variant: str, quick: bool) -> dict[str, Any]:
 
 # name -> (function, variants (full), variants (quick), what it measures). Order = run order:
 # the pipeline first, so collect_memory finds the default model it trained.
+# Each variant of the numerics benchmark: a NumericsConfig (pinned in its own process).
+NUMERICS_VARIANTS = {
+    "native": {"cpu_capability": "native", "mkl_cbwr": "native", "threads": 1, "deterministic": True},
+    "pinned": {"cpu_capability": "avx2", "mkl_cbwr": "COMPATIBLE", "threads": 1, "deterministic": True},
+    "any-x86": {"cpu_capability": "default", "mkl_cbwr": "COMPATIBLE", "threads": 1, "deterministic": True},
+}
+
+
+def bench_numerics(variant: str, quick: bool) -> dict[str, Any]:
+    """What pinning the numerics costs (issue 19): the default policy's shapes, one process per setting.
+
+    ``native``: the CPU's own kernels and MKL branch (reproducible on this machine only);
+    ``pinned``: the default ``numerics`` (ATen AVX2, MKL COMPATIBLE: same bytes on any
+    x86-64 CPU with AVX2); ``any-x86``: ATen's portable kernels too. All on 1 thread.
+    """
+    from pipeline.core.numerics import pin
+
+    running = pin(NUMERICS_VARIANTS[variant])  # before torch loads (this process has not imported it)
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.core.conf_schema import PolicyConfig
+
+    pc = PolicyConfig()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(
+        vocab_size=pc.vocab_size, hidden_size=pc.hidden_size, intermediate_size=pc.intermediate_size,
+        num_hidden_layers=pc.n_layer, num_attention_heads=pc.n_head, num_key_value_heads=pc.n_head,
+        max_position_embeddings=pc.max_positions, tie_word_embeddings=True))
+    g = torch.Generator().manual_seed(1)
+    steps, seq, reps = (5, 256, 2) if quick else (30, 512, 5)
+    x = torch.randint(0, pc.vocab_size, (1, seq), generator=g)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def train() -> None:
+        for _ in range(steps):
+            loss = model(input_ids=x, labels=x).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+    prompt = torch.randint(0, pc.vocab_size, (1, 1024), generator=g)
+    batch = torch.randint(0, pc.vocab_size, (8, 256), generator=g)
+
+    def encode() -> None:
+        with torch.no_grad():
+            model(input_ids=prompt)
+
+    def generate() -> None:
+        with torch.no_grad():
+            model.generate(batch, attention_mask=torch.ones_like(batch), max_new_tokens=32, do_sample=False,
+                           min_new_tokens=32, pad_token_id=0)
+
+    def best(fn: Callable[[], None]) -> float:
+        fn()  # warm-up
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    model.train()
+    t_train = best(train)
+    model.eval()
+    t_enc, t_gen = best(encode), best(generate)
+    label = f"numerics {variant}"
+    base = None if variant == "native" else "numerics native"
+    note = (f"ATen {running['cpu_capability']}, MKL_CBWR {running['mkl_cbwr']}, {running['threads']} thread; "
+            f"default policy shapes ({pc.hidden_size}x{pc.n_layer}, vocab {pc.vocab_size})")
+    return {"rows": [
+        row(f"{label}: policy training", _r(steps * seq / t_train, 0), "tokens/s",
+            vs=base and f"{base}: policy training", note=f"{note}; {steps} AdamW steps of {seq} tokens"),
+        row(f"{label}: prompt encoding", _r(prompt.shape[1] / t_enc, 0), "tokens/s",
+            vs=base and f"{base}: prompt encoding", note="one 1,024-token forward pass"),
+        row(f"{label}: greedy generation", _r(batch.shape[0] * 32 / t_gen, 0), "tokens/s",
+            vs=base and f"{base}: greedy generation", note="batch 8, 256-token prompts, 32 new tokens"),
+    ], "details": {"numerics": running, "seconds": {"train": t_train, "encode": t_enc, "generate": t_gen}}}
+
+
 BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], str]] = {
     "pipeline": (bench_pipeline, [""], [""], "cold default `dvc repro` per stage; warm no-op `dvc repro`, `dvc status`"),
     "startup": (bench_startup, [""], [""], "per-process costs: imports, load_params before/after its stamp"),
@@ -522,6 +602,8 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "collect_memory": (bench_collect_memory, ["1", "8", "32", "threads"], ["1", "4", "threads"],
                        "collect peak memory and steps/s at batch 1 / 8 / 32 with the default model; "
                        "torch threads before / after"),
+    "numerics": (bench_numerics, list(NUMERICS_VARIANTS), list(NUMERICS_VARIANTS),
+                 "issue 19: the speed cost of the pinned numerics (training, encoding, generation)"),
     "load": (bench_load, ["collect-llm", "store-write", "store-load"], ["collect-llm", "store-write", "store-load"],
              "issue 10: peak memory of 64 batched environments and a 10^6-entry store"),
 }

@@ -54,12 +54,17 @@ def test_structural_change_is_stale(repo: Path):
         C.check(repo)
 
 
-def test_inside_dvc_exp_run_overrides_are_accepted(repo: Path, monkeypatch):
-    C.compose(repo, ["agent=rag", "sampling.temperature=0.3"])
+def test_inside_dvc_exp_run_overrides_are_accepted_and_recorded(repo: Path, monkeypatch):
+    # What DVC writes for `dvc exp run -S ...`: the composed text, no record.
+    (repo / "params.yaml").write_text(C.compose_text(repo, ["agent=rag", "sampling.temperature=0.3"]))
     with pytest.raises(C.ConfigError, match="stale"):
         C.check(repo)
     monkeypatch.setenv("DVC_EXP_BASELINE_REV", "0" * 40)
     C.check(repo)  # composed by DVC for this experiment: structure matches conf/
+    C.check(repo, record=True)  # the check_params stage records what the experiment changed
+    monkeypatch.delenv("DVC_EXP_BASELINE_REV")
+    C.check(repo, use_stamp=False)  # after `dvc exp apply`: conf/ + the record
+    assert "agent.name" in (repo / "params.overrides.yaml").read_text()
 
 
 @pytest.mark.parametrize(

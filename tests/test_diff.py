@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.tools import diff as D
 
-# The tiny stage: episodes, turns, prompts, store, grounding JSON/TXT and a metric, all
+# The tiny stage (outputs laid out as in the real dvc.yaml: directory outputs and a per-condition
+# Parquet file output): episodes, turns, prompts, store, grounding JSON/TXT and a metric, all
 # derived from params.yaml's `seed` (seed 1 changes one generated text, one prompt, one
 # grounding line and adds an episode).
 MAKE_PY = r'''
@@ -52,7 +55,7 @@ stages:
     cmd: python make.py
     deps: [make.py]
     params: [seed]
-    outs: [data]
+    outs: [data/episodes, data/prompts/C2.parquet, data/store, data/grounding]
     metrics:
       - metrics/collect.json:
           cache: false
@@ -175,3 +178,113 @@ def test_diff_tables_without_key_and_duplicates():
     # Long texts are shown around their first difference.
     a, b = D._window("x" * 500 + "A" + "y" * 50, "x" * 500 + "B" + "y" * 50, 60)
     assert a.startswith("…[@") and "A" in a and "B" in b
+
+
+# --------------------------------------------------------------------------- data not in the cache
+
+
+@pytest.fixture
+def repo_copy(repo, tmp_path):
+    """A private copy of ``repo`` (git, experiments and DVC cache) that a test may break."""
+    dst = tmp_path / "repo"
+    shutil.copytree(repo, dst, symlinks=True)
+    return dst
+
+
+OUTPUTS = ["data/episodes", "data/grounding", "data/prompts/C2.parquet", "data/store"]
+
+
+def test_diff_experiment_whose_data_was_garbage_collected(repo_copy, capsys):
+    # Keeps the workspace's (= HEAD's) objects only: exp-a's outputs leave the cache.
+    _run([sys.executable, "-m", "dvc", "gc", "-q", "--workspace", "--force"], repo_copy)
+    code, out, err = _diff(repo_copy, "HEAD", "exp-a", capsys=capsys)
+    assert code == 0, err
+    # The message: which revision, which outputs, what to run.
+    assert "missing data: B=exp-a (" in out and "DVC experiment" in out and "not in the local DVC cache" in out
+    block = out[out.index("missing data:"):out.index("params:")]
+    assert [ln.strip() for ln in block.splitlines()[1:5]] == OUTPUTS
+    assert "dvc exp apply exp-a && dvc pull" in block and "dvc exp apply exp-a && dvc exp run" in block
+    assert "no DVC remote is configured" in block
+    assert "A=HEAD" not in block  # HEAD's data is still there
+    # Params and metrics come from git: still diffed.
+    assert "  seed: 0 -> 1" in out and "num_episodes: 2 -> 3  (Δ +1)" in out
+    # Each artifact file says why it is not compared (never "removed").
+    assert "removed: " not in out
+    assert ("not compared: data/episodes/turns.parquet (B=exp-a: data/episodes is not in the local DVC cache)"
+            in out)
+    assert "== grounding: 0 file(s) changed, 0 added, 0 removed, 0 identical, 2 not compared" in out
+
+    code, out, err = _diff(repo_copy, "HEAD", "exp-a", "--json", capsys=capsys)
+    assert code == 0
+    d = json.loads(out)
+    (m,) = d["missing_data"]
+    assert (m["side"], m["rev"], m["kind"], m["outputs"]) == ("b", "exp-a", "experiment", OUTPUTS)
+    assert m["commands"][0]["run"] == "dvc exp apply exp-a && dvc pull"
+    assert d["params"] == [{"key": "seed", "a": 0, "b": 1}] and len(d["metrics"]) == 2
+    assert d["artifacts"]["turns"]["files"]["unavailable"] == 1
+    assert d["artifacts"]["turns"]["entries"] == [{"path": "data/episodes/turns.parquet", "status": "unavailable",
+                                                   "missing": {"b": "data/episodes"}}]
+    assert "missing data: B=exp-a" in err  # stdout is the JSON: the message goes to stderr
+
+
+def test_diff_committed_lock_without_cache(repo_copy, capsys):
+    # A dvc.lock built elsewhere: nothing in the cache, for HEAD nor for the experiments.
+    shutil.rmtree(repo_copy / ".dvc" / "cache")
+    code, out, err = _diff(repo_copy, "HEAD", "workspace", capsys=capsys)
+    assert code == 0, err
+    assert "missing data: A=HEAD (" in out and "git revision" in out and "missing data: B=" not in out
+    assert "dvc pull " in out and "dvc repro " in out and "git checkout" not in out  # HEAD is checked out
+    assert "params: 0 differ" in out and "metrics: 0 differ" in out
+    assert ("not compared: data/prompts/C2.parquet (A=HEAD: data/prompts/C2.parquet is not in the local DVC cache)"
+            in out)
+
+    code, out, _ = _diff(repo_copy, "exp-a", "exp-b", "--artifact", "turns", capsys=capsys)
+    assert code == 0
+    assert "missing data: A=exp-a (" in out
+    assert "  seed: 1 -> 2" in out and "success_rate: 0.3333333333333333 -> 1.0" in out
+    assert "== turns: not compared: A=exp-a and B=exp-b: data/episodes is not in the local DVC cache" in out
+    assert "missing data: B=exp-b (" in out and "    (the same as A)" in out
+
+
+def test_diff_one_missing_file_leaves_the_rest_compared(repo_copy, capsys):
+    # exp-a's turns.parquet object is gone, its data/episodes listing (.dir object) is not.
+    lock = _run(["git", "show", _exp_ref(repo_copy, "exp-a") + ":dvc.lock"], repo_copy)
+    (stage,) = yaml.safe_load(lock)["stages"].values()
+    dir_md5 = next(o["md5"] for o in stage["outs"] if o["path"] == "data/episodes")
+    cache = repo_copy / ".dvc" / "cache" / "files" / "md5"
+    listing = json.loads((cache / dir_md5[:2] / dir_md5[2:]).read_text())
+    turns_md5 = next(f["md5"] for f in listing if f["relpath"] == "turns.parquet")
+    (cache / turns_md5[:2] / turns_md5[2:]).unlink()
+
+    code, out, _ = _diff(repo_copy, "HEAD", "exp-a", "--artifact", "episodes", "--artifact", "turns", capsys=capsys)
+    assert code == 0
+    assert "    data/episodes (some of its files)" in out
+    assert "not compared: data/episodes/turns.parquet (B=exp-a: data/episodes/turns.parquet is not in the local" in out
+    assert "data/episodes/episodes.parquet  (key: episode_id, condition; rows 2 -> 3): 1 added" in out
+
+
+def test_diff_workspace_without_its_outputs(repo_copy, capsys):
+    shutil.rmtree(repo_copy / "data" / "episodes")
+    code, out, _ = _diff(repo_copy, "HEAD", "workspace", "--artifact", "turns", "--artifact", "store", capsys=capsys)
+    assert code == 0
+    assert "missing data: B=workspace (working tree): 1 output(s) not in the working tree" in out
+    assert "    data/episodes\n" in out and "dvc checkout " in out
+    assert "not compared: data/episodes/turns.parquet (B=workspace: data/episodes is not in the working tree)" in out
+    assert "== store: 0 file(s) changed, 0 added, 0 removed, 1 identical" in out
+
+
+def test_diff_nothing_to_compare_exits_nonzero(repo_copy, capsys):
+    # A commit with no params.yaml nor metrics, whose outputs are not in the cache.
+    _run(["git", "rm", "-q", "params.yaml", "metrics/collect.json"], repo_copy)
+    _run(["git", "commit", "-q", "-m", "bare"], repo_copy)
+    shutil.rmtree(repo_copy / ".dvc" / "cache")
+    code, out, err = _diff(repo_copy, "HEAD", "HEAD", capsys=capsys)
+    assert code == 1
+    assert "missing data: A=HEAD (" in out and "    data/store" in out
+    assert "error: nothing could be compared" in err
+
+
+def _exp_ref(root: Path, name: str) -> str:
+    refs = _run(["git", "for-each-ref", "--format=%(refname)", "refs/exps"], root).split()
+    (ref,) = [r for r in refs if r.endswith("/" + name)]
+    return ref

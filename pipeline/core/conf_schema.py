@@ -241,8 +241,6 @@ class PolicyConfig:
     """Warm-up steps."""
     weight_decay: float = 0.0
     """AdamW weight decay of the matrices."""
-    threads: int = 1
-    """torch CPU threads of the stage (1: a busy 2-core machine trains ~4x faster than with 2)."""
     evaluate: bool = True
     """Measure the trained model on the eval quests (metrics/policy.json)."""
 
@@ -387,6 +385,26 @@ class ExperimentConfig:
 
 
 @dataclass
+class NumericsConfig:
+    """CPU numerics pinned for the stages that train or run a model (:mod:`pipeline.core.numerics`).
+
+    Set before torch initialises, so that the same config gives the same bytes on any
+    x86-64 CPU with AVX2 (Intel or AMD) and any core count. ``native`` leaves a knob to
+    the machine: fastest, reproducible on this CPU only.
+    """
+
+    cpu_capability: str = "avx2"
+    """ATen's kernels (``ATEN_CPU_CAPABILITY``): default (any x86-64) | avx2 | avx512 | native."""
+    mkl_cbwr: str = "COMPATIBLE"
+    """MKL's code branch (``MKL_CBWR``): COMPATIBLE (the one branch MKL keeps identical on
+    Intel and AMD) | AUTO | native (MKL picks per CPU)."""
+    threads: int = 1
+    """torch intra-op threads (MKL and OpenMP too): float reduction order depends on it."""
+    deterministic: bool = True
+    """``torch.use_deterministic_algorithms(True)``."""
+
+
+@dataclass
 class Config:
     """The whole composed configuration; every stage reads it from ``params.yaml``."""
 
@@ -403,6 +421,7 @@ class Config:
     demos: DemosConfig = field(default_factory=DemosConfig)
     condition: Dict[str, ConditionConfig] = field(default_factory=dict)
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    numerics: NumericsConfig = field(default_factory=NumericsConfig)
 
 
 def register_configs() -> None:

@@ -6,11 +6,15 @@ checks that ``params.yaml`` is not stale, and loads + validates it for the stage
 
     python -m pipeline.core.config compose          # regenerate params.yaml from conf/
     python -m pipeline.core.config check            # fail loudly if params.yaml is stale
-    python -m pipeline.core.config compose agent=rag  # compose with Hydra overrides
+    python -m pipeline.core.config compose agent=rag  # compose with Hydra overrides (recorded)
+    python -m pipeline.core.config compose --keep-overrides  # conf/ edited after `dvc exp apply`
 
-Inside a ``dvc exp run`` (DVC sets ``DVC_EXP_BASELINE_REV``) params.yaml was just
-composed by DVC with the experiment's overrides, so the check only verifies that it has
-the structure ``conf/`` composes to and passes validation.
+params.yaml is in sync when it is what ``conf/`` composes to with the overrides recorded
+in ``params.overrides.yaml`` (:mod:`pipeline.core.overrides`). Inside a ``dvc exp run``
+(DVC sets ``DVC_EXP_BASELINE_REV``) params.yaml was just composed by DVC with the
+experiment's overrides, so the check verifies its structure and validates it, and the
+``check_params`` stage records the overrides, so that after ``dvc exp apply`` a plain
+``dvc repro`` accepts the experiment's params.yaml.
 """
 
 from __future__ import annotations
@@ -29,12 +33,21 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core import conf_schema
-from pipeline.core.conf_schema import AgentConfig, Config, EnvConfig, MemoryConfig, SamplingConfig, UserConfig
+from pipeline.core.conf_schema import (AgentConfig, Config, EnvConfig, MemoryConfig, NumericsConfig, SamplingConfig,
+                                       UserConfig)
+from pipeline.core import overrides as recorded
 from pipeline.core.io import atomic_write_text
+from pipeline.core.numerics import CPU_CAPABILITIES, MKL_BRANCHES, NATIVE
 
 PARAMS_FILE = "params.yaml"
 CONF_DIR = "conf"
 CONFIG_NAME = "config"
+
+
+# The check_params stage's constant output: the first dependency of every other stage, so
+# DVC runs the check (and stops on a stale params.yaml) before it touches any output.
+CHECKED_FILE = "params_checked"
+CHECKED_TEXT = "params.yaml passed the stale check against conf/\n"
 
 
 class ConfigError(ValueError):
@@ -82,12 +95,21 @@ def _hydra_message(exc: BaseException) -> str:
     return " | ".join(p.strip().replace("\n", " ") for p in parts if p.strip())
 
 
-def compose(root: Path | None = None, overrides: Iterable[str] = ()) -> Path:
-    """Regenerate ``params.yaml`` exactly as ``dvc exp run`` would, then validate it."""
+def compose(root: Path | None = None, overrides: Iterable[str] = (), *, keep_overrides: bool = False) -> Path:
+    """Regenerate ``params.yaml`` exactly as ``dvc exp run`` would, then validate it.
+
+    Records what the given Hydra overrides changed (:mod:`pipeline.core.overrides`), so
+    the stale check accepts the result. ``keep_overrides`` re-applies the overrides
+    already recorded (after an edit of ``conf/`` on top of an applied experiment).
+    """
     root = root or project_root()
-    text = compose_text(root, overrides)
+    kept = recorded.hydra_overrides(recorded.read(root)) if keep_overrides else []
+    text = compose_text(root, [*kept, *overrides])
+    base = yaml.safe_load(compose_text(root)) if (overrides or kept) else None
     validate(OmegaConf.create(text))
-    return atomic_write_text(root / PARAMS_FILE, text)
+    path = atomic_write_text(root / PARAMS_FILE, text)
+    recorded.write(root, recorded.diff(base, yaml.safe_load(text)) if base is not None else [])
+    return path
 
 
 def _leaf_diff(a: Any, b: Any, prefix: str = "") -> list[str]:
@@ -133,6 +155,8 @@ def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
         h.update(data)
 
     add(PARAMS_FILE, params_text.encode("utf-8"))
+    record = root / recorded.OVERRIDES_FILE
+    add(recorded.OVERRIDES_FILE, record.read_bytes() if record.is_file() else b"")
     for sub in (CONF_DIR, "hydra_plugins"):
         folder = root / sub
         if folder.is_dir():
@@ -160,8 +184,14 @@ def _remember(stamp: Path | None) -> None:
         pass
 
 
-def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
+def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = False) -> None:
     """Raise :class:`ConfigError` when params.yaml is stale against conf/.
+
+    params.yaml is in sync when it is what conf/ composes to, with the overrides recorded
+    in ``params.overrides.yaml`` applied (:mod:`pipeline.core.overrides`: an applied
+    ``dvc exp``, or ``compose key=value``). Inside a ``dvc exp run`` (DVC just composed
+    params.yaml with the experiment's overrides) only its structure is checked, and
+    ``record=True`` (the check_params stage) records what the experiment changed.
 
     A passed check is remembered (a stamp under ``<paths.checkpoints>/params_check/``
     named by the hash of every input, :func:`_stamp_path`), so the stages after
@@ -176,16 +206,14 @@ def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
         params = yaml.safe_load(current)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{params_path} is not valid YAML: {exc}") from exc
-    stamp = _stamp_path(root, current, params) if use_stamp else None
+    in_exp = bool(os.environ.get("DVC_EXP_BASELINE_REV"))
+    stamp = _stamp_path(root, current, params) if use_stamp and not record else None
     if stamp is not None and stamp.is_file():
         return
     validate(OmegaConf.create(params))
     expected = compose_text(root)
-    if current == expected:
-        _remember(stamp)
-        return
     composed = yaml.safe_load(expected)
-    if os.environ.get("DVC_EXP_BASELINE_REV"):
+    if in_exp:
         # dvc exp run composed params.yaml with the experiment's overrides just now.
         missing = _keys(composed) ^ _keys(params)
         if missing:
@@ -193,14 +221,29 @@ def check(root: Path | None = None, *, use_stamp: bool = True) -> None:
                 f"{params_path} does not have the structure conf/ composes to; differing keys: "
                 + ", ".join(sorted(missing)[:10])
             )
+        if record:
+            recorded.write(root, recorded.diff(composed, params))
         _remember(stamp)
         return
-    diffs = _leaf_diff(params, composed)
+    try:
+        kept = recorded.read(root)
+    except recorded.OverridesError as exc:
+        raise ConfigError(str(exc)) from exc
+    if current == expected or params == recorded.apply(composed, kept):
+        if record and not (root / recorded.OVERRIDES_FILE).exists():
+            recorded.write(root, [])
+        _remember(stamp)
+        return
+    diffs = _leaf_diff(params, recorded.apply(composed, kept))
     shown = "; ".join(diffs[:8]) + (f"; ... ({len(diffs)} in all)" if len(diffs) > 8 else "")
+    with_record = (f" with the overrides recorded in {recorded.OVERRIDES_FILE} ({recorded.describe(kept)})"
+                   if kept else "")
+    keep = (" `python -m pipeline.core.config compose --keep-overrides` recomposes it with them "
+            "(plain `compose`: conf/ alone)." if kept else
+            " Run `python -m pipeline.core.config compose` and commit params.yaml.")
     raise ConfigError(
-        f"{params_path} is stale against {root / CONF_DIR} ({shown or 'formatting differs'}). "
-        "`dvc repro` never recomposes it: run `python -m pipeline.core.config compose` and commit "
-        "params.yaml, or use `dvc exp run -S key=value` for an experiment."
+        f"{params_path} is stale against {root / CONF_DIR}{with_record} ({shown or 'formatting differs'}). "
+        f"`dvc repro` never recomposes it:{keep} For an experiment: `dvc exp run -S key=value`."
     )
 
 
@@ -221,6 +264,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_agent(typed.agent)
     _check_memory(typed.memory)
     _check_conditions(typed)
+    _check_numerics(typed.numerics)
     return typed
 
 
@@ -259,6 +303,14 @@ def _check_agent(a: AgentConfig) -> None:
 def _check_memory(m: MemoryConfig) -> None:
     _require(1 <= m.topk <= 3, "memory.topk", m.topk, "in [1, 3]")
     _require(0 <= m.relevance_threshold <= 1, "memory.relevance_threshold", m.relevance_threshold, "in [0, 1]")
+
+
+def _check_numerics(n: NumericsConfig) -> None:
+    caps = (*CPU_CAPABILITIES, NATIVE)
+    _require(n.cpu_capability in caps, "numerics.cpu_capability", n.cpu_capability, " | ".join(caps))
+    _require(n.mkl_cbwr in (*MKL_BRANCHES, NATIVE), "numerics.mkl_cbwr", n.mkl_cbwr,
+             f"{' | '.join((*MKL_BRANCHES, NATIVE))} (MKL's other branches exist on Intel CPUs only)")
+    _require(n.threads >= 1, "numerics.threads", n.threads, ">= 1")
 
 
 def _check_conditions(typed: Config) -> None:
@@ -322,16 +374,27 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_compose = sub.add_parser("compose", help="regenerate params.yaml from conf/ (as dvc exp run does)")
     p_compose.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. agent=rag")
-    sub.add_parser("check", help="fail if params.yaml is stale against conf/")
+    p_compose.add_argument("--keep-overrides", action="store_true",
+                           help=f"re-apply the overrides recorded in {recorded.OVERRIDES_FILE} (an applied dvc exp)")
+    p_check = sub.add_parser("check", help="fail if params.yaml is stale against conf/")
+    p_check.add_argument("--record", action="store_true",
+                         help=f"the check_params stage: inside `dvc exp run` record the experiment's overrides in "
+                              f"{recorded.OVERRIDES_FILE}; write <paths.checkpoints>/{CHECKED_FILE}")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "compose":
-            path = compose(overrides=args.overrides)
-            print(f"wrote {path}")
+            path = compose(overrides=args.overrides, keep_overrides=args.keep_overrides)
+            kept = recorded.read(path.parent)
+            print(f"wrote {path}" + (f" (overrides: {recorded.describe(kept)})" if kept else ""))
         else:
-            check()
-            print("params.yaml is in sync with conf/")
-    except ConfigError as exc:
+            check(record=args.record)
+            root = project_root()
+            if args.record:  # the check_params stage's output every other stage depends on
+                ckpt = OmegaConf.load(root / PARAMS_FILE).paths.checkpoints
+                atomic_write_text(root / ckpt / CHECKED_FILE, CHECKED_TEXT)
+            kept = recorded.read(root)
+            print("params.yaml is in sync with conf/" + (f" + overrides {recorded.describe(kept)}" if kept else ""))
+    except (ConfigError, recorded.OverridesError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

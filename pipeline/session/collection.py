@@ -43,27 +43,26 @@ from pipeline.session.rollout import Checkpoints, Task, play
 from pipeline.users import FileFeedback, User, make_user
 
 # Config subtrees whose change invalidates checkpointed episodes.
-CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type")
-
-# torch intra-op threads while a local model generates. A fixed count keeps the sampled
-# tokens (float reduction order) independent of the machine's core count, so the same
-# config gives the same Parquet on another machine; one thread also cannot oversubscribe
-# cores that DVC, the simulated user or other jobs share. Its cost with the default model
-# on an idle 2-core machine: 0.90x the agent steps/s of 2 threads (`python -m benchmarks
-# --only collect_memory`); a large user model wants more (model.threads is future work).
-INFERENCE_THREADS = 1
-
+CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
+                   "numerics")
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:
-    """Run a local transformers model on :data:`INFERENCE_THREADS` threads; restore after."""
+    """Run a local transformers model on ``numerics.threads`` threads; restore after.
+
+    A fixed count keeps the sampled tokens (float reduction order) independent of the
+    machine's core count (:mod:`pipeline.core.numerics`); one thread also cannot
+    oversubscribe cores that DVC, the simulated user or other jobs share. Its cost with
+    the default model on an idle 2-core machine: 0.90x the agent steps/s of 2 threads
+    (`python -m benchmarks --only collect_memory`).
+    """
     if not plays_with_model(cfg.agent) or not is_local(cfg.model):
         yield
         return
     import torch  # deferred: heavy optional dependency (torch)
 
     before = torch.get_num_threads()
-    torch.set_num_threads(INFERENCE_THREADS)
+    torch.set_num_threads(int(cfg.numerics.threads))
     try:
         yield
     finally:

@@ -25,7 +25,7 @@ from pipeline.core.io import atomic_write_json
 from pipeline.users.file import FileFeedback
 from pipeline.session.collection import collect_shard, load_games, merge_shards, parse_shard, run_collection
 from pipeline.session.rollout import tasks_from_manifest
-from pipeline.stages.common import stage_error
+from pipeline.stages.common import pin_numerics, stage_error
 
 
 def _args(argv: list[str] | None) -> Any:
@@ -44,6 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     try:
         cfg = load_params()
+        pin_numerics(cfg)  # before anything loads torch
         root = project_root()
         manifest, scenes = load_games(root, cfg)
         feedback_source = None

@@ -1,11 +1,14 @@
-"""What every stage's ``main`` shares: one way to report an expected failure."""
+"""What every stage's ``main`` shares: one way to report an expected failure, and the
+numerics pin of the stages that train or run a model."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError
+from pipeline.core.numerics import NumericsError, cpu_model, pin
 from pipeline.llm.backends import BackendError
 
 
@@ -14,10 +17,17 @@ def stage_error(exc: BaseException) -> int:
     the agent (bad config or artifact, or a backend error under
     ``agent.on_backend_error=fail``); re-raise anything else (a bug keeps its traceback).
     Call it from an ``except Exception`` clause."""
-    if isinstance(exc, (ConfigError, ArtifactError, FileNotFoundError, ValueError)):
+    if isinstance(exc, (ConfigError, ArtifactError, NumericsError, FileNotFoundError, ValueError)):
         print(f"error: {exc}", file=sys.stderr)
         return 1
     if isinstance(exc, BackendError):
         print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
         return 1
     raise exc
+
+
+def pin_numerics(cfg: Any) -> dict[str, Any]:
+    """Pin ``cfg.numerics`` (:func:`pipeline.core.numerics.pin`): first thing in the ``main``
+    of a stage that trains or runs a model, before anything loads torch. Returns what runs,
+    with the CPU's name, for the stage's metrics."""
+    return {**pin(cfg.numerics), "cpu": cpu_model()}

@@ -31,7 +31,7 @@ from pipeline.core.io import atomic_dir, atomic_write_json
 from pipeline.policy.demoset import build_demo_set, write_demo_set
 from pipeline.policy.training import SKIPPED_FILE, skip_reason
 from pipeline.session.collection import load_games
-from pipeline.stages.common import stage_error
+from pipeline.stages.common import pin_numerics, stage_error
 
 METRICS_FILE = "demos.json"
 
@@ -40,6 +40,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_params()
+        pin_numerics(cfg)  # before anything loads torch
         root = project_root()
         out_dir = root / cfg.paths.demos
         metrics_path = root / cfg.paths.metrics / METRICS_FILE

@@ -22,7 +22,7 @@ import sys
 from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_write_json
 from pipeline.session.evaluation import evaluate_condition
-from pipeline.stages.common import stage_error
+from pipeline.stages.common import pin_numerics, stage_error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_params()
+        pin_numerics(cfg)  # before anything loads torch
         root = project_root()
         cond = args.condition
         metrics, stats, out_dir = evaluate_condition(cfg, root, cond)

@@ -26,14 +26,17 @@ import time
 
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.core.numerics import NumericsError
 from pipeline.grounding import GroundingError
 from pipeline.grounding.episodes import ground, ground_metrics, make_generate, write_ground_outputs
+from pipeline.stages.common import pin_numerics
 
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_params()
+        pin_numerics(cfg)  # before anything loads torch
         root = project_root()
         g = cfg.grounding
         episodes_dir = root / cfg.paths.episodes
@@ -49,7 +52,7 @@ def main() -> int:
         atomic_write_json(root / cfg.paths.metrics / "ground.json", metrics)
         print(f"grounded {len(docs)} episodes of {len(index['scenes'])} scenes -> {out} "
               f"({metrics['steps_with_feedback']} of {metrics['num_steps']} steps with feedback)")
-    except (ConfigError, ArtifactError, GroundingError, FileNotFoundError) as exc:
+    except (ConfigError, ArtifactError, GroundingError, NumericsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -44,7 +44,7 @@ from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
 from pipeline.policy.training import LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, loss_csv, model_dir, skip_reason
 from pipeline.session.collection import load_games
-from pipeline.stages.common import stage_error
+from pipeline.stages.common import pin_numerics, stage_error
 
 log = logging.getLogger(__name__)
 
@@ -82,13 +82,10 @@ def summary_line(metrics: dict) -> str:
     return line
 
 
-def run(cfg: Config, root: Path) -> dict:
+def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     """Train on ``data/demos``, write ``data/policy`` and the loss curve, measure; returns the metrics."""
-    import torch  # deferred: heavy optional dependency (torch)
-
     out_dir = root / cfg.paths.policy
     metrics_dir = root / cfg.paths.metrics
-    torch.set_num_threads(int(cfg.model.policy.threads))
     t0 = time.perf_counter()
     manifest, scenes = load_games(root, cfg)
     demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
@@ -97,6 +94,8 @@ def run(cfg: Config, root: Path) -> dict:
         built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar))
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv(built["curve"]))
     metrics: dict[str, Any] = {"trained": True, "model_dir": model_dir(cfg), **built["summary"]}
+    if numerics is not None:  # what ran: the pinned numerics and the CPU (never in data/policy)
+        metrics["numerics"] = numerics
     timings = {"load_demos_s": load_s, **built["timings"]}
     if bool(cfg.model.policy.evaluate):
         t = time.perf_counter()
@@ -117,13 +116,14 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_params()
+        numerics = pin_numerics(cfg)  # before anything loads torch
         root = project_root()
         reason = skip_reason(cfg)
         if reason is not None:
             write_skipped(cfg, root, reason)
             print(f"policy: skipped ({reason})")
             return 0
-        print(summary_line(run(cfg, root)))
+        print(summary_line(run(cfg, root, numerics)))
     except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
         return stage_error(exc)
     return 0

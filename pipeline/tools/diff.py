@@ -23,6 +23,14 @@ What is shown:
   (prompt, generated text, action, feedback first); ``grounding`` (per-episode JSON/TXT
   files and the merged Markdown/JSON) with files added / removed / changed, changed JSON
   keys and the first differing lines of text files.
+
+Missing data: when a DVC output's data is not in the local cache at a revision (a
+``dvc.lock`` built on another machine, an experiment whose data ``dvc gc`` removed) or not
+in the working tree (``workspace``), its files are listed as "not compared" with the
+reason, and a "missing data" block names the revision, the outputs and the commands that
+bring them back (``dvc pull``, ``dvc repro``, ``dvc exp apply NAME``, ``dvc checkout``).
+Params and metrics (in git) are still diffed. The exit status is 1 only when missing data
+left nothing at all to compare.
 """
 
 from __future__ import annotations
@@ -34,7 +42,7 @@ import io
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -69,7 +77,34 @@ class DiffError(RuntimeError):
     """A revision cannot be resolved or an artifact cannot be read (message names it)."""
 
 
+class MissingData(DiffError):
+    """A DVC output's data is not readable at one revision: not in the local DVC cache (a git
+    revision or an experiment) or not in the working tree (``workspace``).
+
+    Attributes:
+        output: The DVC output that ``path`` belongs to.
+        path: The file that was asked for.
+        what: ``output`` when none of it can be read (its files cannot even be listed),
+            ``path`` when only that file's data is missing.
+    """
+
+    def __init__(self, rev: "Rev", output: str, path: str, *, whole: bool):
+        self.rev, self.output, self.path = rev, output, path
+        self.what = output if whole else path
+        super().__init__(f"{self.what} at {rev.label} is {rev.missing_reason}")
+
+
 # --------------------------------------------------------------------------- revisions
+
+
+def _dvc_read_errors() -> tuple[type[BaseException], ...]:
+    """What DVCFileSystem raises for an output whose data is not in the local cache: a
+    directory output whose ``.dir`` object is missing cannot be listed
+    (``DataIndexDirError``); a file whose object is missing cannot be opened
+    (``FileNotFoundError: No storage files available``)."""
+    from dvc_data.index import DataIndexDirError  # deferred: heavy dependency (dvc)
+
+    return (DataIndexDirError, FileNotFoundError)
 
 
 @dataclass
@@ -80,6 +115,9 @@ class Rev:
         name: What the user typed (``HEAD~1``, ``my-exp``, ``workspace``).
         sha: The resolved commit (None for the workspace).
         kind: ``workspace`` | ``experiment`` | ``git``.
+        at_head: The commit is the one checked out (restoring its data needs no checkout).
+        missing: DVC outputs (paths) found unreadable so far, whole or in part (see
+            :class:`MissingData`); ``partly`` holds those only some of whose files are missing.
     """
 
     name: str
@@ -87,6 +125,81 @@ class Rev:
     kind: str
     root: Path
     fs: Any = None  # DVCFileSystem for git revisions / experiments
+    at_head: bool = False
+    missing: list[str] = field(default_factory=list)
+    partly: set[str] = field(default_factory=set)
+    _outputs: list[str] | None = field(default=None, repr=False)
+    _probed: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def outputs(self) -> list[str]:
+        """The cached DVC outputs declared at this revision (paths relative to the root)."""
+        if self._outputs is None:
+            self._outputs = self._load_outputs()
+        return self._outputs
+
+    def _load_outputs(self) -> list[str]:
+        from dvc.exceptions import DvcException  # deferred: heavy dependency (dvc)
+
+        if self.fs is not None:
+            repo = self.fs.repo
+        else:
+            from dvc.repo import Repo  # deferred: heavy dependency (dvc)
+
+            try:
+                repo = Repo(str(self.root))
+            except DvcException:  # not a DVC project: plain files only
+                return []
+        try:
+            outs = [o for o in repo.index.outs if o.use_cache]
+            return sorted(repo.fs.relpath(o.fs_path, repo.root_dir).replace("\\", "/") for o in outs)
+        except DvcException:  # dvc.yaml being edited in the working tree: no output checks there
+            if self.fs is None:
+                return []
+            raise
+        finally:
+            if self.fs is None:
+                repo.close()
+
+    def output_of(self, path: str) -> str | None:
+        """The DVC output that is ``path`` or contains it."""
+        owners = [o for o in self.outputs if path == o or path.startswith(o + "/")]
+        return max(owners, key=len) if owners else None
+
+    def missing_output_of(self, path: str) -> str | None:
+        """The wholly unreadable output that is ``path`` or contains it (None: not known to be)."""
+        owners = [o for o in self.missing if o not in self.partly and (path == o or path.startswith(o + "/"))]
+        return max(owners, key=len) if owners else None
+
+    def _mark_missing(self, output: str, *, whole: bool = True) -> None:
+        if output not in self.missing:
+            self.missing.append(output)
+            self.missing.sort()
+            if not whole:
+                self.partly.add(output)
+        elif whole:
+            self.partly.discard(output)
+
+    @property
+    def missing_reason(self) -> str:
+        return "not in the working tree" if self.fs is None else "not in the local DVC cache"
+
+    def present(self, path: str) -> bool:
+        """Whether ``path`` is a file at this revision; :class:`MissingData` when it is in a DVC
+        output whose data is not here (so whether it exists cannot be told)."""
+        missing = self.missing_output_of(path)
+        if missing is None and not self.exists(path):
+            output = self.output_of(path)
+            if output is None or output in self._probed:
+                return False
+            self._probed.add(output)
+            self.find(output)  # marks the output missing when its data is not here
+            missing = self.missing_output_of(path)
+            if missing is None:
+                return False
+        if missing is not None:
+            raise MissingData(self, missing, path, whole=True)
+        return True
 
     def exists(self, path: str) -> bool:
         if self.fs is None:
@@ -94,29 +207,92 @@ class Rev:
         return bool(self.fs.exists(path)) and bool(self.fs.isfile(path))
 
     def read_bytes(self, path: str) -> bytes:
-        try:
-            if self.fs is None:
+        """The file's bytes; :class:`MissingData` when its DVC output's data is not here."""
+        missing = self.missing_output_of(path)
+        if missing is not None:
+            raise MissingData(self, missing, path, whole=True)
+        if self.fs is None:
+            try:
                 return (self.root / path).read_bytes()
+            except OSError as exc:
+                raise DiffError(f"cannot read {path} at {self.label}: {exc}") from exc
+        try:
             with self.fs.open(path, "rb") as fh:
                 return fh.read()
-        except Exception as exc:  # missing cache object, permission, ...
-            raise DiffError(f"cannot read {path} at {self.label}: {exc} (not in the local DVC cache? "
-                            "`dvc pull` / `dvc exp pull` it first)") from exc
+        except _dvc_read_errors() as exc:
+            output = self.output_of(path)
+            if output is None:  # a git-tracked file that vanished: not a cache problem
+                raise DiffError(f"cannot read {path} at {self.label}: {exc}") from exc
+            # A file output, or one file of a directory output that could be listed.
+            whole = output == path or not isinstance(exc, FileNotFoundError)
+            self._mark_missing(output, whole=whole)
+            raise MissingData(self, output, path, whole=whole) from exc
+        except OSError as exc:  # permission, I/O error
+            raise DiffError(f"cannot read {path} at {self.label}: {exc}") from exc
 
     def find(self, folder: str) -> list[str]:
-        """Files under ``folder`` (posix paths relative to the repo root), sorted."""
+        """Files under ``folder`` (posix paths relative to the repo root), sorted.
+
+        DVC outputs in or above ``folder`` whose data is not here are added to
+        :attr:`missing` (their files are then not listed).
+        """
         if self.fs is None:
-            base = self.root / folder
-            if not base.is_dir():
-                return []
-            return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
-        if not self.fs.exists(folder) or not self.fs.isdir(folder):
+            return self._find_workspace(folder)
+        found: list[str] = []
+        self._walk(folder.strip("/"), found)
+        return sorted(found)
+
+    def _find_workspace(self, folder: str) -> list[str]:
+        for out in self.outputs:  # declared outputs, in or above `folder`, absent from the working tree
+            if (out == folder or out.startswith(folder + "/") or folder.startswith(out + "/")) \
+                    and not (self.root / out).exists():
+                self._mark_missing(out)
+        base = self.root / folder
+        if not base.is_dir():
             return []
-        return sorted(str(p).lstrip("/") for p in self.fs.find(folder))
+        return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*") if p.is_file())
+
+    def _walk(self, path: str, found: list[str]) -> None:
+        dir_error = _dvc_read_errors()[0]
+        try:
+            entries = self.fs.ls(path, detail=True)
+        except FileNotFoundError:
+            return
+        except dir_error:  # a directory output (or one above `path`) whose .dir object is not cached
+            output = self.output_of(path)
+            if output is None:
+                raise
+            self._mark_missing(output)
+            return
+        for e in entries:
+            name = str(e["name"]).strip("/")
+            if e["type"] == "directory":
+                self._walk(name, found)
+            else:
+                found.append(name)
 
     @property
     def label(self) -> str:
         return self.name if self.sha is None else f"{self.name} ({self.sha[:7]})"
+
+    def restore_commands(self, has_remote: bool) -> list[tuple[str, str]]:
+        """``(command, what it does)`` pairs that bring this revision's missing outputs back."""
+        if self.kind == WORKSPACE:
+            return [("dvc checkout", "restore them from the local DVC cache"),
+                    ("dvc pull", "download them from the DVC remote" + ("" if has_remote else NO_REMOTE)),
+                    ("dvc repro", "rebuild them")]
+        if self.kind == "experiment":
+            return [(f"dvc exp apply {self.name} && dvc pull",
+                     "download them from the DVC remote, if they were pushed" + ("" if has_remote else NO_REMOTE)),
+                    (f"dvc exp apply {self.name} && dvc exp run",
+                     f"rebuild: rerun {self.name}'s params (saved as a new experiment)")]
+        checkout = "" if self.at_head else f"git checkout {self.sha[:7]} && "
+        back = "" if self.at_head else " (`git checkout -` to come back)"
+        return [(f"{checkout}dvc pull", "download them from the DVC remote" + ("" if has_remote else NO_REMOTE)),
+                (f"{checkout}dvc repro", "rebuild them" + back)]
+
+
+NO_REMOTE = " (no DVC remote is configured here: `dvc remote add`)"
 
 
 def open_rev(root: str | Path, name: str) -> Rev:
@@ -147,7 +323,20 @@ def open_rev(root: str | Path, name: str) -> Rev:
         except Exception as exc:
             raise DiffError(f"unknown revision {name!r}: not a git revision, a DVC experiment name "
                             f"(see `dvc exp show`) or 'workspace'") from exc
-    return Rev(name=name, sha=sha, kind=kind, root=root, fs=DVCFileSystem(str(root), rev=sha))
+    return Rev(name=name, sha=sha, kind=kind, root=root, fs=DVCFileSystem(str(root), rev=sha),
+               at_head=kind == "git" and sha == repo.scm.get_rev())
+
+
+def has_dvc_remote(root: str | Path) -> bool:
+    """Whether the project configures a DVC remote (``dvc remote list`` is not empty)."""
+    from dvc.exceptions import DvcException  # deferred: heavy dependency (dvc)
+    from dvc.repo import Repo
+
+    try:
+        with Repo(str(root)) as repo:
+            return bool(repo.config.get("remote"))
+    except DvcException:
+        return False
 
 
 # --------------------------------------------------------------------------- values
@@ -323,12 +512,29 @@ def read_table_rows(data: bytes, path: str) -> list[dict]:
 
 
 def diff_file(path: str, a: Rev, b: Rev, *, limit: int, width: int) -> dict[str, Any]:
-    in_a, in_b = a.exists(path), b.exists(path)
+    """One file at both revisions: ``status`` added / removed / same / changed (with its diff), or
+    ``unavailable`` with ``missing`` = {side: the DVC output (or this file) whose data is not there}."""
     out: dict[str, Any] = {"path": path}
-    if not in_a or not in_b:
-        out["status"] = "added" if in_b else "removed"
+    sides = (("a", a), ("b", b))
+    present, data, missing = {}, {}, {}
+    for side, rev in sides:
+        try:
+            present[side] = rev.present(path)
+        except MissingData as exc:
+            missing[side] = exc.what
+    if not missing and present["a"] and present["b"]:
+        for side, rev in sides:
+            try:
+                data[side] = rev.read_bytes(path)
+            except MissingData as exc:
+                missing[side] = exc.what
+    if missing:
+        out.update(status="unavailable", missing=missing)
         return out
-    da, db = a.read_bytes(path), b.read_bytes(path)
+    if not present["a"] or not present["b"]:
+        out["status"] = "added" if present["b"] else "removed"
+        return out
+    da, db = data["a"], data["b"]
     if da == db:
         out["status"] = "same"
         return out
@@ -352,7 +558,7 @@ def diff_file(path: str, a: Rev, b: Rev, *, limit: int, width: int) -> dict[str,
 
 
 def load_params_at(rev: Rev) -> dict:
-    if not rev.exists("params.yaml"):
+    if not rev.present("params.yaml"):
         return {}
     try:
         return yaml.safe_load(rev.read_bytes("params.yaml")) or {}
@@ -379,17 +585,30 @@ def _numbers(doc: Any) -> dict[str, Any]:
 
 
 def diff_metrics(a: Rev, b: Rev, dir_a: str, dir_b: str) -> list[dict]:
+    """Every number of the metrics JSON files that differs (see :func:`metrics_diff`)."""
+    return metrics_diff(a, b, dir_a, dir_b)[0]
+
+
+def metrics_diff(a: Rev, b: Rev, dir_a: str, dir_b: str) -> tuple[list[dict], int, list[dict]]:
+    """``(differing numbers, files compared, files not compared)``: a metrics file in a DVC
+    output whose data is not at one revision is not compared (``file``, ``missing``)."""
+    unavailable: list[dict] = []
     files = sorted({p[len(dir_a) + 1:] for p in a.find(dir_a) if p.endswith(".json")}
                    | {p[len(dir_b) + 1:] for p in b.find(dir_b) if p.endswith(".json")})
     out = []
     for rel in files:
-        docs = []
-        for rev, d in ((a, dir_a), (b, dir_b)):
+        docs, missing = [], {}
+        for side, rev, d in (("a", a, dir_a), ("b", b, dir_b)):
             path = f"{d}/{rel}"
             try:
-                docs.append(_numbers(json.loads(rev.read_bytes(path))) if rev.exists(path) else {})
+                docs.append(_numbers(json.loads(rev.read_bytes(path))) if rev.present(path) else {})
             except json.JSONDecodeError:
                 docs.append({})
+            except MissingData as exc:
+                missing[side] = exc.what
+        if missing:
+            unavailable.append({"file": rel, "missing": missing})
+            continue
         for k in sorted(set(docs[0]) | set(docs[1])):
             va, vb = docs[0].get(k), docs[1].get(k)
             if _norm(va) == _norm(vb):
@@ -399,7 +618,7 @@ def diff_metrics(a: Rev, b: Rev, dir_a: str, dir_b: str) -> list[dict]:
                     and not isinstance(vb, bool):
                 row["delta"] = round(vb - va, 10)
             out.append(row)
-    return out
+    return out, len(files) - len(unavailable), unavailable
 
 
 def artifact_files(rev: Rev, paths: Mapping[str, str], artifact: str) -> list[str]:
@@ -431,15 +650,25 @@ def diff_revisions(root: str | Path, rev_a: str, rev_b: str, *, artifacts: Itera
     if unknown:
         raise DiffError(f"--artifact {unknown[0]!r}: expected one of {', '.join(ARTIFACTS)}")
     a, b = open_rev(root, rev_a), open_rev(root, rev_b)
-    params_a, params_b = load_params_at(a), load_params_at(b)
+    params_missing: dict[str, str] = {}
+    params = []
+    for side, rev in (("a", a), ("b", b)):
+        try:
+            params.append(load_params_at(rev))
+        except MissingData as exc:  # params.yaml tracked by DVC and not here
+            params_missing[side] = exc.what
+            params.append({})
+    params_a, params_b = params
     paths_a, paths_b = paths_at(params_a), paths_at(params_b)
+    metrics, metrics_files, metrics_unavailable = metrics_diff(a, b, paths_a["metrics"], paths_b["metrics"])
     result: dict[str, Any] = {
         "a": {"rev": a.name, "sha": a.sha, "kind": a.kind},
         "b": {"rev": b.name, "sha": b.sha, "kind": b.kind},
-        "params": diff_params(params_a, params_b),
-        "metrics": diff_metrics(a, b, paths_a["metrics"], paths_b["metrics"]),
+        "params": [] if params_missing else diff_params(params_a, params_b),
+        "metrics": metrics,
         "artifacts": {},
     }
+    compared_files = 0
     for name in names:
         files = sorted(set(artifact_files(a, paths_a, name)) | set(artifact_files(b, paths_b, name)))
         entries = []
@@ -447,10 +676,45 @@ def diff_revisions(root: str | Path, rev_a: str, rev_b: str, *, artifacts: Itera
             if progress:
                 progress(path)
             entries.append(diff_file(path, a, b, limit=limit, width=width))
-        summary = {s: sum(e["status"] == s for e in entries) for s in ("added", "removed", "changed", "same")}
+        summary = {s: sum(e["status"] == s for e in entries)
+                   for s in ("added", "removed", "changed", "same", "unavailable")}
+        compared_files += len(entries) - summary["unavailable"]
         result["artifacts"][name] = {"files": summary,
-                                     "entries": [e for e in entries if e["status"] != "same"]}
+                                     "entries": [e for e in entries if e["status"] != "same"],
+                                     "missing_outputs": _missing_under([k for k, _ in ARTIFACTS[name]],
+                                                                         (a, paths_a), (b, paths_b))}
+    result["compared"] = {"params": not params_missing and bool(params_a or params_b),
+                          "metrics_files": metrics_files, "artifact_files": compared_files}
+    result["unavailable"] = {"params": params_missing, "metrics": metrics_unavailable,
+                             "metrics_outputs": _missing_under(["metrics"], (a, paths_a), (b, paths_b))}
+    result["missing_data"] = missing_data(a, b, has_remote=bool((a.missing or b.missing) and has_dvc_remote(root)))
     return result
+
+
+def _missing_under(keys: Iterable[str], *sides: tuple[Rev, Mapping[str, str]]) -> dict[str, list[str]]:
+    """{side: missing outputs in or above the folders ``paths[key]`` at that revision}."""
+    out = {}
+    for side, (rev, paths) in zip("ab", sides):
+        bases = [paths.get(key, DEFAULT_PATHS[key]) for key in keys]
+        hit = [o for o in rev.missing
+               if any(o == base or o.startswith(base + "/") or base.startswith(o + "/") for base in bases)]
+        if hit:
+            out[side] = hit
+    return out
+
+
+def missing_data(a: Rev, b: Rev, *, has_remote: bool) -> list[dict]:
+    """Per revision with unreadable outputs: what they are, why, and the commands that fix it."""
+    return [{"side": side, "rev": rev.name, "sha": rev.sha, "kind": rev.kind, "reason": rev.missing_reason,
+             "outputs": list(rev.missing), "partly": sorted(rev.partly),
+             "commands": [{"run": cmd, "does": why} for cmd, why in rev.restore_commands(has_remote)]}
+            for side, rev in (("a", a), ("b", b)) if rev.missing]
+
+
+def nothing_compared(d: Mapping[str, Any]) -> bool:
+    """True when missing data left nothing to compare: no params, no metrics file, no artifact file."""
+    c = d["compared"]
+    return bool(d["missing_data"]) and not (c["params"] or c["metrics_files"] or c["artifact_files"])
 
 
 # --------------------------------------------------------------------------- text output
@@ -460,27 +724,79 @@ def format_diff(d: Mapping[str, Any], *, limit: int = 5) -> str:
     a, b = d["a"]["rev"], d["b"]["rev"]
     out = [f"diff A={a}{' (' + d['a']['sha'][:7] + ')' if d['a']['sha'] else ''} "
            f"B={b}{' (' + d['b']['sha'][:7] + ')' if d['b']['sha'] else ''}", ""]
-    out.append(f"params: {len(d['params'])} differ")
+    if d.get("missing_data"):
+        out += format_missing(d) + [""]
+    unavailable = d.get("unavailable", {})
+    if unavailable.get("params"):
+        out.append("params: not compared (" + _missing_text(d, unavailable["params"]) + ")")
+    else:
+        out.append(f"params: {len(d['params'])} differ")
     for p in d["params"]:
         out.append(f"  {p['key']}: {_short(p['a'], 60)} -> {_short(p['b'], 60)}")
     out.append(f"metrics: {len(d['metrics'])} differ")
     for m in d["metrics"]:
         delta = f"  (Δ {m['delta']:+.6g})" if "delta" in m else ""
         out.append(f"  {m['file']}  {m['key']}: {_short(m['a'], 30)} -> {_short(m['b'], 30)}{delta}")
+    for m in unavailable.get("metrics", []):
+        out.append(f"  not compared: {m['file']} ({_missing_text(d, m['missing'])})")
+    if unavailable.get("metrics_outputs"):
+        out.append(f"  not compared: {_missing_text(d, unavailable['metrics_outputs'])}")
     for name, art in d["artifacts"].items():
         s = art["files"]
+        missing_outs = art.get("missing_outputs", {})
         if not any(s.values()):
-            out += ["", f"== {name}: not present at either revision"]
+            if missing_outs:
+                out += ["", f"== {name}: not compared: " + _missing_text(d, missing_outs)]
+            else:
+                out += ["", f"== {name}: not present at either revision"]
             continue
         out += ["", f"== {name}: {s['changed']} file(s) changed, {s['added']} added, {s['removed']} removed, "
-                    f"{s['same']} identical"]
+                    f"{s['same']} identical" + (f", {s['unavailable']} not compared" if s.get("unavailable") else "")]
         for e in art["entries"]:
-            out += _format_entry(e, limit)
+            out += _format_entry(e, limit, d)
     return "\n".join(out) + "\n"
 
 
-def _format_entry(e: Mapping[str, Any], limit: int) -> list[str]:
+def _missing_text(d: Mapping[str, Any], missing: Mapping[str, str | Sequence[str]]) -> str:
+    """``B=exp-a: data/episodes is not in the local DVC cache`` for each side of ``missing``
+    (``{side: path or paths}``)."""
+    reasons = {m["side"]: m["reason"] for m in d.get("missing_data", [])}
+    groups: dict[tuple, list[str]] = {}  # (paths, reason) -> sides: both sides in one clause when alike
+    for side, paths in missing.items():
+        key = (tuple([paths] if isinstance(paths, str) else paths), reasons.get(side, "not readable"))
+        groups.setdefault(key, []).append(f"{side.upper()}={d[side]['rev']}")
+    return "; ".join(f"{' and '.join(sides)}: {', '.join(paths)} {'is' if len(paths) == 1 else 'are'} {reason}"
+                     for (paths, reason), sides in groups.items())
+
+
+def format_missing(d: Mapping[str, Any]) -> list[str]:
+    """What the user reads when outputs are missing: which, at which revision, why, and the fix."""
+    out = []
+    for m in d["missing_data"]:
+        sha = f"{m['sha'][:7]}, " if m["sha"] else ""
+        kind = {"experiment": "DVC experiment", "git": "git revision"}.get(m["kind"], "working tree")
+        out.append(f"missing data: {m['side'].upper()}={m['rev']} ({sha}{kind}): {len(m['outputs'])} "
+                   f"output(s) {m['reason']} (their files are not compared):")
+        if m["side"] == "b" and d["missing_data"][0]["side"] == "a" and d["missing_data"][0]["outputs"] == m["outputs"] \
+                and d["missing_data"][0].get("partly") == m.get("partly"):
+            out.append("    (the same as A)")
+        else:
+            out += [f"    {o}" + (" (some of its files)" if o in m.get("partly", ()) else "") for o in m["outputs"]]
+        out.append("  to get them back, one of:")
+        width = max(len(c["run"]) for c in m["commands"])
+        out += [f"    {c['run']:<{width}}   # {c['does']}" for c in m["commands"]]
+    c = d["compared"]
+    kept = [w for w, ok in (("params", c["params"]), ("metrics", c["metrics_files"])) if ok]
+    if kept:
+        out.append(f"  {' and '.join(kept)} are still compared"
+                   + (f"; so are {c['artifact_files']} artifact file(s)" if c["artifact_files"] else "") + ".")
+    return out
+
+
+def _format_entry(e: Mapping[str, Any], limit: int, d: Mapping[str, Any] | None = None) -> list[str]:
     """The lines of one file's entry: added / removed, or its table, JSON or text changes."""
+    if e["status"] == "unavailable":
+        return [f"  not compared: {e['path']} ({_missing_text(d or {}, e['missing'])})"]
     if e["status"] != "changed":
         return [f"  {e['status']}: {e['path']}"]
     if e["kind"] == "table":
@@ -542,8 +858,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.json:
         sys.stdout.write(json.dumps(d, ensure_ascii=False, indent=2, sort_keys=True, default=str) + "\n")
+        if d["missing_data"]:  # stdout is JSON (often redirected): say it where it is seen
+            sys.stderr.write("\n".join(format_missing(d)) + "\n")
     else:
         sys.stdout.write(format_diff(d, limit=args.limit))
+    if nothing_compared(d):
+        print("error: nothing could be compared: the outputs' data is missing (see 'missing data' above) "
+              "and there are no params or metrics", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -33,9 +33,11 @@ from typing import Any, Callable, TextIO
 
 from omegaconf import OmegaConf
 
+from pipeline.agents import plays_with_model
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, compose_text, project_root, validate
 from pipeline.core.io import ArtifactError, read_json, read_parquet
+from pipeline.core.numerics import NumericsError, pin
 from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
 from pipeline.core.seeding import task_seed
 from pipeline.envs.household.user import step_status
@@ -256,13 +258,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = project_root()
         cfg = validate(OmegaConf.create(compose_text(root, args.overrides)))
+        if plays_with_model(cfg.agent) or cfg.grounding.generator == "llm":
+            pin(cfg.numerics)  # before anything loads torch: the numerics the stages use
         if args.episode is not None and args.episode < 1:
             raise GroundingError(f"--episode={args.episode}: expected an integer >= 1")
         out = Path(args.out)
         run_session(cfg, root, Console(), episode=args.episode, split=args.split, scene=args.scene,
                     quest=args.quest, out_dir=out if out.is_absolute() else root / out,
                     make_generate=grounding_generator)
-    except (ConfigError, ArtifactError, GroundingError, ValueError) as exc:
+    except (ConfigError, ArtifactError, GroundingError, NumericsError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,147 @@
+"""The DVC workflow researchers use: ``dvc exp run -S``, ``dvc exp apply``, then ``dvc repro``.
+
+Real ``git`` and ``dvc`` commands in a temporary repository with the project's own
+``conf/`` and stale check (``pipeline.core.config``, ``pipeline.core.overrides``), and a
+one-line stage that reads ``params.yaml`` the way every stage does.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipeline.core import overrides as recorded
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+DVC_YAML = """\
+stages:
+  check_params:
+    cmd: python -m pipeline.core.config check --record
+    deps: [conf, params.yaml]
+    outs:
+      - ${paths.checkpoints}/params_checked:
+          cache: false
+      - params.overrides.yaml:
+          cache: false
+          persist: true
+  seeded:
+    cmd: python -c "from pipeline.core.config import load_params; open('out.txt', 'w').write(str(load_params().seed))"
+    deps: ["${paths.checkpoints}/params_checked"]
+    params: [seed]
+    outs: [out.txt]
+"""
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DVC_", "GIT_"))}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@t")
+    return env
+
+
+def _run(repo: Path, *cmd: str, ok: bool = True) -> subprocess.CompletedProcess:
+    p = subprocess.run(cmd, cwd=repo, env=_env(), capture_output=True, text=True, timeout=300)
+    if ok and p.returncode != 0:
+        raise AssertionError(f"{' '.join(cmd)} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture()
+def repo(tmp_path: Path) -> Path:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    shutil.copytree(ROOT / "conf", repo / "conf")
+    shutil.copytree(ROOT / "hydra_plugins", repo / "hydra_plugins", ignore=shutil.ignore_patterns("__pycache__"))
+    (repo / "dvc.yaml").write_text(DVC_YAML)
+    (repo / ".gitignore").write_text("/.checkpoints/\n__pycache__/\n")
+    _run(repo, "git", "init", "-q")
+    _run(repo, "dvc", "init", "-q")
+    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")  # hydra.enabled, plugins_path
+    _run(repo, sys.executable, "-m", "pipeline.core.config", "compose")
+    _run(repo, "dvc", "repro", "-q")
+    _run(repo, "git", "add", "-A")
+    _run(repo, "git", "commit", "-qm", "baseline")
+    return repo
+
+
+def test_exp_apply_then_repro_reproduces_the_experiment(repo: Path):
+    assert (repo / "out.txt").read_text() == "0"
+    _run(repo, "dvc", "exp", "run", "-q", "-S", "seed=11", "-n", "e1")
+    _run(repo, "git", "checkout", "-q", "--", ".")  # back to the baseline workspace
+    _run(repo, "dvc", "checkout", "-q")
+    assert (repo / "out.txt").read_text() == "0"
+    _run(repo, "dvc", "exp", "apply", "e1")
+    assert recorded.read(repo) == [{"key": "sampling.seed", "value": 11}, {"key": "seed", "value": 11}]
+    p = _run(repo, "dvc", "repro")
+    assert "up to date" in p.stdout and (repo / "out.txt").read_text() == "11"
+    # A stage that must rerun after the apply reads params.yaml through the stale check too.
+    (repo / "out.txt").unlink()
+    _run(repo, "dvc", "repro", "-q")
+    assert (repo / "out.txt").read_text() == "11"
+
+
+def test_a_stale_params_yaml_stops_before_any_stage_output_is_touched(repo: Path):
+    _run(repo, "dvc", "exp", "run", "-q", "-S", "seed=11", "-n", "e1")
+    _run(repo, "dvc", "exp", "apply", "e1")
+    household = repo / "conf" / "env" / "household.yaml"
+    household.write_text(household.read_text().replace("max_steps: 30", "max_steps: 40"))
+    (repo / "dvc.yaml").write_text(DVC_YAML.replace("str(load_params().seed)", "str(load_params().seed) + '!'"))
+    p = _run(repo, "dvc", "repro", ok=False)
+    assert p.returncode != 0
+    err = p.stdout + p.stderr
+    assert "stale" in err and "env.max_steps: params.yaml=30 conf=40" in err and "seed=11" in err
+    assert "python -m pipeline.core.config compose --keep-overrides" in err
+    assert "Running stage 'seeded'" not in err
+    assert (repo / "out.txt").read_text() == "11"  # the changed stage never ran: its output is intact
+    _run(repo, sys.executable, "-m", "pipeline.core.config", "compose", "--keep-overrides")
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    assert params["seed"] == 11 and params["env"]["max_steps"] == 40
+    _run(repo, "dvc", "repro", "-q")
+    assert (repo / "out.txt").read_text() == "11!"
+
+
+def test_compose_with_overrides_records_them_and_the_check_accepts_the_result(tmp_path: Path):
+    for name in ("conf", "hydra_plugins"):
+        shutil.copytree(ROOT / name, tmp_path / name, ignore=shutil.ignore_patterns("__pycache__"))
+    from pipeline.core.config import ConfigError, check, compose
+
+    compose(tmp_path, ["agent=rag", "seed=3"])
+    kept = {o["key"]: o.get("value") for o in recorded.read(tmp_path)}
+    assert kept["agent.name"] == "rag" and kept["seed"] == 3
+    check(tmp_path, use_stamp=False)
+    compose(tmp_path)  # conf/ alone: the record is emptied
+    assert recorded.read(tmp_path) == []
+    check(tmp_path, use_stamp=False)
+    (tmp_path / recorded.OVERRIDES_FILE).write_text("overrides: [{value: 3}]\n")
+    with pytest.raises(ConfigError, match="params.overrides.yaml: expected `overrides:`"):
+        check(tmp_path, use_stamp=False)
+
+
+def test_overrides_diff_and_apply_round_trip():
+    composed = {"seed": 0, "agent": {"name": "react", "steps": 3, "kb": None}, "lst": [1, 2], "gone": {"a": 1}}
+    params = {"seed": 11, "agent": {"name": "rag", "kb": "x.json"}, "lst": [1], "new": {"b": {"c": True}}}
+    d = recorded.diff(composed, params)
+    assert {"key": "agent.steps", "removed": True} in d and {"key": "new.b.c", "value": True} in d
+    assert recorded.apply(composed, d) == params
+    assert recorded.diff(params, params) == []
+    assert recorded.hydra_overrides(d)[:2] == ["++agent.kb=\"x.json\"", "++agent.name=\"rag\""]
+
+
+def test_reprocheck_lists_the_outputs_a_repro_did_not_reproduce(repo: Path):
+    """`python -m pipeline.tools.reprocheck` after a repro: dvc.lock's cached outputs vs the committed lock."""
+    check = [sys.executable, "-m", "pipeline.tools.reprocheck"]
+    p = _run(repo, *check)
+    assert "every cached output reproduced" in p.stdout
+    (repo / "dvc.yaml").write_text(DVC_YAML.replace("str(load_params().seed)", "'changed'"))
+    _run(repo, "dvc", "repro", "-q")
+    p = _run(repo, *check, ok=False)
+    assert p.returncode == 1 and "1 output(s) differ" in p.stdout and "out.txt: md5 " in p.stdout
+    assert "params_checked" not in p.stdout  # cache: false outputs (stamps, metrics) are not artifacts
