@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -168,6 +169,49 @@ def test_game_files_do_not_depend_on_worker_count(tiny_games, tmp_path):
     built = tiny_games.game_path(r)
     assert (tmp_path / "g.z8").read_bytes() == built.read_bytes()
     assert (tmp_path / "g.json").read_bytes() == built.with_suffix(".json").read_bytes()
+
+
+def _tree(games_dir: Path) -> dict[str, bytes]:
+    return {str(f.relative_to(games_dir)): f.read_bytes() for f in sorted(games_dir.rglob("*")) if f.is_file()}
+
+
+def test_a_cold_build_elsewhere_gives_byte_identical_games(tiny_cfg, tiny_games, tmp_path, monkeypatch):
+    # A second build (fresh worker processes) into a deeper root, from another working
+    # directory, with a HOME whose ~/Inform holds another version of an extension every
+    # game includes (Inform 7 prefers a user's copy, and prints its version in the game):
+    # every file under the games folder must have the same bytes.
+    from textworld.generator.inform7.world2inform7 import I7_DEFAULT_PATH
+
+    from pipeline.envs.household.build import build_games
+
+    name = Path("Extensions", "Emily Short", "Basic Screen Effects.i7x")
+    ext = tmp_path / "home" / "Inform" / name
+    ext.parent.mkdir(parents=True)
+    text = (Path(I7_DEFAULT_PATH) / "share" / "inform7" / "Internal" / name).read_text(encoding="utf-8")
+    ext.write_text(text.replace("Version 7/", "Version 9/", 1), encoding="utf-8")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")
+    other = build_games(tiny_cfg, tmp_path / "another" / "project root", progress=False)
+    first, second = _tree(tiny_games.games_dir), _tree(other.games_dir)
+    assert len(first) == 2 * len(tiny_games.rows) + 2  # .z8 + .json per game, manifest, scenes
+    assert sorted(first) == sorted(second)
+    assert [name for name in first if first[name] != second[name]] == []
+
+
+def test_game_files_hold_no_machine_dependent_bytes(tiny_games):
+    import textworld
+
+    # what differs between machines, clones and build folders (and their resolved forms)
+    paths = {sys.prefix, str(Path(textworld.__file__).parent), str(tiny_games.root), str(Path.home()),
+             str(Path.cwd())}
+    needles = {p.encode() for q in paths for p in (q, str(Path(q).resolve())) if len(p) > 4}  # not "/", "/tmp"
+    for name, data in _tree(tiny_games.games_dir).items():
+        assert not [n for n in needles if n in data], name
+        if name.endswith(".json") and name.startswith("scene_"):
+            assert json.loads(data)["KB"]["text_grammars_path"] == "textworld/generator/data/text_grammars"
+        if name.endswith(".z8"):
+            assert data[0x12:0x18] == b"000000", name  # Inform writes the compile date (YYMMDD) there
 
 
 def test_parser_aliases_are_short_unique_words():

@@ -21,6 +21,7 @@ The stage that runs all of this is :mod:`pipeline.stages.games` (through
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -63,6 +64,11 @@ OBJECT_KINDS = ("Apple", "Mug", "Book", "Towel", "Soap", "Cup", "Remote", "Candl
 QUEST_TYPES = ("put_in", "put_on", "bring", "take")
 _GRID = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 _SERIAL = b"000000"  # Z-machine serial number (Inform writes the compile date there)
+# What a game's .json says for TextWorld's built-in text grammars (TextWorld writes their
+# absolute path inside the venv): the folder relative to site-packages. It is read only
+# when a Grammar is built from the loaded game's KnowledgeBase, and TextWorld then always
+# adds its built-in folder too; loading and playing a game never read it.
+_PORTABLE_GRAMMARS_PATH = "textworld/generator/data/text_grammars"
 
 
 def scene_id(index: int) -> str:
@@ -371,6 +377,45 @@ def build_game(spec: Mapping[str, Any], row: Mapping[str, Any]):
     return game, source
 
 
+def portable_game_data(data: dict[str, Any]) -> dict[str, Any]:
+    """A serialized ``textworld.Game`` made a function of the game alone (edited in place).
+
+    Sorts ``grammar.names_to_exclude`` (a set's order, which varies with PYTHONHASHSEED)
+    and replaces the absolute path of TextWorld's built-in text grammars in
+    ``KB.text_grammars_path`` with :data:`_PORTABLE_GRAMMARS_PATH`.
+
+    Raises:
+        ValueError: the grammars are not TextWorld's built-in ones (an absolute path
+            outside the textworld package: the games would depend on that folder).
+    """
+    import textworld  # deferred: heavy optional dependency (textworld)
+
+    data["grammar"]["names_to_exclude"] = sorted(data["grammar"]["names_to_exclude"], key=str)
+    path = data["KB"]["text_grammars_path"]
+    if os.path.isabs(path):
+        builtin = Path(textworld.__file__).resolve().parent / "generator" / "data" / "text_grammars"
+        if Path(path).resolve() != builtin:
+            raise ValueError(f"TextWorld's text grammars are read from {path}, not its built-in folder {builtin}")
+        data["KB"]["text_grammars_path"] = _PORTABLE_GRAMMARS_PATH
+    return data
+
+
+@contextlib.contextmanager
+def _inform_home(home: Path):
+    """Run Inform 7 with ``HOME=home`` (an empty folder), so no user's ``~/Inform``
+    (its Extensions override the built-in ones, its Options.txt is read) reaches a game,
+    and its documentation files land in ``home`` instead of the user's home."""
+    old = os.environ.get("HOME")
+    os.environ["HOME"] = str(home)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("HOME", None)
+        else:
+            os.environ["HOME"] = old
+
+
 def compile_quest_game(job: Mapping[str, Any]) -> dict[str, Any]:
     """Compile one quest to ``job["out"]`` (``.z8`` + ``.json``) and verify its expert plan.
 
@@ -393,11 +438,10 @@ def compile_quest_game(job: Mapping[str, Any]) -> dict[str, Any]:
     result = {"scene_id": row["scene_id"], "quest_id": row["quest_id"], "compile_s": 0.0, "error": None}
     try:
         game, source = build_game(spec, row)
-        data = game.serialize()
-        # A set's order leaks into this list (it varies with PYTHONHASHSEED): sort it.
-        data["grammar"]["names_to_exclude"] = sorted(data["grammar"]["names_to_exclude"], key=str)
-        (tmp / "game.json").write_text(json.dumps(data), encoding="utf-8")
-        compile_inform7_game(source, str(tmp / "game.z8"))
+        (tmp / "game.json").write_text(json.dumps(portable_game_data(game.serialize())), encoding="utf-8")
+        (tmp / "home").mkdir()
+        with _inform_home(tmp / "home"):
+            compile_inform7_game(source, str(tmp / "game.z8"))
         data = bytearray((tmp / "game.z8").read_bytes())
         data[0x12:0x18] = _SERIAL  # header only (outside the checksum): same game, same bytes
         (tmp / "game.z8").write_bytes(bytes(data))
