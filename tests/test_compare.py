@@ -286,3 +286,42 @@ def test_proposed_dvc_metrics_and_plots_sections_render(tmp_path, monkeypatch):
     table = subprocess.run(dvc + ["metrics", "show"], cwd=root, check=True, capture_output=True, text=True).stdout
     rows = [line for line in table.splitlines() if line.startswith("metrics/eval/")]
     assert len(rows) == 4  # one row per condition
+
+
+def test_checks_are_outside_the_holm_family_and_the_verdict_follows_holm():
+    man = _manifest(3, 3)  # 9 tasks in 3 scenes
+    c1 = [1, 1, 1, 1, 0, 0, 0, 0, 0]
+    c2 = [0, 0, 0, 0, 0, 0, 0, 0, 0]  # b=0, c=4, n=9: the case the bootstrap alone called "worse"
+    data = {"C1": _condition("C1", man, c1), "C2": _condition("C2", man, c2),
+            "C2_silent": _condition("C2_silent", man, c1), "C2_placebo": _condition("C2_placebo", man, c1)}
+    cfg = _cfg(comparisons=[["C2", "C1"], ["C2", "C2_placebo"]], checks=[["C2_silent", "C1"]])
+    m = C.compare(data, man, cfg).metrics
+    head = m["comparisons"]["C2_vs_C1"]
+    assert (head["b"], head["c"], head["p_value"]) == (0, 4, pytest.approx(0.125))
+    assert head["p_holm"] == pytest.approx(0.25)  # a family of 2: the check is not in it
+    assert head["verdict"] == "no detectable difference" and head["role"] == "primary"
+    check = m["comparisons"]["C2_silent_vs_C1"]
+    assert check["role"] == "check" and check["p_holm"] is None and check["verdict"] == "no detectable difference"
+    d = next(x for x in m["details"] if x["name"] == "C2_vs_C1")
+    assert d["clusters"] == 3 and d["success"]["power"]["alpha"] == pytest.approx(0.025)
+    assert d["success"]["power"]["mde"] is None  # 9 pairs cannot reach 80% power
+    assert d["gee"]["clusters"] == 3
+    # The report: controls first, the verdict from Holm, b and c named.
+    from pipeline.analysis.report import headline_lines
+
+    lines = headline_lines(m)
+    assert lines[0].startswith("check (identical by construction")
+    assert "b=0 (treatment only), c=4 (control only)" in lines[1] and lines[1].endswith("**no detectable difference**")
+
+
+def test_a_large_clear_effect_is_called_and_its_mde_reported():
+    man = _manifest(4, 15)  # 60 tasks in 4 scenes
+    c1 = [0] * 60
+    c2 = [1] * 20 + [0] * 40  # b=20, c=0
+    data = {"C1": _condition("C1", man, c1), "C2": _condition("C2", man, c2)}
+    m = C.compare(data, man, _cfg(comparisons=[["C2", "C1"]])).metrics
+    head = m["comparisons"]["C2_vs_C1"]
+    assert head["verdict"] == "better" and head["p_holm"] < 1e-5
+    assert 0.1 < head["mde"] < 0.3
+    cl = head["success_diff_cluster"]
+    assert cl["value"] == pytest.approx(1 / 3) and cl["ci_low"] <= cl["value"] <= cl["ci_high"]

@@ -183,3 +183,45 @@ def test_rollout_task_seeds_ignore_the_condition():
     pairs, only_a, only_b = S.pair_rows([vars(t) for t in c2], [vars(t) for t in c1])
     assert len(pairs) == 2 and not only_a and not only_b
     assert [p[0]["episode_id"] for p in pairs] == ["ep_eval_s0_q0_0", "ep_eval_s0_q1_0"]
+
+
+def test_verdict_needs_the_holm_adjusted_exact_test():
+    from pipeline.core.stats import verdict
+
+    assert verdict(0.5, 0, 4, 0.05) == "no detectable difference"  # b=0, c=4 of 9: p=0.125, Holm x4 = 0.5
+    assert verdict(1.0, 1, 0, 0.05) == "no detectable difference"  # one discordant pair
+    assert verdict(0.004, 0, 10, 0.05) == "worse" and verdict(0.004, 10, 0, 0.05) == "better"
+    assert verdict(None, 3, 0, 0.05) == "no detectable difference"
+
+
+def test_exact_mcnemar_power_and_minimum_detectable_effect():
+    from pipeline.core.stats import mcnemar_mde, mcnemar_power
+
+    # The figures: 9 pairs have under 3% power for a 25-point effect at 30% discordance.
+    assert mcnemar_power(9, 0.275, 0.025, 0.05) < 0.03
+    assert 0.78 < mcnemar_power(40, 0.275, 0.025, 0.05) < 0.9
+    assert mcnemar_power(0, 0.3, 0.1, 0.05) == 0.0 and mcnemar_power(50, 0.1, 0.1, 0.05) < 0.05
+    mdes = [mcnemar_mde(n, 0.05 / 3) for n in (38, 112, 200)]
+    assert mdes == sorted(mdes, reverse=True) and mcnemar_mde(9, 0.05 / 3) is None
+    assert 0.13 <= mdes[-1] <= 0.15  # ~200 pairs for a 15-point effect under Holm over 3
+
+
+def test_cluster_bootstrap_is_wider_when_scenes_disagree():
+    from pipeline.core.stats import cluster_bootstrap_diff, paired_bootstrap_diff
+
+    t = [1] * 10 + [0] * 10
+    c = [0] * 10 + [0] * 10
+    scenes = ["a"] * 10 + ["b"] * 10  # the whole effect sits in one scene
+    pairs = paired_bootstrap_diff(t, c, n_resamples=2000, level=0.95, rng=np.random.default_rng(0))
+    clus = cluster_bootstrap_diff(t, c, scenes, n_resamples=2000, level=0.95, rng=np.random.default_rng(0))
+    assert clus.value == pairs.value == 0.5
+    assert clus.ci_high - clus.ci_low > pairs.ci_high - pairs.ci_low
+
+
+def test_gee_check_answers_or_says_why_not():
+    from pipeline.core.stats import gee_check
+
+    assert gee_check([True] * 4, [True] * 4, ["a", "a", "b", "b"])["reason"] == "every outcome is the same"
+    assert gee_check([True, False], [False, False], ["a", "a"])["estimable"] is False
+    g = gee_check([1, 0, 1, 1, 0, 1, 1, 0], [0, 0, 1, 0, 0, 0, 1, 0], list("aabbccdd"))
+    assert g["estimable"] and g["log_odds"] > 0 and 0 <= g["p_value"] <= 1 and g["clusters"] == 4

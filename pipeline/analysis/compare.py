@@ -48,10 +48,15 @@ from pipeline.core.seeding import labelled_rng
 from pipeline.core.stats import (
     PairingError,
     bootstrap_mean,
+    cluster_bootstrap_diff,
+    gee_check,
     holm,
+    mcnemar_mde,
+    mcnemar_power,
     paired_binary,
     paired_continuous,
     pair_rows,
+    verdict,
 )
 
 #: Manifest columns the outcomes are broken down by.
@@ -165,14 +170,23 @@ def compare_pair(treatment: str, control: str, a: ConditionData, b: ConditionDat
                          "control": s["control"], "diff": s["diff"], "table": s["table"], "p_value": s["p_value"],
                          "turns": continuous(groups[g], "num_turns", by, g)["diff"]})
         breakdowns[by] = rows
+    success = binary(pairs, "is_correct")
+    t_ok, c_ok = outcomes(pairs, "is_correct")
+    scenes = [_info_for(info, p[0], treatment)["scene_id"] for p in pairs]
     return {
         "name": name,
         "treatment": treatment,
         "control": control,
         "n_pairs": len(pairs),
+        # Tasks of one scene share grounding and memory: the effect's interval resamples scenes.
+        "success_cluster_diff": cluster_bootstrap_diff([float(v) for v in t_ok], [float(v) for v in c_ok], scenes,
+                                                       n_resamples=n_resamples, level=level,
+                                                       rng=rng("is_correct", "cluster")).as_dict(),
+        "clusters": len(set(scenes)),
+        "gee": gee_check([bool(v) for v in t_ok], [bool(v) for v in c_ok], scenes),
         "only_treatment": len(only_t),
         "only_control": len(only_c),
-        "success": binary(pairs, "is_correct"),
+        "success": success,
         "won": binary(pairs, "won"),
         "reward": continuous(pairs, "final_reward"),
         "turns": continuous(pairs, "num_turns"),
@@ -290,15 +304,33 @@ def paired_comparisons(data: Mapping[str, ConditionData], info: Mapping[tuple[st
         ``{"name", "reason"}`` for each comparison naming a condition absent from ``data``.
     """
     details, skipped = [], []
-    for pair in cfg.experiment.comparisons:
-        t, c = str(pair[0]), str(pair[1])
-        missing = [x for x in (t, c) if x not in data]
-        if missing:
-            skipped.append({"name": comparison_name(t, c), "reason": f"condition(s) not evaluated: {missing}"})
-            continue
-        details.append(compare_pair(t, c, data[t], data[c], info, cfg))
-    for d, p in zip(details, holm([d["success"]["p_value"] for d in details])):
+    x = cfg.experiment
+    for role, pairs in (("primary", x.comparisons), ("check", x.checks)):
+        for pair in pairs:
+            t, c = str(pair[0]), str(pair[1])
+            missing = [m for m in (t, c) if m not in data]
+            if missing:
+                skipped.append({"name": comparison_name(t, c), "reason": f"condition(s) not evaluated: {missing}"})
+                continue
+            d = compare_pair(t, c, data[t], data[c], info, cfg)
+            d["role"] = role
+            details.append(d)
+    primary = [d for d in details if d["role"] == "primary"]
+    family = len(primary)
+    for d, p in zip(primary, holm([d["success"]["p_value"] for d in primary])):
         d["success"]["p_holm"] = p
+    for d in details:
+        s, table = d["success"], d["success"]["table"]
+        s.setdefault("p_holm", None)  # a check is outside the Holm family
+        level = float(x.alpha) / family if d["role"] == "primary" and family else float(x.alpha)
+        s["verdict"] = verdict(s["p_holm"] if d["role"] == "primary" else s["p_value"], table["b"], table["c"],
+                               float(x.alpha))
+        psi = float(x.planning_discordance)
+        s["power"] = {"alpha": round(level, 10), "power": float(x.power), "discordance": psi,
+                      "mde": mcnemar_mde(d["n_pairs"], level, power=float(x.power), discordance=psi),
+                      # the power to detect a 20-point success difference (None: above the discordance)
+                      "power_20pt": (round(mcnemar_power(d["n_pairs"], (psi + 0.2) / 2, (psi - 0.2) / 2, level), 4)
+                                     if psi >= 0.2 else None)}
     return details, skipped
 
 
@@ -347,8 +379,11 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
     groups = by_condition(data, info, cfg)
     metrics = {
         # Dicts of numbers: what `dvc metrics show` / `dvc metrics diff` list.
-        "comparisons": {d["name"]: {"n_pairs": d["n_pairs"], "success_diff": _interval(d["success"]["diff"]),
-                                    "p_value": d["success"]["p_value"], "p_holm": d["success"]["p_holm"]}
+        "comparisons": {d["name"]: {"role": d["role"], "n_pairs": d["n_pairs"], "b": d["success"]["table"]["b"],
+                                    "c": d["success"]["table"]["c"], "success_diff": _interval(d["success"]["diff"]),
+                                    "success_diff_cluster": _interval(d["success_cluster_diff"]),
+                                    "p_value": d["success"]["p_value"], "p_holm": d["success"]["p_holm"],
+                                    "verdict": d["success"]["verdict"], "mde": d["success"]["power"]["mde"]}
                         for d in details},
         "prompt_identity": {r["name"]: {"tasks_compared": r["tasks_compared"], "mismatches": r["mismatches"]}
                             for r in identity},
@@ -361,7 +396,13 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
         "settings": [{"seed": seed, "bootstrap_samples": n_resamples, "ci_level": level,
                       "conditions": list(data), "success": "is_correct", "pairing": "episode_id",
                       "p_value": "exact McNemar (two-sided binomial on discordant pairs); p_holm: Holm over "
-                                 "the comparisons"}],
+                                 "the primary comparisons (checks are outside the family)",
+                      "verdict": f"better/worse only when p_holm < alpha={float(cfg.experiment.alpha)}; the "
+                                 "intervals are the effect size",
+                      "interval": "success_cluster_diff resamples scenes (tasks of a scene share grounding and "
+                                  "memory); diff resamples pairs",
+                      "power": "exact McNemar power at alpha/m (Holm's strictest step) and the planning "
+                               "discordance; mde: smallest success difference detected with that power"}],
     }
     return CompareResult(metrics=metrics, conditions=conditions,
                          plots=plot_rows(conditions, groups, details, data))

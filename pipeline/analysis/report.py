@@ -80,14 +80,23 @@ def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
     """One line per comparison and per prompt check: what a person reads first."""
     lines = []
     level = _level_pct(metrics)
-    for d in metrics.get("details", []):
+    details = metrics.get("details", [])
+    # Controls first (checks: identical by construction), then the primary comparisons.
+    for d in sorted(details, key=lambda d: d.get("role") != "check"):
         s = d["success"]
-        diff = s["diff"]
-        verdict = ("no detectable difference" if diff["ci_low"] is None or diff["ci_low"] <= 0 <= diff["ci_high"]
-                   else ("better" if diff["value"] > 0 else "worse"))
-        lines.append(f"{d['treatment']} vs {d['control']}: success {_f(s['treatment'])} vs {_f(s['control'])}, "
-                     f"difference {_ci(diff, signed=True)} ({level} paired bootstrap), McNemar p={_p(s['p_value'])} "
-                     f"(b={s['table']['b']}, c={s['table']['c']}, {d['n_pairs']} pairs): {verdict}")
+        power = s.get("power") or {}
+        cluster = d.get("success_cluster_diff") or s["diff"]
+        verdict = s.get("verdict", "no detectable difference")
+        holm_p = f", Holm p={_p(s.get('p_holm'))}" if d.get("role", "primary") == "primary" else ""
+        role = "check (identical by construction, outside the Holm family): " if d.get("role") == "check" else ""
+        mde = power.get("mde")
+        mde_text = (f"; minimum detectable difference {_f(mde)} at {round(100 * power['power'])}% power"
+                    if mde is not None else
+                    f"; {d['n_pairs']} pairs cannot reach {round(100 * power.get('power', 0.8))}% power")
+        lines.append(f"{role}{d['treatment']} vs {d['control']}: success {_f(s['treatment'])} vs {_f(s['control'])}, "
+                     f"difference {_ci(cluster, signed=True)} ({level} scene-cluster bootstrap), "
+                     f"n={d['n_pairs']} pairs, b={s['table']['b']} (treatment only), c={s['table']['c']} "
+                     f"(control only), exact McNemar p={_p(s['p_value'])}{holm_p}{mde_text}: **{verdict}**")
     for r in metrics.get("prompt_identity_details", []):
         a, b = r["conditions"]
         mark = "identical" if r["identical"] else "NOT identical"
@@ -97,6 +106,14 @@ def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
     for s in metrics.get("skipped_comparisons", []):
         lines.append(f"skipped {s['name']}: {s['reason']}")
     return lines
+
+
+def _gee(g: Mapping[str, Any] | None) -> str:
+    if not g:
+        return "–"
+    if not g.get("estimable"):
+        return f"n/a ({g.get('reason')})"
+    return f"{_signed(g['log_odds'])} (p={_p(g['p_value'])}, {g['clusters']} scenes)"
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -119,13 +136,22 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                       "gate pass", "prompt tok/ep", "gen tok/ep"], rows), ""]
 
     details = metrics.get("details", [])
-    parts += [f"### Paired comparisons (treatment − control, {level} paired bootstrap; exact McNemar)", ""]
-    rows = [[f"{d['treatment']} − {d['control']}", d["n_pairs"], _f(d["success"]["treatment"]), _f(d["success"]["control"]),
+    parts += [f"### Paired comparisons (treatment − control, {level} intervals; exact McNemar; verdict from Holm p)",
+              ""]
+    rows = [[f"{d['treatment']} − {d['control']}", d.get("role", "primary"), d["n_pairs"], _f(d["success"]["treatment"]),
+             _f(d["success"]["control"]), _ci(d.get("success_cluster_diff") or d["success"]["diff"], signed=True),
              _ci(d["success"]["diff"], signed=True), f"{d['success']['table']['b']} / {d['success']['table']['c']}",
-             _p(d["success"]["p_value"]), _p(d["success"].get("p_holm")), _ci(d["won"]["diff"], signed=True),
+             _p(d["success"]["p_value"]), _p(d["success"].get("p_holm")),
+             _f((d["success"].get("power") or {}).get("mde")), _f((d["success"].get("power") or {}).get("power_20pt")),
+             _gee(d.get("gee")), d["success"].get("verdict", "–"), _ci(d["won"]["diff"], signed=True),
              _ci(d["reward"]["diff"], signed=True), _ci(d["turns"]["diff"], 1, signed=True)] for d in details]
-    parts += [_table(["comparison", "pairs", "success T", "success C", "Δ success", "b / c", "p (McNemar)",
-                      "p (Holm)", "Δ won", "Δ reward", "Δ turns"], rows) if rows else "_no comparison_", ""]
+    parts += [_table(["comparison", "role", "pairs", "success T", "success C", "Δ success (scene clusters)",
+                      "Δ success (pairs)", "b / c", "p (McNemar)", "p (Holm)", "MDE", "power at 20 pt", "GEE check",
+                      "verdict", "Δ won", "Δ reward", "Δ turns"], rows) if rows else "_no comparison_", "",
+              "b: pairs only the treatment succeeded on; c: only the control. MDE: the smallest success difference "
+              "the exact test detects with the configured power at alpha/m and the planning discordance "
+              "(`experiment.power`, `experiment.planning_discordance`). GEE check: logistic GEE of success on "
+              "condition with scenes as clusters (statsmodels), log-odds and p.", ""]
 
     for by, title in GROUP_TITLES.items():
         rows = []

@@ -379,7 +379,17 @@ class ExperimentConfig:
     ci_level: float = 0.95
     """Level of every bootstrap percentile interval."""
     comparisons: List[List[str]] = field(default_factory=list)
-    """Paired comparisons ``[treatment, control]``: success difference, McNemar p, reward and turns."""
+    """The primary paired comparisons ``[treatment, control]`` (the Holm family): success
+    difference, exact McNemar p, Holm p, power, reward and turns."""
+    checks: List[List[str]] = field(default_factory=list)
+    """Comparisons identical by construction (e.g. C2_silent vs C1 for a deterministic
+    agent): computed and reported as checks, outside the Holm family."""
+    alpha: float = 0.05
+    """Family-wise level of the verdict: ``better``/``worse`` only when the Holm-adjusted exact p < alpha."""
+    power: float = 0.8
+    """Power at which the minimum detectable effect is reported."""
+    planning_discordance: float = 0.35
+    """Share of tasks whose outcome differs between two conditions, assumed for the power figures."""
     identical_prompts: List[List[str]] = field(default_factory=list)
     """Condition pairs whose rendered prompts must be byte-identical task by task (checked, reported)."""
 

@@ -317,12 +317,16 @@ def _check_conditions(typed: Config) -> None:
     """At least one condition; every compared condition defined; a CI level in (0, 1)."""
     _require(len(typed.condition) >= 1, "condition", list(typed.condition), "at least one condition")
     known = set(typed.condition) | {p.stem for p in (project_root() / CONF_DIR / "condition").glob("*.yaml")}
-    for pair in typed.experiment.comparisons:
-        _require(len(pair) == 2, "experiment.comparisons", list(pair), "pairs [treatment, control]")
-        for name in pair:  # a known but unselected condition is skipped by `compare`
-            _require(name in known, "experiment.comparisons", name,
-                     f"a condition defined in conf/condition/ ({', '.join(sorted(known))})")
-    _require(0 < typed.experiment.ci_level < 1, "experiment.ci_level", typed.experiment.ci_level, "in (0, 1)")
+    x = typed.experiment
+    for key, pairs in (("experiment.comparisons", x.comparisons), ("experiment.checks", x.checks)):
+        for pair in pairs:
+            _require(len(pair) == 2, key, list(pair), "pairs [treatment, control]")
+            for name in pair:  # a known but unselected condition is skipped by `compare`
+                _require(name in known, key, name, f"a condition defined in conf/condition/ ({', '.join(sorted(known))})")
+    _require(0 < x.ci_level < 1, "experiment.ci_level", x.ci_level, "in (0, 1)")
+    _require(0 < x.alpha < 1, "experiment.alpha", x.alpha, "in (0, 1)")
+    _require(0 < x.power < 1, "experiment.power", x.power, "in (0, 1)")
+    _require(0 < x.planning_discordance <= 1, "experiment.planning_discordance", x.planning_discordance, "in (0, 1]")
 
 
 def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictConfig:

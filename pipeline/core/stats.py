@@ -178,6 +178,131 @@ def paired_bootstrap_diff(treatment: Iterable[float], control: Iterable[float], 
     return _estimate(float(d.mean()), samples, level, d.size)
 
 
+def cluster_bootstrap_diff(treatment: Iterable[float], control: Iterable[float], clusters: Iterable[Hashable], *,
+                           n_resamples: int, level: float, rng: np.random.Generator) -> Estimate:
+    """Mean of ``treatment - control`` over pairs, with a cluster bootstrap interval.
+
+    Tasks of one scene share its grounding and memory, so their outcomes are not
+    independent: whole clusters (scenes) are resampled with replacement and the statistic
+    is the mean paired difference over the pairs of the drawn clusters. With one cluster
+    the interval is the paired bootstrap's (nothing else can be resampled).
+    """
+    t = np.asarray(list(treatment), dtype=np.float64)
+    c = np.asarray(list(control), dtype=np.float64)
+    keys = list(clusters)
+    if t.shape != c.shape or len(keys) != t.size:
+        raise PairingError(f"cluster_bootstrap_diff: {t.size} treatment, {c.size} control values, {len(keys)} clusters")
+    if t.size == 0:
+        return Estimate(None, None, None, 0)
+    d = t - c
+    names = sorted(set(keys), key=str)
+    if len(names) < 2:
+        return paired_bootstrap_diff(t, c, n_resamples=n_resamples, level=level, rng=rng)
+    index = {k: i for i, k in enumerate(names)}
+    ids = np.fromiter((index[k] for k in keys), dtype=np.int64, count=len(keys))
+    sums = np.bincount(ids, weights=d, minlength=len(names))
+    counts = np.bincount(ids, minlength=len(names)).astype(np.float64)
+    draws = rng.integers(0, len(names), size=(int(n_resamples), len(names)))
+    samples = sums[draws].sum(axis=1) / counts[draws].sum(axis=1)
+    return _estimate(float(d.mean()), samples, level, d.size)
+
+
+def mcnemar_power(n_pairs: int, p_b: float, p_c: float, alpha: float) -> float:
+    """Exact power of the two-sided exact McNemar test at level ``alpha``.
+
+    ``p_b`` / ``p_c``: the probabilities that a pair is discordant in the treatment's /
+    the control's favour. The number of discordant pairs is Binomial(n, p_b + p_c); given
+    D of them, the test rejects when the exact binomial p-value of b among D is at most
+    ``alpha``; the power sums the probability of those outcomes.
+
+    Example:
+        >>> round(mcnemar_power(40, 0.275, 0.025, 0.05), 2)   # 25-point effect, 30% discordance
+        0.84
+    """
+    from scipy.stats import binom  # deferred: heavy optional dependency (scipy.stats)
+
+    n = int(n_pairs)
+    psi = float(p_b) + float(p_c)
+    if n <= 0 or psi <= 0:
+        return 0.0
+    q = float(p_b) / psi
+    p_d = binom.pmf(np.arange(n + 1), n, psi)
+    power = 0.0
+    for d in range(1, n + 1):
+        ks = np.arange(d + 1)
+        pvals = np.minimum(1.0, 2.0 * binom.cdf(np.minimum(ks, d - ks), d, 0.5))
+        reject = ks[pvals <= alpha * (1 + 1e-12)]
+        if reject.size:
+            power += p_d[d] * float(binom.pmf(reject, d, q).sum())
+    return float(min(1.0, power))
+
+
+def mcnemar_mde(n_pairs: int, alpha: float, *, power: float = 0.8, discordance: float = 0.35,
+                step: float = 0.005) -> float | None:
+    """The smallest success difference the exact McNemar test detects with ``power``.
+
+    At a planning discordance rate ``discordance`` (= p_b + p_c, the share of tasks whose
+    outcome differs between the conditions), the difference p_b - p_c is raised in
+    ``step``s until :func:`mcnemar_power` reaches ``power``. None when even a difference
+    equal to the discordance (every discordant pair one way) is not enough.
+    """
+    def enough(i: int) -> bool:
+        delta = min(discordance, i * step)
+        return mcnemar_power(n_pairs, (discordance + delta) / 2, (discordance - delta) / 2, alpha) >= power
+
+    hi = int(round(discordance / step))
+    if hi < 1 or not enough(hi):
+        return None
+    lo = 0  # power grows with the difference: bisect for the first step that is enough
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+    return round(min(discordance, hi * step), 6)
+
+
+def gee_check(treatment: Sequence[bool], control: Sequence[bool], clusters: Sequence[Hashable]) -> dict[str, Any]:
+    """A logistic GEE (statsmodels) of success on condition, scenes as clusters (exchangeable).
+
+    A cross-check of the exact test that accounts for tasks sharing a scene; returns the
+    treatment's log-odds coefficient, its robust p-value and the cluster count, or
+    ``{"estimable": False, "reason": ...}`` when the model cannot be fitted (one outcome
+    everywhere, one cluster, perfect separation).
+    """
+    y = np.asarray([*map(float, treatment), *map(float, control)])
+    n_clusters = len(set(clusters))
+    if n_clusters < 2:
+        return {"estimable": False, "reason": f"{n_clusters} cluster(s): needs at least 2", "clusters": n_clusters}
+    if y.size == 0 or y.min() == y.max():
+        return {"estimable": False, "reason": "every outcome is the same", "clusters": n_clusters}
+    import warnings
+
+    import statsmodels.api as sm  # deferred: heavy optional dependency (statsmodels)
+
+    x = np.column_stack([np.ones(y.size), np.r_[np.ones(len(treatment)), np.zeros(len(control))]])
+    index = {k: i for i, k in enumerate(sorted(set(clusters), key=str))}
+    groups = np.asarray([index[k] for k in [*clusters, *clusters]])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            res = sm.GEE(y, x, groups=groups, family=sm.families.Binomial(),
+                         cov_struct=sm.cov_struct.Exchangeable()).fit()
+        coef, pval = float(res.params[1]), float(res.pvalues[1])
+    except (ValueError, np.linalg.LinAlgError, ZeroDivisionError) as exc:
+        return {"estimable": False, "reason": f"{type(exc).__name__}: {exc}", "clusters": n_clusters}
+    if not (math.isfinite(coef) and math.isfinite(pval)):
+        return {"estimable": False, "reason": "no finite estimate (separation)", "clusters": n_clusters}
+    return {"estimable": True, "log_odds": _round(coef, DIGITS), "p_value": _round(pval, 10), "clusters": n_clusters}
+
+
+def verdict(p_holm: float | None, b: int, c: int, alpha: float) -> str:
+    """The primary verdict: ``better`` / ``worse`` only when the Holm-adjusted exact McNemar
+    p-value is below ``alpha`` (direction from b vs c); the bootstrap interval is the
+    effect size, never the verdict."""
+    if p_holm is None or p_holm >= alpha or b == c:
+        return "no detectable difference"
+    return "better" if b > c else "worse"
+
+
 def mcnemar_exact(b: int, c: int) -> float:
     """Exact two-sided McNemar p-value from the discordant pair counts.
 
