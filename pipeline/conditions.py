@@ -1,10 +1,12 @@
 """Experimental conditions: what each one injects into the prompt, and the evidence that it did.
 
 A condition (``conf/condition/<name>.yaml``, schema :class:`~pipeline.core.conf_schema.ConditionConfig`)
-says whether retrieval runs (``retrieval_executed``), whether its advisories are shown
-(``memory_mode``, ``injection_mask``) and whether real advisories are swapped for
-length-matched ones from other scenes (``placebo``). The standard four: C1 (no memory),
-C2 (advisories shown), C2_silent (retrieval runs, nothing shown), C2_placebo.
+says whether the scene's grounding is in the prompt (``grounding``), whether retrieval runs
+(``retrieval_executed``), whether its advisories are shown (``memory_mode``,
+``injection_mask``) and whether real advisories are swapped for length-matched ones from
+other scenes (``placebo``): grounding and memory are orthogonal switches. The standard
+conditions: C0 (no grounding, no memory), C1 (grounding, no memory), C2 (grounding,
+advisories shown), C2_silent (retrieval runs, nothing shown), C2_placebo.
 
 To add a condition: write ``conf/condition/<name>.yaml``, list it under ``condition`` in
 ``conf/config.yaml`` (and in ``experiment.comparisons`` to compare it); what it injects is
@@ -29,11 +31,14 @@ Evidence checks run on the text the model sees (the frozen prompt filled with a 
 observation and the memory defaults); a failure raises :class:`EvidenceError`:
 
 1. an exposed condition's prompt whose gate passed contains its injected block;
-2. every prompt equals the no-memory prompt of its task with its injected block removed
-   (so the memory block is the only difference, and a prompt without one is identical);
-3. a masked condition (C1, C2_silent: not ``memory_mode=on`` or ``injection_mask``) injects
-   nothing and shows no advisory text (slot name, heading, advisory JSON, messages);
-4. for the same task, the prompts of all masked conditions are byte-identical.
+2. every prompt equals the no-memory prompt of its task (with the condition's grounding
+   setting) with its injected block removed (so the memory block is the only difference,
+   and a prompt without one is identical);
+3. a masked condition (C0, C1, C2_silent: not ``memory_mode=on`` or ``injection_mask``)
+   injects nothing and shows no advisory text (slot name, heading, advisory JSON, messages);
+4. for the same task, the prompts of all masked conditions with the same grounding
+   setting are byte-identical (C1 and C2_silent);
+5. a condition without grounding shows none of its scene's grounding text.
 """
 
 from __future__ import annotations
@@ -154,8 +159,11 @@ class Renderer:
         g = self.cfg.grounding
         self._configured = bool(split_grounding_paths(list(g.files) if not isinstance(g.files, str) else g.files))
 
-    def grounding(self, scene_id: str) -> list[str]:
-        """The grounding files of ``scene_id``'s prompt (:func:`grounding_files_for`)."""
+    def grounding(self, scene_id: str, condition: str | None = None) -> list[str]:
+        """The grounding files of ``scene_id``'s prompt (:func:`grounding_files_for`); none
+        for a condition with ``grounding: false``."""
+        if condition is not None and not bool(self.cfg.condition[condition].grounding):
+            return []
         return grounding_files_for(scene_id, merged_dir=str(self.cfg.paths.grounding_merged),
                                    use_in_prompt=bool(self.cfg.grounding.use_in_prompt),
                                    configured=self._configured, root=self.root)
@@ -180,7 +188,7 @@ class Renderer:
         # Looked up on the package at call time, so a test can substitute it.
         slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=int(self.cfg.seed),
                                         condition_name=condition)
-        files = self.grounding(str(task["scene_id"]))
+        files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
         return {
@@ -271,14 +279,16 @@ def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by
         violation as ``"[<check>] <condition> <task_id>: <what>"``.
     """
     cfg = r.cfg
+    grounded = bool(cfg.condition[condition].grounding)
     seen = {c: {row["task_id"]: r.seen_text(row["system_prompt"]) for row in rows} for c, rows in rows_by.items()}
-    baseline = {task_id(t): r.seen_text(r.prompt(t, "", r.grounding(str(t["scene_id"])))) for t in tasks}
+    files = {task_id(t): r.grounding(str(t["scene_id"]), condition) for t in tasks}
+    baseline = {task_id(t): r.seen_text(r.prompt(t, "", files[task_id(t)])) for t in tasks}
     advisory_texts: dict[str, set[str]] = {task_id(t): set(r.reference_advisories(t)) for t in tasks}
     for rows in rows_by.values():
         for row in rows:
             advisory_texts[row["task_id"]].update(a["message"] for a in json.loads(row["bundle_json"])["retrieved"])
     # Grounding and objective may quote the same feedback an advisory was built from.
-    allowed = {task_id(t): r.organizer.grounding_content(r.grounding(str(t["scene_id"]))) + "\n" + str(t["objective"])
+    allowed = {task_id(t): r.organizer.grounding_content(files[task_id(t)]) + "\n" + str(t["objective"])
                for t in tasks}
     markers = [str(cfg.memory.io.slot_memory_name), r.organizer.slot_heading, '"advisory_id"']
 
@@ -293,10 +303,13 @@ def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by
 
     run("injected_block_present", check_injected_blocks(seen_rows, exposed=exposed[condition]))
     run("only_block_differs", check_only_block_differs(seen_rows, baseline))
-    masked = [c for c in cfg.condition if not exposed[c]]
+    masked = [c for c in cfg.condition if not exposed[c] and bool(cfg.condition[c].grounding) == grounded]
     if condition in masked:
         run("no_advisory_text", check_no_advisory_text(seen_rows, advisory_texts, markers, allowed))
         run("masked_identical", check_masked_identical({c: seen[c] for c in masked}))
+    if not grounded:
+        scene_grounding = {task_id(t): r.organizer.grounding_content(r.grounding(str(t["scene_id"]))) for t in tasks}
+        run("no_grounding_text", check_no_grounding_text(seen_rows, scene_grounding))
     return checks, violations
 
 
@@ -382,6 +395,18 @@ def check_masked_identical(seen_by_condition: Mapping[str, Mapping[str, str]]) -
             elif other.encode("utf-8") != ref.encode("utf-8"):
                 out.append(f"{tid}: {c} differs from {first} (first difference at character "
                            f"{_first_diff(other, ref)})")
+    return out
+
+
+def check_no_grounding_text(rows: Iterable[Mapping[str, Any]], scene_grounding: Mapping[str, str]) -> list[str]:
+    """A condition without grounding shows no line of its scene's grounding text."""
+    out = []
+    for row in rows:
+        tid, prompt = row["task_id"], row["seen_prompt"]
+        lines = [ln.strip() for ln in scene_grounding.get(tid, "").splitlines() if len(ln.strip()) >= 20]
+        leaked = next((ln for ln in lines if ln in prompt), None)
+        if leaked is not None:
+            out.append(f"{row['condition']} {tid}: prompt contains grounding text {leaked[:60]!r}")
     return out
 
 

@@ -296,3 +296,18 @@ def test_main_missing_inputs(project, monkeypatch, capsys):
     assert "store_hash.txt" in capsys.readouterr().err
     assert _run_main(monkeypatch, root, cfg, "C7") == 1
     assert "--condition 'C7'" in capsys.readouterr().err
+
+
+def test_c0_drops_the_grounding_and_nothing_else(project, store):
+    """Grounding and memory are orthogonal switches: C0 is C1 without the scene's grounding."""
+    root, cfg = project
+    c0, report = R.render_condition(TASKS, "C0", cfg, store, root)
+    c1 = R.render_condition(TASKS, "C1", cfg, store, root)[0]
+    assert report["evidence"]["passed"] and report["evidence"]["checks"]["no_grounding_text"] == 0
+    assert all(r["grounding_files"] == [] and not r["injected"] and not r["retrieval_executed"] for r in c0)
+    assert SCENE_S0_GROUNDING not in c0[0]["system_prompt"] and SCENE_S0_GROUNDING in c1[0]["system_prompt"]
+    assert c0[0]["system_prompt"] != c1[0]["system_prompt"] and c0[2]["system_prompt"] == c1[2]["system_prompt"]
+    # The held-out scene has no grounding either way, so its C0 and C1 prompts are the same bytes.
+    leak = R.check_no_grounding_text([{"condition": "C0", "task_id": "s0/e0", "seen_prompt": c1[0]["system_prompt"]}],
+                                     {"s0/e0": SCENE_S0_GROUNDING})
+    assert leak and "grounding text" in leak[0]

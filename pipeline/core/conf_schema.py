@@ -359,12 +359,14 @@ class MemoryConfig:
 
 @dataclass
 class ConditionConfig:
-    """One experimental condition (seed 001 section 2.4, plus the placebo control)."""
+    """One experimental condition (seed 001 section 2.4, plus the placebo control and C0):
+    grounding (on / off) and memory (off / on / silent / placebo) are orthogonal switches."""
 
     memory_mode: MemoryMode = MemoryMode.off  # off | on | silent
     retrieval_executed: bool = False  # run retrieval at all
     injection_mask: bool = True  # true: retrieved advisories are masked (never shown)
     placebo: bool = False  # inject length-matched advisories from other scenes instead
+    grounding: bool = True  # the scene's merged grounding in the prompt (false: C0)
     description: str = ""  # one line for reports
 
 
