@@ -38,7 +38,13 @@ observation and the memory defaults); a failure raises :class:`EvidenceError`:
    injects nothing and shows no advisory text (slot name, heading, advisory JSON, messages);
 4. for the same task, the prompts of all masked conditions with the same grounding
    setting are byte-identical (C1 and C2_silent);
-5. a condition without grounding shows none of its scene's grounding text.
+5. a condition without grounding shows none of its scene's grounding text;
+6. a placebo (C2_placebo), wherever its reference (the exposed, real-memory condition
+   with the same grounding: C2) injects, injects as many advisories, from entries C2 did
+   not inject and of other scenes than the task's, in a block within 2% of C2's length
+   (characters); where C2 injects nothing, neither does it;
+7. an oracle (C2_oracle) injects, for every task with an expert plan, a block that holds
+   every step of that plan.
 """
 
 from __future__ import annotations
@@ -310,6 +316,17 @@ def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by
     if not grounded:
         scene_grounding = {task_id(t): r.organizer.grounding_content(r.grounding(str(t["scene_id"]))) for t in tasks}
         run("no_grounding_text", check_no_grounding_text(seen_rows, scene_grounding))
+    this = cfg.condition[condition]
+    if bool(this.placebo):
+        ref = next((c for c in cfg.condition if exposed[c] and not bool(cfg.condition[c].placebo)
+                    and not bool(cfg.condition[c].oracle) and bool(cfg.condition[c].grounding) == grounded), None)
+        if ref is not None:
+            scenes = {e["entry_id"]: str((e.get("provenance") or {}).get("scene_id"))
+                      for e in r.store.table.select(["entry_id", "provenance"]).to_pylist()}
+            run("placebo_matched", check_placebo_matched(rows_by[condition], rows_by[ref], scenes))
+    if bool(this.oracle):
+        run("oracle_content", check_oracle_content(rows_by[condition], {task_id(t): list(t.get("expert_plan") or [])
+                                                                      for t in tasks}))
     return checks, violations
 
 
@@ -407,6 +424,56 @@ def check_no_grounding_text(rows: Iterable[Mapping[str, Any]], scene_grounding: 
         leaked = next((ln for ln in lines if ln in prompt), None)
         if leaked is not None:
             out.append(f"{row['condition']} {tid}: prompt contains grounding text {leaked[:60]!r}")
+    return out
+
+
+def check_placebo_matched(placebo: Iterable[Mapping[str, Any]], reference: Iterable[Mapping[str, Any]],
+                          entry_scene: Mapping[str, str], tolerance: float = 0.02) -> list[str]:
+    """A placebo matches its reference (C2) task by task: as many advisories, none from an
+    entry the reference injected or of the task's scene, a block within ``tolerance`` of
+    the reference's length; nothing where the reference injects nothing."""
+    out = []
+    ref = {row["task_id"]: row for row in reference}
+    for row in placebo:
+        tid, c = row["task_id"], row["condition"]
+        r2 = ref.get(tid)
+        if r2 is None:
+            out.append(f"{c} {tid}: no reference row")
+            continue
+        if not r2["injected"]:
+            if row["injected"]:
+                out.append(f"{c} {tid}: injects although the reference {r2['condition']} injects nothing")
+            continue
+        if not row["injected"]:
+            out.append(f"{c} {tid}: injects nothing although {r2['condition']} does")
+            continue
+        if len(row["advisory_ids"]) != len(r2["advisory_ids"]):
+            out.append(f"{c} {tid}: {len(row['advisory_ids'])} advisories, {r2['condition']} {len(r2['advisory_ids'])}")
+        shared = sorted(set(row["injected_entry_ids"]) & set(r2["injected_entry_ids"]))
+        if shared:
+            out.append(f"{c} {tid}: injects entries {r2['condition']} injected too: {', '.join(shared[:3])}")
+        same_scene = [e for e in row["injected_entry_ids"] if entry_scene.get(e) == str(row["scene_id"])]
+        if same_scene:
+            out.append(f"{c} {tid}: injects entries of the task's own scene: {', '.join(same_scene[:3])}")
+        a, b = len(row["memory_block"]), len(r2["memory_block"])
+        if abs(a - b) > tolerance * b:
+            out.append(f"{c} {tid}: block of {a} characters, {r2['condition']}'s {b} (more than {tolerance:.0%} apart)")
+    return out
+
+
+def check_oracle_content(rows: Iterable[Mapping[str, Any]], plans: Mapping[str, Sequence[str]]) -> list[str]:
+    """An oracle's block holds every step of its task's expert plan."""
+    out = []
+    for row in rows:
+        tid, plan = row["task_id"], [str(p) for p in plans.get(row["task_id"], []) if str(p).strip()]
+        if not plan:
+            continue
+        if not row["injected"]:
+            out.append(f"{row['condition']} {tid}: the positive control injects nothing")
+            continue
+        missing = [p for p in plan if p not in row["memory_block"]]
+        if missing:
+            out.append(f"{row['condition']} {tid}: block lacks plan steps {missing[:3]}")
     return out
 
 

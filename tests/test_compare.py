@@ -22,7 +22,7 @@ from pipeline.stages import compare as compare_stage
 from pipeline.core.stats import PairingError
 
 ROOT = Path(__file__).resolve().parents[1]
-CONDITIONS = ("C0", "C1", "C2", "C2_silent", "C2_placebo")
+CONDITIONS = ("C0", "C1", "C2", "C2_silent", "C2_placebo", "C2_oracle")
 
 # The plots / metrics sections proposed for dvc.yaml (checked against DVC below).
 DVC_SECTIONS = """
@@ -219,7 +219,7 @@ def _project(tmp_path: Path, conditions=CONDITIONS) -> Path:
     compose(root)
     man = _manifest(2, 3)
     write_parquet(manifest_table(man), root / "data/games/manifest.parquet", sort_by=["scene_id", "quest_id"])
-    outcomes = {"C0": [0, 0, 0, 0, 1, 0], "C1": [0, 1, 0, 0, 1, 0], "C2": [1, 1, 1, 0, 1, 1], "C2_silent": [0, 1, 0, 0, 1, 0],
+    outcomes = {"C2_oracle": [1, 1, 1, 1, 1, 1], "C0": [0, 0, 0, 0, 1, 0], "C1": [0, 1, 0, 0, 1, 0], "C2": [1, 1, 1, 0, 1, 1], "C2_silent": [0, 1, 0, 0, 1, 0],
                 "C2_placebo": [0, 1, 1, 0, 1, 0]}
     for c in conditions:
         d = _condition(c, man, outcomes[c])
@@ -242,7 +242,8 @@ def test_stage_main_writes_metrics_plots_report_reproducibly(tmp_path, monkeypat
     assert "C2 vs C1: success 0.83 vs 0.33" in out and "prompts C1 vs C2_silent: identical" in out
     first = _outputs(root)
     m = json.loads(first["metrics/compare.json"])
-    assert set(m["comparisons"]) == {"C2_vs_C1", "C2_vs_C2_silent", "C2_vs_C2_placebo", "C1_vs_C0", "C2_silent_vs_C1"}
+    assert set(m["comparisons"]) == {"C2_oracle_vs_C1", "C2_vs_C1", "C2_vs_C2_silent", "C2_vs_C2_placebo", "C1_vs_C0",
+                                     "C2_silent_vs_C1"}
     report = first["reports/report.md"].decode()
     assert report.startswith("# Condition comparison") and "![success_by_condition](success_by_condition.png)" in report
     for name in ("success_by_condition", "paired_differences", "success_by_group", "turns_distribution"):
@@ -255,7 +256,7 @@ def test_stage_main_writes_metrics_plots_report_reproducibly(tmp_path, monkeypat
 
 
 def test_stage_names_the_missing_condition_file(tmp_path, monkeypatch, capsys):
-    root = _project(tmp_path, conditions=("C0", "C1", "C2", "C2_silent"))
+    root = _project(tmp_path, conditions=("C2_oracle", "C0", "C1", "C2", "C2_silent"))
     monkeypatch.chdir(root)
     monkeypatch.delenv("DVC_ROOT", raising=False)
     assert compare_stage.main() == 1

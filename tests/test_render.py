@@ -46,7 +46,7 @@ def _episode(scene: str, quest: str, *, won: bool, objective: str = OBJECTIVE) -
 def store():
     entries = [build_entry(*_episode(s, q, won=w)) for s, q, w in
                [("s0", "q0", True), ("s0", "q1", False), ("s1", "q0", True), ("s1", "q1", True),
-                ("s3", "q0", False), ("s3", "q1", True)]]
+                ("s3", "q0", False), ("s3", "q1", True), ("s4", "q0", True), ("s4", "q1", False)]]
     return EpisodicStore.from_entries(entries, tie_seed=0)
 
 
@@ -311,3 +311,36 @@ def test_c0_drops_the_grounding_and_nothing_else(project, store):
     leak = R.check_no_grounding_text([{"condition": "C0", "task_id": "s0/e0", "seen_prompt": c1[0]["system_prompt"]}],
                                      {"s0/e0": SCENE_S0_GROUNDING})
     assert leak and "grounding text" in leak[0]
+
+
+def test_placebo_is_matched_and_disjoint_and_the_oracle_carries_the_plan(project, store):
+    root, cfg = project
+    c2 = R.render_condition(TASKS, "C2", cfg, store, root)[0]
+    placebo, rep = R.render_condition(TASKS, "C2_placebo", cfg, store, root)
+    assert rep["evidence"]["checks"]["placebo_matched"] == 0
+    for rp, r2 in zip(placebo, c2):
+        assert len(rp["advisory_ids"]) == len(r2["advisory_ids"])
+        assert not set(rp["injected_entry_ids"]) & set(r2["injected_entry_ids"])  # held-out s2 included
+        assert abs(len(rp["memory_block"]) - len(r2["memory_block"])) <= 0.02 * len(r2["memory_block"])
+    oracle, rep = R.render_condition(TASKS, "C2_oracle", cfg, store, root)
+    assert rep["evidence"]["checks"]["oracle_content"] == 0
+    for ro, r2, task in zip(oracle, c2, TASKS):
+        assert ro["gate_ok"] and ro["injected"] and len(ro["advisory_ids"]) == min(len(r2["advisory_ids"]), 4)
+        assert all(step in ro["memory_block"] for step in task["expert_plan"])
+        assert ro["injected_entry_ids"] == [] and any(n.startswith("oracle:") for n in ro["notes"])
+
+
+def test_placebo_and_oracle_checks_catch_violations():
+    c2 = {"task_id": "s0/e0", "condition": "C2", "scene_id": "s0", "injected": True, "advisory_ids": ["a", "b"],
+          "injected_entry_ids": ["m1", "m2"], "memory_block": "x" * 1000}
+    bad = {**c2, "condition": "C2_placebo", "advisory_ids": ["a"], "injected_entry_ids": ["m2", "m9"],
+           "memory_block": "y" * 900}
+    found = R.check_placebo_matched([bad], [c2], {"m9": "s0", "m2": "s1"})
+    assert any("1 advisories, C2 2" in f for f in found) and any("injected too: m2" in f for f in found)
+    assert any("own scene: m9" in f for f in found) and any("more than 2% apart" in f for f in found)
+    ok = {**bad, "advisory_ids": ["a", "b"], "injected_entry_ids": ["m7", "m8"], "memory_block": "y" * 1015}
+    assert R.check_placebo_matched([ok], [c2], {"m7": "s1", "m8": "s3"}) == []
+    row = {"task_id": "s0/e0", "condition": "C2_oracle", "injected": True, "memory_block": "go east; open fridge_0"}
+    assert R.check_oracle_content([row], {"s0/e0": ["go east", "open fridge_0"]}) == []
+    assert "lacks plan steps ['close fridge_0']" in R.check_oracle_content(
+        [row], {"s0/e0": ["go east", "close fridge_0"]})[0]

@@ -305,7 +305,7 @@ def paired_comparisons(data: Mapping[str, ConditionData], info: Mapping[tuple[st
     """
     details, skipped = [], []
     x = cfg.experiment
-    for role, pairs in (("primary", x.comparisons), ("check", x.checks)):
+    for role, pairs in (("positive_control", x.positive_controls), ("primary", x.comparisons), ("check", x.checks)):
         for pair in pairs:
             t, c = str(pair[0]), str(pair[1])
             missing = [m for m in (t, c) if m not in data]
@@ -315,16 +315,16 @@ def paired_comparisons(data: Mapping[str, ConditionData], info: Mapping[tuple[st
             d = compare_pair(t, c, data[t], data[c], info, cfg)
             d["role"] = role
             details.append(d)
-    primary = [d for d in details if d["role"] == "primary"]
-    family = len(primary)
-    for d, p in zip(primary, holm([d["success"]["p_value"] for d in primary])):
-        d["success"]["p_holm"] = p
+    families = {role: [d for d in details if d["role"] == role] for role in ("positive_control", "primary")}
+    for members in families.values():  # Holm within each family; a check is outside both
+        for d, p in zip(members, holm([d["success"]["p_value"] for d in members])):
+            d["success"]["p_holm"] = p
     for d in details:
         s, table = d["success"], d["success"]["table"]
-        s.setdefault("p_holm", None)  # a check is outside the Holm family
-        level = float(x.alpha) / family if d["role"] == "primary" and family else float(x.alpha)
-        s["verdict"] = verdict(s["p_holm"] if d["role"] == "primary" else s["p_value"], table["b"], table["c"],
-                               float(x.alpha))
+        s.setdefault("p_holm", None)
+        family = len(families.get(d["role"], []))
+        level = float(x.alpha) / family if family else float(x.alpha)
+        s["verdict"] = verdict(s["p_holm"] if family else s["p_value"], table["b"], table["c"], float(x.alpha))
         psi = float(x.planning_discordance)
         s["power"] = {"alpha": round(level, 10), "power": float(x.power), "discordance": psi,
                       "mde": mcnemar_mde(d["n_pairs"], level, power=float(x.power), discordance=psi),

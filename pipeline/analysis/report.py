@@ -81,14 +81,17 @@ def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
     lines = []
     level = _level_pct(metrics)
     details = metrics.get("details", [])
-    # Controls first (checks: identical by construction), then the primary comparisons.
-    for d in sorted(details, key=lambda d: d.get("role") != "check"):
+    # Controls first (positive controls, then checks: identical by construction), then the
+    # primary comparisons.
+    order = {"positive_control": 0, "check": 1}
+    for d in sorted(details, key=lambda d: order.get(d.get("role", "primary"), 2)):
         s = d["success"]
         power = s.get("power") or {}
         cluster = d.get("success_cluster_diff") or s["diff"]
         verdict = s.get("verdict", "no detectable difference")
-        holm_p = f", Holm p={_p(s.get('p_holm'))}" if d.get("role", "primary") == "primary" else ""
-        role = "check (identical by construction, outside the Holm family): " if d.get("role") == "check" else ""
+        holm_p = f", Holm p={_p(s.get('p_holm'))}" if d.get("role", "primary") != "check" else ""
+        role = {"check": "check (identical by construction, outside the Holm family): ",
+                "positive_control": "positive control: "}.get(d.get("role", "primary"), "")
         mde = power.get("mde")
         mde_text = (f"; minimum detectable difference {_f(mde)} at {round(100 * power['power'])}% power"
                     if mde is not None else
@@ -97,6 +100,10 @@ def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
                      f"difference {_ci(cluster, signed=True)} ({level} scene-cluster bootstrap), "
                      f"n={d['n_pairs']} pairs, b={s['table']['b']} (treatment only), c={s['table']['c']} "
                      f"(control only), exact McNemar p={_p(s['p_value'])}{holm_p}{mde_text}: **{verdict}**")
+        if d.get("role") == "positive_control" and verdict != "better":
+            lines.append(f"  → the positive control {d['treatment']} does not beat {d['control']}: in this setting "
+                         "the agent cannot be shown to use its memory block at all, so the memory comparisons "
+                         "below cannot show a memory effect either way.")
     for r in metrics.get("prompt_identity_details", []):
         a, b = r["conditions"]
         mark = "identical" if r["identical"] else "NOT identical"
@@ -198,6 +205,7 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> s
     ]
     parts += [f"- {line}" for line in headline_lines(metrics)] or ["- (no comparison configured)"]
     parts.append("")
+    parts += ["Transcripts: [episodes.html](episodes.html), every eval task's runs side by side, turn by turn.", ""]
     captions = {
         "success_by_condition": "Success rate per condition with its bootstrap interval.",
         "paired_differences": "Paired difference in success (treatment − control): a bar that crosses 0 means no "

@@ -366,6 +366,7 @@ class ConditionConfig:
     retrieval_executed: bool = False  # run retrieval at all
     injection_mask: bool = True  # true: retrieved advisories are masked (never shown)
     placebo: bool = False  # inject length-matched advisories from other scenes instead
+    oracle: bool = False  # positive control: advisories from the task's own expert plan (C2_oracle)
     grounding: bool = True  # the scene's merged grounding in the prompt (false: C0)
     description: str = ""  # one line for reports
 
@@ -383,6 +384,9 @@ class ExperimentConfig:
     comparisons: List[List[str]] = field(default_factory=list)
     """The primary paired comparisons ``[treatment, control]`` (the Holm family): success
     difference, exact McNemar p, Holm p, power, reward and turns."""
+    positive_controls: List[List[str]] = field(default_factory=list)
+    """Comparisons that must show an effect if the agent can use memory at all (C2_oracle vs
+    C1): reported first, Holm-adjusted among themselves."""
     checks: List[List[str]] = field(default_factory=list)
     """Comparisons identical by construction (e.g. C2_silent vs C1 for a deterministic
     agent): computed and reported as checks, outside the Holm family."""

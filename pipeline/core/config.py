@@ -318,7 +318,8 @@ def _check_conditions(typed: Config) -> None:
     _require(len(typed.condition) >= 1, "condition", list(typed.condition), "at least one condition")
     known = set(typed.condition) | {p.stem for p in (project_root() / CONF_DIR / "condition").glob("*.yaml")}
     x = typed.experiment
-    for key, pairs in (("experiment.comparisons", x.comparisons), ("experiment.checks", x.checks)):
+    for key, pairs in (("experiment.comparisons", x.comparisons), ("experiment.positive_controls", x.positive_controls),
+                       ("experiment.checks", x.checks)):
         for pair in pairs:
             _require(len(pair) == 2, key, list(pair), "pairs [treatment, control]")
             for name in pair:  # a known but unselected condition is skipped by `compare`

@@ -42,6 +42,7 @@ from pipeline.memory.schemas import (
     AdvisoryBundleMetaV1_1,
     AdvisoryBundleV1_1,
     AdvisoryV1_1,
+    EvidenceV1_1,
 )
 from pipeline.memory.signature import SignatureBuilder
 
@@ -74,6 +75,8 @@ def check_condition(cond: ConditionConfig | Mapping[str, Any], name: str = "?") 
         raise ConfigError(f"{key}: memory_mode=silent needs retrieval_executed=true and injection_mask=true")
     if placebo and mode != "on":
         raise ConfigError(f"{key}.placebo=true needs memory_mode=on and injection_mask=false")
+    if bool(getattr(cond, "oracle", False)) and (mode != "on" or placebo):
+        raise ConfigError(f"{key}.oracle=true needs memory_mode=on, injection_mask=false and placebo=false")
 
 
 def should_inject_advisory_with_reason(
@@ -150,6 +153,7 @@ class InjectionController:
         self.retrieval_executed = bool(condition_cfg.retrieval_executed)
         self.injection_mask = bool(condition_cfg.injection_mask)
         self.placebo = bool(condition_cfg.placebo)
+        self.oracle = bool(getattr(condition_cfg, "oracle", False))  # absent from a demos advisory variant
         self.topk = int(topk)
         self.slot_memory_name = slot_memory_name
         self.relevance_threshold = float(relevance_threshold)
@@ -244,12 +248,15 @@ def draw_placebo(
     builder: AdvisoryBuilder,
     query_expert_plan: Sequence[str] = (),
     query_ground_truth: Optional[str] = None,
+    exclude_entry_ids: Sequence[str] = (),
 ) -> tuple[list[AdvisoryV1_1], list[str], list[str], list[str]]:
     """Advisories from entries of other scenes, one per target, each as long as its target.
 
     Each placebo advisory keeps its target's id, strength and relevance score, so the
     injected slot differs from C2's only in content (type, message, evidence). Entries are
-    drawn without replacement from the store rows whose scene differs from the query's.
+    drawn without replacement from the store rows whose scene differs from the query's,
+    never one of ``exclude_entry_ids`` (the entries C2 injects for the task: a held-out
+    scene's C2 advisories come from other scenes too).
 
     Returns:
         ``(advisories, source_entry_ids, notes, filler)``: notes are for the record, never
@@ -264,9 +271,10 @@ def draw_placebo(
     if len(pool) == 0:
         return [], [], ["placebo: no entries of other scenes in the store; nothing injected"], []
     # Enough candidates for the targets, label-hint redraws and length filler.
-    size = min(len(pool), 4 * len(targets) + 8)
+    size = min(len(pool), 4 * len(targets) + 8 + len(exclude_entry_ids))
     cand = pool[rng.choice(len(pool), size=size, replace=False)]
-    entries = index.rows(cand.tolist())
+    excluded = set(exclude_entry_ids)
+    entries = [e for e in index.rows(cand.tolist()) if e["entry_id"] not in excluded]
     filler = [compose_message(e, advisory_type_for(e)) for e in entries]
     out, sources, used = [], [], set()
     for target in targets:
@@ -305,24 +313,51 @@ def _injected_text(controller: "InjectionController", bundle: AdvisoryBundleV1_1
 
 def match_block_length(controller: "InjectionController", reference: AdvisoryBundleV1_1,
                        placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int) -> AdvisoryBundleV1_1:
-    """Refit the placebo's last message so its injected text is as long as the reference's.
+    """Refit the placebo's messages so its injected text is as long as the reference's.
 
     The messages already match one by one; type names, evidence ids and risk tags differ
-    in length, and the last message absorbs that difference (JSON escapes included).
+    in length, and the messages absorb that difference (JSON escapes included): the last
+    one first, then the others, each within ``[1, max_chars]``.
     """
     target = len(_injected_text(controller, reference))
-    for _ in range(8):
+    for _ in range(4 * max(1, len(placebo.retrieved))):
         diff = target - len(_injected_text(controller, placebo))
         if diff == 0 or not placebo.retrieved:
             break
-        last = placebo.retrieved[-1]
-        new_len = len(last.message) + diff
-        if not 1 <= new_len <= max_chars:
+        msgs = list(placebo.retrieved)
+        for i in reversed(range(len(msgs))):
+            new_len = min(max_chars, max(1, len(msgs[i].message) + diff))
+            if new_len != len(msgs[i].message):
+                msgs[i] = msgs[i].model_copy(update={"message": fit_length(msgs[i].message, new_len, filler)})
+                break
+        else:
             break
-        message = fit_length(last.message, new_len, filler)
-        placebo = placebo.model_copy(update={
-            "retrieved": [*placebo.retrieved[:-1], last.model_copy(update={"message": message})]})
+        placebo = placebo.model_copy(update={"retrieved": msgs})
     return placebo
+
+
+def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key: str) -> list[AdvisoryV1_1]:
+    """The positive control's advisories: the task's own expert plan, true and task-specific.
+
+    ``count`` advisories (C2's count for the task, at least one, at most one per step),
+    each a consecutive part of the plan, in the form C2's advisories have.
+    """
+    steps = [str(c) for c in plan if str(c).strip()]
+    if not steps:
+        return []
+    count = max(1, min(int(count), len(steps)))
+    sizes = [len(steps) // count + (1 if k < len(steps) % count else 0) for k in range(count)]
+    out, start = [], 0
+    for k, size in enumerate(sizes):
+        part = steps[start:start + size]
+        a, b = start + 1, start + size
+        start += size
+        message = f"Verified steps {a}-{b} of {len(steps)} that solve this exact task: {'; '.join(part)}."
+        out.append(AdvisoryV1_1(
+            advisory_id=f"adv_{k + 1:06d}", advisory_type="successful_override", message=message[:max_chars],
+            strength="strong", relevance_score=1.0,
+            evidence=EvidenceV1_1(source_episode_ids=[f"oracle:{task_key}"], principle_id="oracle_expert_plan")))
+    return out
 
 
 # --------------------------------------------------------------------------- one call per task
@@ -415,16 +450,24 @@ def build_memory_slot(
     kept_ids = [h.entry["entry_id"] for h in hits if h.entry["provenance"]["episode_id"] in
                 {a.evidence.source_episode_ids[0] for a in advisories}]
     store_hash = getattr(store, "store_hash", None)
+    if controller.oracle:
+        c2 = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
+        key = f"{task.get('scene_id')}/{task.get('quest_id')}"
+        oracle = oracle_advisories(plan, len(c2.retrieved), builder.max_message_chars, key)
+        bundle = controller.build_slot_payload(oracle, store_hash=store_hash)
+        # The positive control gives the answer on purpose: the label-hint gate is not applied.
+        return _finish(controller, bundle, retrieved_ids, [], [f"oracle: {len(oracle)} advisories from the task's "
+                                                                f"expert plan ({len(plan)} steps)"], [], None)
     if not controller.placebo:
         bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
         return _finish(controller, bundle, retrieved_ids, kept_ids, [], plan, gt)
     return _placebo_slot(controller, store, task, rng, builder, advisories, warnings, store_hash, retrieved_ids,
-                         plan, gt)
+                         kept_ids, plan, gt)
 
 
 def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, Any], rng: int | np.random.Generator,
                   builder: AdvisoryBuilder, advisories: list, warnings: list, store_hash: Optional[str],
-                  retrieved_ids: list, plan: list, gt: Optional[str]) -> MemorySlot:
+                  retrieved_ids: list, kept_ids: list, plan: list, gt: Optional[str]) -> MemorySlot:
     """The placebo's slot: what would C2 inject? Then the same count and lengths drawn from
     other scenes (nothing when C2's gate would refuse)."""
     c2_bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
@@ -434,9 +477,10 @@ def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, A
         return _finish(controller, bundle, retrieved_ids, [], [f"placebo: C2 would inject nothing ({c2_reason})"],
                        plan, gt, reason=c2_reason)
     generator = rng if isinstance(rng, np.random.Generator) else task_rng(int(rng), task)
+    c2_entries = [e for e in retrieved_ids if e in set(kept_ids)]
     placebo, sources, notes, filler = draw_placebo(
         store, c2_bundle.retrieved, query_scene_id=task.get("scene_id"), rng=generator,
-        builder=builder, query_expert_plan=plan, query_ground_truth=gt,
+        builder=builder, query_expert_plan=plan, query_ground_truth=gt, exclude_entry_ids=c2_entries,
     )
     bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
     if len(placebo) == len(c2_bundle.retrieved):

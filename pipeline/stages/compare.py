@@ -12,7 +12,9 @@ What is computed (paired comparisons of ``experiment.comparisons``, prompt ident
 
 Writes ``metrics/compare.json`` (headline numbers as dicts so ``dvc metrics show/diff``
 list them; details as lists, which DVC's table skips), ``plots/*.json`` for
-``dvc plots``, and ``reports/report.md`` (+ PNG figures, ``reports/compare.md`` tables).
+``dvc plots``, and ``reports/report.md`` (+ PNG figures, ``reports/compare.md`` tables) and
+``reports/episodes.html`` (the transcript viewer, :mod:`pipeline.view`: every eval task's
+runs side by side; inside the ``${paths.reports}`` output, so dvc.yaml declares nothing new).
 Every interval is seeded from ``seed``: the same inputs give byte-identical outputs.
 """
 
@@ -25,6 +27,7 @@ from pipeline.analysis.report import headline_lines
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, read_parquet
 from pipeline.core.stats import PairingError
+from pipeline.view.load import write_episodes_html
 
 
 def main() -> int:
@@ -37,9 +40,10 @@ def main() -> int:
                                 columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
         result = compare(data, manifest, cfg)
         written = write_outputs(result, root, cfg)
+        written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
         print("\n".join(headline_lines(result.metrics)))
         print(f"wrote {len(written)} files: {root / cfg.paths.metrics / 'compare.json'}, "
-              f"{root / cfg.paths.reports / 'report.md'}, plots in {root / cfg.paths.plots}")
+              f"{root / cfg.paths.reports / 'report.md'}, {written[-1]}, plots in {root / cfg.paths.plots}")
     except (ConfigError, ArtifactError, PairingError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
