@@ -321,6 +321,9 @@ class GroundingConfig:
         unknown_type: ``keep`` (under ``general``, with a warning) | ``reject``.
         timestamp: ``generation_timestamp``, ISO 8601; ``SOURCE_DATE_EPOCH`` wins if set.
         use_in_prompt: put the merged grounding into system prompts.
+        online: seed 000's online loop in ``collect``: a scene's k-th episode is prompted
+            with the grounding of its episodes 1..k-1 (extractive), scenes in parallel
+            (:mod:`pipeline.session.online`; ``llm`` agent only).
     """
 
     generator: GroundingGenerator = GroundingGenerator.extractive
@@ -331,6 +334,7 @@ class GroundingConfig:
     unknown_type: UnknownFeedback = UnknownFeedback.keep
     timestamp: str = "1970-01-01T00:00:00+00:00"
     use_in_prompt: bool = True
+    online: bool = True
 
 
 @dataclass

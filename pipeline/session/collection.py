@@ -39,12 +39,13 @@ from pipeline.llm.accounting import token_statistics
 from pipeline.llm.backends import is_local
 from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
+from pipeline.session.online import play_online
 from pipeline.session.rollout import Checkpoints, Task, play
 from pipeline.users import FileFeedback, User, make_user
 
 # Config subtrees whose change invalidates checkpointed episodes.
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
-                   "numerics")
+                   "grounding.online", "numerics")
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:
@@ -200,7 +201,9 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
               file=sys.stderr)
     factories = make_factories(cfg, root, scenes, feedback_source=feedback_source)
     t0 = time.perf_counter()
-    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc)
+    online = online_loop(cfg) and root is not None
+    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc,
+                                 online=(root, ckpt_root) if online else None)
     wall = time.perf_counter() - t0
     episodes, turns = write_collection(out_dir, records)
     stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
@@ -208,9 +211,17 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     return records, stats
 
 
-def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str) -> list[dict]:
+def online_loop(cfg: Config) -> bool:
+    """Whether collection runs seed 000's online loop (:mod:`pipeline.session.online`): on
+    with ``grounding.online``, for an agent that reads its prompt."""
+    return bool(cfg.grounding.online) and plays_with_model(cfg.agent)
+
+
+def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,
+                       online: tuple[Path, Path] | None = None) -> list[dict]:
     """:func:`pipeline.session.rollout.play` under a progress bar, Ctrl-C flag and thread cap.
 
+    ``online=(root, work_dir)`` plays seed 000's online loop (:func:`pipeline.session.online.play_online`).
     On Ctrl-C (exit 130) or a failure, says how many finished episodes the checkpoints keep.
     """
     make_env, make_agent_for, make_user = factories
@@ -223,12 +234,18 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
     try:
         with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted, \
                 inference_threads(cfg):
-            records = play(tasks, make_env=make_env, make_agent=make_agent_for, make_user=make_user,
-                           batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, checkpoints=ckpts,
-                           agent_name=str(cfg.agent.name), model_name=model_name,
-                           preference_in_success=cfg.user.preference_in_success,
-                           unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
-                           should_stop=interrupted.is_set)
+            def play_some(some: list[Task]) -> list[dict]:
+                return play(some, make_env=make_env, make_agent=make_agent_for, make_user=make_user,
+                            batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, checkpoints=ckpts,
+                            agent_name=str(cfg.agent.name), model_name=model_name,
+                            preference_in_success=cfg.user.preference_in_success,
+                            unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
+                            should_stop=interrupted.is_set)
+
+            if online is None:
+                records = play_some(tasks)
+            else:
+                records = play_online(cfg, online[0], tasks, play_some, online[1])
     except KeyboardInterrupt:
         print(f"\ninterrupted: {kept()}", file=sys.stderr)
         raise SystemExit(130)

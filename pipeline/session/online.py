@@ -1,0 +1,77 @@
+"""Seed 000's online loop in collection: each episode's prompt carries the grounding of the
+episodes before it in its scene.
+
+Without it every collected episode starts from the same prompt and nothing the user said
+reaches a later episode until the ``ground`` -> ``merge`` -> ``render`` stages, which only
+evaluation sees. With it (``grounding.online``, the default), the train tasks of a scene
+are played in order: the k-th episode of a scene is played with a system prompt whose
+grounding merges (seed 000's rules, as the ``merge`` stage does) the grounding documents
+of that scene's episodes 1..k-1 (and ``grounding.files``). Scenes stay independent, so
+round k plays the k-th episode of every scene at once, batched.
+
+Deterministic and resumable: a round's prompts are a function of the config and the
+records of the rounds before it, which are checkpointed one file per episode like every
+collection. Only an agent that reads its prompt (the ``llm`` agent) is played this way;
+rule agents ignore prompts, so their collection is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from itertools import zip_longest
+from pathlib import Path
+from typing import Callable
+
+from pipeline.core.conf_schema import Config
+from pipeline.core.io import atomic_write_text
+from pipeline.grounding.episodes import episode_grounding
+from pipeline.prompts import PromptOrganizer, split_grounding_paths
+from pipeline.session.rollout import Task
+
+ONLINE_DIR = "online_grounding"
+
+
+def rounds(tasks: list[Task]) -> list[list[Task]]:
+    """Round k: the k-th task of every scene (scenes in first-appearance order)."""
+    by_scene: OrderedDict[str, list[Task]] = OrderedDict()
+    for t in tasks:
+        by_scene.setdefault(t.scene_id, []).append(t)
+    return [[t for t in group if t is not None] for group in zip_longest(*by_scene.values())]
+
+
+def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable[[list[Task]], list[dict]],
+                work_dir: Path) -> list[dict]:
+    """Play ``tasks`` round by round, each episode prompted with its scene's earlier grounding.
+
+    Args:
+        cfg: The composed config (``grounding``, ``prompts``).
+        root: The project root (templates, ``grounding.files``).
+        tasks: The train tasks, in the collection's order.
+        play_round: Plays a list of tasks (checkpointed) and returns their records.
+        work_dir: Where the per-episode grounding documents are written (inside the
+            collection's checkpoint folder; the prompt shows their content, never a path).
+
+    Returns:
+        The records in the order of ``tasks``.
+    """
+    g = cfg.grounding
+    organizer = PromptOrganizer.from_config(cfg, root=root)
+    configured = split_grounding_paths(g.files if isinstance(g.files, str) else list(g.files or []))
+    earlier: dict[str, list[str]] = {}
+    records: dict[str, dict] = {}
+    for batch in rounds(tasks):
+        for t in batch:
+            docs = earlier.get(t.scene_id, [])
+            if docs and bool(g.use_in_prompt):
+                organizer.set_variables(objective=t.objective, scene=t.scene_id)
+                t.system_prompt = organizer.freeze_system_prompt([*configured, *docs])
+        for rec in play_round(batch):
+            ep = rec["episode"]
+            doc = episode_grounding(ep, rec["turns"], generator="extractive", timestamp=str(g.timestamp),
+                                    unknown_type=str(g.unknown_type))
+            path = work_dir / ONLINE_DIR / str(ep["scene_id"]) / f"{ep['episode_id']}.json"
+            atomic_write_text(path, json.dumps(doc, ensure_ascii=False, sort_keys=True, indent=2))
+            earlier.setdefault(str(ep["scene_id"]), []).append(str(path))
+            records[str(ep["episode_id"])] = rec
+    return [records[t.episode_id] for t in tasks]
