@@ -296,7 +296,7 @@ def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by
     # Grounding and objective may quote the same feedback an advisory was built from.
     allowed = {task_id(t): r.organizer.grounding_content(files[task_id(t)]) + "\n" + str(t["objective"])
                for t in tasks}
-    markers = [str(cfg.memory.io.slot_memory_name), r.organizer.slot_heading, '"advisory_id"']
+    markers = [str(cfg.memory.io.slot_memory_name), r.organizer.slot_heading, '"advisory_id"', "advisory_type: "]
 
     seen_rows = [{**row, "seen_prompt": seen[condition][row["task_id"]],
                   "seen_block": row["memory_block"]} for row in rows_by[condition]]

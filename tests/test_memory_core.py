@@ -395,9 +395,12 @@ def test_c2_injects_its_advisories_under_the_configured_slot_name(store):
     memory = OmegaConf.merge(MEMORY, {"io": {"slot_memory_name": "MY_SLOT"}})
     slot = build_memory_slot(store, TASK, load_condition("C2"), memory, rng=0)
     assert list(slot.context) == ["MY_SLOT"]
-    injected = json.loads(slot.injected_block_text)["MY_SLOT"]
-    assert injected == slot.bundle.model_dump(mode="json")
-    assert all(a["message"] in slot.injected_block_text.replace("\\", "") for a in injected["retrieved"])
+    assert slot.context["MY_SLOT"] == slot.bundle.model_dump(mode="json")  # the whole bundle, for the record
+    # What the model reads: the slot name, then each advisory's type, strength and message.
+    text = slot.injected_block_text
+    assert text.startswith("MY_SLOT:\n- advisory_type: ") and "store_hash" not in text and "adv_0000" not in text
+    assert all(a.message in text and f"strength: {a.strength}" in text for a in slot.bundle.retrieved)
+    assert len(text) < len(json.dumps(slot.context)) / 2
     assert [a.advisory_id for a in slot.bundle.retrieved] == ["adv_000001", "adv_000002", "adv_000003"]
 
 

@@ -24,7 +24,6 @@ The render stage calls one function per eval task::
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
@@ -45,6 +44,7 @@ from pipeline.memory.schemas import (
     EvidenceV1_1,
 )
 from pipeline.memory.signature import SignatureBuilder
+from pipeline.prompts.templates import render_memory_value
 
 DEFAULT_SLOT_NAME = "DEBATE_CONTEXT__MEMORY"
 
@@ -301,9 +301,26 @@ def draw_placebo(
     return out, sources, notes, filler
 
 
+#: The advisory fields the model reads; the whole bundle (ids, evidence, scores, meta,
+#: store hash) stays in the prompts Parquet's ``bundle_json``.
+SHOWN_FIELDS = ("advisory_type", "strength", "message")
+
+
 def block_text(context: dict[str, Any]) -> str:
-    """The injected text of a context: indented, key-sorted JSON, UTF-8 kept ("" when empty)."""
-    return json.dumps(context, ensure_ascii=False, indent=2, sort_keys=True) if context else ""
+    """The injected text of a context, compact: per slot its name, then one ``- `` item per
+    advisory with the fields the model reads, rendered by seed 002's memory renderer
+    (``advisory_type: ...``, ``strength: ...``, ``message: ...``); ``""`` when empty.
+
+    A JSON dump of the bundle was ~4.7k characters, mostly ids, scores and a 64-hex store
+    hash the model cannot use."""
+    if not context:
+        return ""
+    parts = []
+    for slot in sorted(context):
+        retrieved = (context[slot] or {}).get("retrieved") or []
+        shown = [{k: a[k] for k in SHOWN_FIELDS if k in a} for a in retrieved]
+        parts.append(f"{slot}:\n{render_memory_value(shown)}")
+    return "\n".join(parts)
 
 
 def _injected_text(controller: "InjectionController", bundle: AdvisoryBundleV1_1) -> str:
