@@ -507,6 +507,76 @@ def bench_load(variant: str, quick: bool) -> dict[str, Any]:
                          met=res["within_target"], note=f"wall {res['wall_s']} s")], "details": res}
 
 
+def bench_openai_serve(variant: str, quick: bool) -> dict[str, Any]:
+    """Issue 21: requests/s and tokens/s at concurrency 1, 4, 16 through the ``openai`` backend
+    against a local ``transformers serve`` (as it ships, and with ``--continuous-batching``),
+    and the same requests through the in-process ``transformers`` backend (batch = concurrency).
+
+    A random tiny GPT-2 (2 layers, 128 wide) and ~300-token prompts, greedy, 32 new tokens
+    (EOS ends a few earlier); one torch thread for the server and for the in-process model."""
+    import torch
+
+    from pipeline.core.conf_schema import ModelConfig, SamplingConfig
+    from pipeline.core.config import section
+    from pipeline.llm.backends import OpenAIBackend, TransformersBackend
+    from pipeline.llm.backends.serve import TransformersServe
+    from pipeline.llm.tiny import CHAT_TEMPLATE, save_model_dir, tiny_gpt2, train_tokenizer
+
+    torch.set_num_threads(1)
+    n, new_tokens, levels = (8, 16, (1, 4)) if quick else (48, 32, (1, 4, 16))
+    words = ("open close take put examine look go kitchen fridge drawer apple mug key cabinet table bedroom "
+             "north south east west the a in on with and then").split()
+    convs = [[{"role": "system", "content": "You are a household agent. " + " ".join(
+                 words[(i * 7 + j * 3) % len(words)] for j in range(220))},
+              {"role": "user", "content": f"Observation {i}: what next?"}] for i in range(n)]
+    tok = train_tokenizer([m["content"] for c in convs for m in c], vocab_size=512, chat_template=CHAT_TEMPLATE)
+    model_dir = save_model_dir(bench_dir() / "openai_serve_model", tiny_gpt2(tok, n_layer=2, n_embd=128, n_head=4,
+                                                                              n_positions=1024), tok)
+    sampling = section(SamplingConfig, dict(do_sample=False, temperature=1.0, top_p=1.0, top_k=0,
+                                            max_new_tokens=new_tokens, seed=0, early_stop=False))
+    seeds = list(range(n))
+
+    def timed(gen_batch, c: int) -> tuple[float, int, list]:
+        gen_batch(convs[:1], seeds[:1])  # warm-up (connection, first forward)
+        t0 = time.perf_counter()
+        gens = gen_batch(convs, seeds)
+        wall = time.perf_counter() - t0
+        assert all(g.error is None for g in gens), [g.error for g in gens if g.error][:1]
+        return wall, sum(g.generated_tokens for g in gens), [g.text for g in gens]
+
+    figures: dict[tuple[str, int], dict] = {}
+    local = TransformersBackend(section(ModelConfig, dict(name_or_path=str(model_dir), logprobs=False)), sampling)
+    for c in levels:
+        def batched(b, s, c=c):
+            return [g for k in range(0, len(b), c) for g in local.generate(b[k:k + c], seeds=s[k:k + c])]
+
+        wall, toks, texts = timed(batched, c)
+        figures[("in-process", c)] = {"rps": n / wall, "tps": toks / wall, "texts": texts}
+    for label, extra in (("serve", []), ("serve --continuous-batching", ["--continuous-batching"])):
+        with TransformersServe(model_dir, extra_args=extra) as server:
+            for c in levels:
+                cfg = section(ModelConfig, dict(backend="openai", base_url=server.url, api_model=server.model,
+                                                max_concurrency=c, timeout_s=600.0, max_retries=0, logprobs=False,
+                                                api_key_env="BENCH_NO_KEY"))
+                with OpenAIBackend(cfg, sampling) as backend:
+                    wall, toks, texts = timed(lambda b, s: backend.generate(b, seeds=s), c)
+                figures[(label, c)] = {"rps": n / wall, "tps": toks / wall, "texts": texts}
+    rows = []
+    for label in ("in-process", "serve", "serve --continuous-batching"):
+        name = "transformers backend (in process, batch = c)" if label == "in-process" else \
+            f"openai backend -> transformers {label}"
+        for c in levels:
+            f, base = figures[(label, c)], figures[("in-process", c)]
+            vs = None if label == "in-process" else f"in process, c={c}"
+            same = f["texts"] == base["texts"]
+            rows.append(row(f"{name}, c={c}", _r(f["rps"], 2), "requests/s", ratio=_ratio(f["rps"], base["rps"])
+                            if vs else None, vs=vs, note=None if not vs else f"same texts as in process: {same}"))
+            rows.append(row(f"{name}, c={c}", _r(f["tps"], 1), "tokens/s", ratio=_ratio(f["tps"], base["tps"])
+                            if vs else None, vs=vs))
+    details = {f"{k[0]} c={k[1]}": {"rps": _r(v["rps"]), "tps": _r(v["tps"], 1)} for k, v in figures.items()}
+    return {"rows": rows, "details": {"requests": n, "max_new_tokens": new_tokens, "figures": details}}
+
+
 # ----------------------------------------------------------------------------- driver
 
 # name -> (function, variants (full), variants (quick), what it measures). Order = run order:
@@ -606,6 +676,9 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
                  "issue 19: the speed cost of the pinned numerics (training, encoding, generation)"),
     "load": (bench_load, ["collect-llm", "store-write", "store-load"], ["collect-llm", "store-write", "store-load"],
              "issue 10: peak memory of 64 batched environments and a 10^6-entry store"),
+    "openai_serve": (bench_openai_serve, [""], [""],
+                     "issue 21: requests/s, tokens/s at concurrency 1/4/16: openai backend -> transformers serve "
+                     "vs in process"),
 }
 
 

@@ -256,7 +256,10 @@ class LLMAgent:
             backend, size = requests[idxs[0]][0].backend, requests[idxs[0]][0].batch_size
             for k in range(0, len(idxs), size):
                 chunk = idxs[k:k + size]
-                gens = backend.generate([requests[i][2] for i in chunk], seeds=[requests[i][3] for i in chunk])
+                # A backend that can constrain the action (model.structured_output) gets the admissible ones.
+                kw = ({"admissible": [candidate_actions(requests[i][1]) for i in chunk]}
+                      if getattr(backend, "constrains_actions", False) else {})
+                gens = backend.generate([requests[i][2] for i in chunk], seeds=[requests[i][3] for i in chunk], **kw)
                 for i, gen in zip(chunk, gens):
                     steps[i] = requests[i][0].finish_turn(requests[i][1], gen)
         return steps  # type: ignore[return-value]

@@ -262,6 +262,9 @@ class ModelConfig:
     backoff_s: float = 0.5  # first backoff delay, doubled per retry (openai backend)
     logprobs: bool = True  # keep per-token logprobs (transformers) / ask the endpoint for them (openai)
     extra_body: Dict[str, Any] = field(default_factory=dict)  # extra request fields (openai), e.g. vLLM's top_k
+    max_concurrency: int = 8  # requests in flight at once (openai backend)
+    structured_output: str = "none"  # admissible-action constraint (openai): none|json_schema|choice|guided_choice|regex
+    cache_dir: Optional[str] = None  # response cache folder (openai backend), e.g. data/llm_cache; null: off
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the pipeline-trained policy (stage `policy`)
 
 

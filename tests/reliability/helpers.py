@@ -46,19 +46,33 @@ class FakeOpenAI:
     - ``stall``: headers and a few body bytes, then silence for ``hang_s`` seconds;
     - ``close``: the connection is closed without any response;
     - ``badjson``: 200 with a truncated JSON body; ``shape``: 200 with JSON lacking ``choices``;
+    - ``cut``: 200 whose body stops half-way (the connection drops before Content-Length bytes);
+    - ``slow``: a normal completion after ``slow_s`` seconds (concurrency is counted meanwhile);
+    - ``401`` / ``403`` / ``404``: auth refused / forbidden / unknown model (OpenAI's bodies);
+    - ``context``: 400 with vLLM's "maximum context length" message;
     - ``echo``: 502 whose body echoes the request headers (a misconfigured proxy).
+
+    ``GET /v1/models`` lists ``models``. ``token_items`` (a list of ``logprobs.content``
+    entries), when set, goes into every normal completion. ``max_in_flight`` is the most
+    requests the server held at once.
 
     Example:
         with FakeOpenAI(lambda n, body: "500" if n < 2 else "ok") as server:
             cfg.model.base_url = server.url
     """
 
-    def __init__(self, script=None, *, answer: str = ANSWER, hang_s: float = 5.0):
+    def __init__(self, script=None, *, answer: str = ANSWER, hang_s: float = 5.0, slow_s: float = 0.1,
+                 models: tuple = ("fake-model",), token_items: list | None = None):
         import threading
 
         self.script = script or (lambda n, body: "ok")
         self.answer = answer
         self.hang_s = hang_s
+        self.slow_s = slow_s
+        self.models = list(models)
+        self.token_items = token_items
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.requests: list[tuple[dict, dict]] = []  # (headers, body) of every request
         self.modes: list[str] = []
         self._lock = threading.Lock()
@@ -82,6 +96,14 @@ class FakeOpenAI:
             def log_message(self, *args):  # quiet
                 pass
 
+            def do_GET(self):
+                data = json.dumps({"object": "list", "data": [{"id": m, "object": "model"} for m in fake.models]})
+                self.send_response(200 if self.path.rstrip("/").endswith("/models") else 404)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data.encode())
+
             def do_POST(self):
                 raw = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 try:
@@ -90,10 +112,17 @@ class FakeOpenAI:
                     body = {}
                 with fake._lock:
                     n = len(fake.requests)
-                    fake.requests.append((dict(self.headers), body))
+                    # Header names as written in the HTTP docs (clients send them in any case).
+                    fake.requests.append(({k.title(): v for k, v in self.headers.items()}, body))
                     mode = fake.script(n, body)
                     fake.modes.append(mode)
-                fake.respond(self, mode)
+                    fake.in_flight += 1
+                    fake.max_in_flight = max(fake.max_in_flight, fake.in_flight)
+                try:
+                    fake.respond(self, mode)
+                finally:
+                    with fake._lock:
+                        fake.in_flight -= 1
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
@@ -106,10 +135,11 @@ class FakeOpenAI:
         self._server.server_close()
 
     def completion(self) -> bytes:
+        choice = {"index": 0, "message": {"role": "assistant", "content": self.answer}, "finish_reason": "stop"}
+        if self.token_items is not None:
+            choice["logprobs"] = {"content": self.token_items}
         return json.dumps({
-            "id": "cmpl-1", "object": "chat.completion", "model": "fake",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer},
-                         "finish_reason": "stop"}],
+            "id": "cmpl-1", "object": "chat.completion", "model": "fake", "choices": [choice],
             "usage": {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22},
         }).encode()
 
@@ -146,6 +176,30 @@ class FakeOpenAI:
             h.close_connection = True  # nothing sent: the client sees the connection drop
         elif mode == "badjson":
             send(200, self.completion()[:40])
+        elif mode == "cut":
+            data = self.completion()
+            h.send_response(200)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.end_headers()
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            h.close_connection = True
+        elif mode == "slow":
+            self._stop.wait(self.slow_s)
+            send(200, self.completion())
+        elif mode == "401":
+            send(401, json.dumps({"error": {"message": "Incorrect API key provided: sk-rel***key.", "type":
+                                            "invalid_request_error", "code": "invalid_api_key"}}).encode())
+        elif mode == "403":
+            send(403, b'{"error": {"message": "You are not allowed to sample from this model"}}')
+        elif mode == "404":
+            send(404, b'{"error": {"message": "The model `nope` does not exist.", "code": "model_not_found"}}')
+        elif mode == "context":
+            send(400, json.dumps({"object": "error", "type": "BadRequestError", "code": 400, "message": (
+                "This model's maximum context length is 2048 tokens. However, you requested 2144 tokens (2048 in "
+                "the messages, 96 in the completion). Please reduce the length of the messages or completion.")})
+                 .encode())
         elif mode == "shape":
             send(200, b'{"object": "error", "detail": "no choices here"}')
         elif mode == "custom":  # a test's own handler: server.custom(handler)

@@ -43,19 +43,14 @@ def sleeps(monkeypatch) -> list[float]:
     """The backoff delays the backend asks for (recorded, not slept: nothing here times anything)."""
     delays: list[float] = []
 
-    class Clock:
-        def __getattr__(self, name):
-            return getattr(_time, name)
+    async def record(s):
+        delays.append(round(s, 6))
 
-        @staticmethod
-        def sleep(s):
-            delays.append(round(s, 6))
-
-    monkeypatch.setattr(openai_backend, "time", Clock())
+    monkeypatch.setattr(openai_backend, "_sleep", record)
     return delays
 
 
-@pytest.mark.parametrize("mode", ["500", "503", "429", "hang", "stall", "close", "badjson"])
+@pytest.mark.parametrize("mode", ["500", "503", "429", "hang", "stall", "close", "badjson", "cut"])
 def test_a_transient_fault_is_retried_with_backoff_then_a_failed_generation(mode, sleeps):
     with FakeOpenAI(lambda n, body: mode, hang_s=3 * TIMEOUT_S) as server:
         gen = OpenAIBackend(model_cfg(server.url), SAMPLING).generate([MESSAGES], seeds=[7])[0]
@@ -65,7 +60,8 @@ def test_a_transient_fault_is_retried_with_backoff_then_a_failed_generation(mode
     assert gen.error and gen.stop_reason == "error" and gen.text == "" and gen.action_text is None
     assert f"failed after {attempts} attempts" in gen.error
     expected = {"500": "HTTP 500", "503": "HTTP 503", "429": "HTTP 429", "hang": "timed out",
-                "stall": "timed out", "close": "connection failed", "badjson": "not JSON"}[mode]
+                "stall": "timed out", "close": "connection failed", "badjson": "not JSON",
+                "cut": "connection failed"}[mode]
     assert expected in gen.error, gen.error
 
 
@@ -84,6 +80,31 @@ def test_a_server_that_recovers_gives_the_real_answer(sleeps):
     assert gen.error is None and gen.text == ANSWER and json.loads(gen.action_text) == {"action": "look",
                                                                                           "target": None}
     assert server.modes == ["500", "close", "ok"] and sleeps == [BACKOFF_S, 2 * BACKOFF_S]
+
+
+def test_rate_limited_then_served(sleeps):
+    """429 (Retry-After: 0) twice, then the answer: exponential backoff, the real answer."""
+    with FakeOpenAI(lambda n, body: "429" if n < 2 else "ok") as server:
+        gen = OpenAIBackend(model_cfg(server.url), SAMPLING).generate([MESSAGES], seeds=[7])[0]
+    assert gen.error is None and gen.text == ANSWER and server.modes == ["429", "429", "ok"]
+    assert sleeps == [BACKOFF_S, 2 * BACKOFF_S]
+
+
+def test_a_500_storm_on_a_bounded_batch_still_answers_every_conversation(sleeps):
+    """Every conversation's first two attempts fail (a 500 storm): 16 conversations, 4 in
+    flight at most, each answered on its last retry."""
+    seen: dict[str, int] = {}
+
+    def script(n, body):
+        conv = body["messages"][1]["content"]
+        seen[conv] = seen.get(conv, 0) + 1
+        return "500" if seen[conv] <= RETRIES else "ok"
+
+    batch = [[MESSAGES[0], {"role": "user", "content": f"conv {i}"}] for i in range(16)]
+    with FakeOpenAI(script) as server:
+        gens = OpenAIBackend(model_cfg(server.url, max_concurrency=4), SAMPLING).generate(batch, seeds=list(range(16)))
+    assert all(g.error is None and g.text == ANSWER for g in gens)
+    assert len(server.requests) == 16 * (RETRIES + 1) and server.max_in_flight <= 4
 
 
 def test_a_batch_keeps_each_conversation_apart(sleeps):
@@ -164,6 +185,28 @@ def test_collect_records_failed_turns_and_loses_no_episode(project):
         per_turn[_turn_key(body)] = per_turn.get(_turn_key(body), 0) + 1
     assert all(per_turn[k] == 2 for k in failed_turns)  # first attempt + model.max_retries=1
     assert "Traceback" not in proc.stderr
+
+
+def test_collect_stops_clearly_when_the_key_is_revoked_and_keeps_what_it_played(project):
+    """A 401 in the middle of a run (default agent.on_backend_error=record): the stage stops at
+    once with the auth message (not a failed turn per request), the finished episode kept."""
+    manifest = read_parquet(project.root / "data/games/manifest.parquet").to_pylist()
+    second = sorted(r["objective"] for r in manifest if r["split"] == "train" and r["quest_id"].endswith("2"))
+
+    def script(n, body):
+        return "401" if any(obj in body["messages"][0]["content"] for obj in second) else "ok"
+
+    with FakeOpenAI(script) as server:
+        _llm_project(project, server, "agent.batched=false", "model.api_key_env=REL_TEST_KEY")
+        proc = project.run("collect", env={"REL_TEST_KEY": "sk-revoked-123"}, check=False)
+    err = proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in err and "sk-revoked-123" not in err + proc.stdout
+    assert (f"error: authentication failed: POST {server.url}/chat/completions: HTTP 401: the key in the "
+            "environment variable REL_TEST_KEY was refused") in err
+    assert "agent.on_backend_error" not in err  # not a per-turn failure
+    assert "stopped: 1 of 2 finished episodes kept in" in err and len(project.checkpoint_files()) == 1
+    assert server.modes.count("401") == 1  # no retry, no further request
+    assert not (project.root / "data" / "episodes").exists()
 
 
 def test_collect_fails_clearly_with_on_backend_error_fail_then_resumes(project, tmp_path):

@@ -15,10 +15,13 @@ conversation, with the JSON action tracked token by token (``pipeline.llm.tracke
   one seeded ``torch.Generator`` per row, rows leaving the batch when their JSON action
   closes (``sampling.early_stop``), at EOS or at ``max_new_tokens``.
 - :mod:`~pipeline.llm.backends.openai` (``model.backend=openai``): ``POST
-  {model.base_url}/chat/completions`` (OpenAI, vLLM, ...), one request per conversation
-  run concurrently, key from the environment variable ``model.api_key_env`` (never logged
-  or stored), retries with exponential backoff on connection errors, timeouts,
-  408/409/429/5xx.
+  {model.base_url}/chat/completions`` (OpenAI, vLLM, SGLang, ``transformers serve``, ...)
+  through the official ``openai`` client, one request per conversation,
+  ``model.max_concurrency`` in flight, key from the environment variable
+  ``model.api_key_env`` (never logged or stored), retries with exponential backoff on
+  connection errors, timeouts, truncated bodies, 408/409/429/5xx; the action constrained
+  to the admissible ones by the server (``model.structured_output``); an opt-in response
+  cache (``model.cache_dir``, :mod:`~pipeline.llm.backends.cache`).
 
 Runtime failures (a request that still fails after the retries, a failed forward pass)
 come back as a :class:`Generation` with ``error`` set and ``stop_reason="error"``: the
@@ -37,7 +40,9 @@ from pipeline.core.conf_schema import Backend as BackendName
 from pipeline.core.conf_schema import Config, ModelConfig, SamplingConfig
 from pipeline.core.seeding import prompt_seed
 from pipeline.llm.backends.base import (
+    ActionConstrainedBackend,
     Backend,
+    BackendConfigError,
     BackendError,
     CandidateScorer,
     Generation,
@@ -51,7 +56,9 @@ from pipeline.llm.backends.transformers import DTYPES, TransformersBackend
 __all__ = [
     "DTYPES",
     "RETRY_STATUS",
+    "ActionConstrainedBackend",
     "Backend",
+    "BackendConfigError",
     "BackendError",
     "CandidateScorer",
     "Generation",

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol, Sequence
 
+from pipeline.core.config import ConfigError
 from pipeline.llm.tracker import TrackedTurn
 
 Messages = list[dict]  # [{"role": "system"|"user"|"assistant", "content": str}, ...]
@@ -18,6 +19,13 @@ Messages = list[dict]  # [{"role": "system"|"user"|"assistant", "content": str},
 
 class BackendError(RuntimeError):
     """A backend that cannot be built or a request that failed (message names the cause)."""
+
+
+class BackendConfigError(BackendError, ConfigError):
+    """A request the server refuses for every conversation: a wrong key (HTTP 401/403), a model
+    it does not serve (404). Raised from ``generate`` whatever ``agent.on_backend_error`` says
+    (recording every turn as failed would only waste the run); a :class:`ConfigError` too, so a
+    stage reports it as the configuration error it is."""
 
 
 @dataclass
@@ -102,6 +110,26 @@ class CandidateScorer(Protocol):
 
     def score(self, messages: Messages, candidates: Sequence[str]) -> list[float]:
         """Summed token log-probability of each candidate as the assistant's answer to ``messages``."""
+        ...
+
+
+class ActionConstrainedBackend(Backend, Protocol):
+    """An optional backend capability: the JSON action constrained to the admissible ones.
+
+    A backend with ``constrains_actions`` true takes ``admissible`` in :meth:`generate`: per
+    conversation, the admissible action dicts (``{"action", "target", ...}``, as
+    :func:`pipeline.agents.base.candidate_actions` gives them) or None (no constraint). The
+    ``llm`` agent passes them only to such a backend (``getattr(backend,
+    "constrains_actions", False)``), so backends without it keep working. Implemented by
+    :class:`~pipeline.llm.backends.openai.OpenAIBackend` when ``model.structured_output`` is
+    not ``none`` (the server enforces the constraint).
+    """
+
+    constrains_actions: bool
+
+    def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
+                 max_new_tokens: int | None = None, early_stop: bool | None = None,
+                 admissible: Sequence[Sequence[dict] | None] | None = None) -> list[Generation]:
         ...
 
 

@@ -1,47 +1,170 @@
-"""The ``openai`` backend: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, ...).
+"""The ``openai`` backend: any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, SGLang,
+``transformers serve``, llama.cpp, ...) through the official ``openai`` client (``AsyncOpenAI``).
 
-``POST {model.base_url}/chat/completions``, one request per conversation run
-concurrently; key read from the environment variable named by ``model.api_key_env``
-(never logged or stored); retries with exponential backoff on connection errors,
-timeouts, 408/409/429/5xx. Token ids and logprobs are stored when the server returns
-them (``logprobs: true``; token ids with vLLM's ``return_tokens_as_token_ids`` in
-``model.extra_body``).
+One request per conversation, at most ``model.max_concurrency`` in flight, on one event
+loop that lives as long as the backend (one client, one connection pool: connections are
+reused from batch to batch)::
+
+    backend = OpenAIBackend(cfg.model, cfg.sampling)
+    gens = backend.generate(conversations, seeds=[...])                 # free text
+    gens = backend.generate(conversations, seeds=[...], admissible=[...])  # constrained actions
+
+Retries are this module's, not the client's (the client is built with ``max_retries=0``):
+every attempt is bounded by ``model.timeout_s`` as a whole (the client's own timeout bounds
+each socket read, so a server that trickles bytes would hold an attempt open for ever); a
+200 whose body is cut short is retried (the client retries only what fails before a
+response); and the backoff is ``model.backoff_s`` doubled per retry, reproducible, with a
+server's ``Retry-After`` honoured up to 60 s. Retried: timeouts, dropped connections,
+truncated bodies, HTTP 408/409/429/5xx. Not retried: other 4xx.
+
+Errors. A wrong key (401/403) or a model the server does not serve (404) raise
+:class:`~pipeline.llm.backends.base.BackendConfigError` from ``generate`` (whatever
+``agent.on_backend_error`` says: every turn would fail the same way). Everything else is
+per conversation: a :class:`Generation` with ``error`` set (a prompt longer than the
+model's context, a malformed response, a request that still fails after the retries).
+
+The API key is read from the environment variable ``model.api_key_env`` (only from it:
+the client's own ``OPENAI_API_KEY`` fallback is not used), sent as a header, and never
+logged, stored, cached or put in an error message (server-provided text is scrubbed of it).
+
+Token data (``model.logprobs``): the returned tokens (their ``bytes``) are fed to the
+tracker, so the JSON action's span, the mask and the logprobs come out as with the local
+backend; token ids come with vLLM's ``return_tokens_as_token_ids`` (``model.extra_body``).
+A turn whose tokens cannot give the ``.pt`` tensors says why in its ``tracking_method``
+(``<method>:<reason>``, tensors skipped):
+
+- ``none:no_logprobs``: logprobs were asked for and the server returned none
+  (``transformers serve`` ignores the field); the action is found in the text only;
+- ``stream:no_token_ids`` / ``fallback:no_token_ids``: tokens and logprobs but no ids
+  (OpenAI; vLLM without ``return_tokens_as_token_ids``): the span is known, not the ids;
+- ``none:tokens_mismatch``: the returned tokens do not spell the returned text.
+
+With ``model.logprobs=false`` nothing is asked for and turns say ``none`` (text only).
+
+Constrained actions (``model.structured_output``; the server enforces them):
+
+- ``json_schema``: ``response_format={"type": "json_schema", ...}`` whose ``action``,
+  ``target`` (and ``receptacle`` / ``key`` where an admissible action has one) are enums
+  of the admissible values (OpenAI, vLLM, SGLang, llama.cpp). Per field: a verb can meet
+  a target it is not admissible with (the turn is then an inadmissible action);
+- ``choice``: vLLM >= 0.12 ``structured_outputs={"choice": [...]}``, the exact JSON text of
+  each admissible action; ``guided_choice``: the same for vLLM < 0.12 (``guided_choice``);
+- ``regex``: SGLang's ``regex``, an alternation of those exact texts.
+
+Under a constraint the model writes only the JSON action (no reasoning line, no
+``memory`` object).
 """
 
 from __future__ import annotations
 
+import asyncio
 import codecs
-import http.client
 import json
 import logging
 import os
-import socket
-import time
-import urllib.error
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Sequence
+import re
+import threading
+import weakref
+from pathlib import Path
+from typing import Any, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
-from pipeline.llm.backends.base import BackendError, Generation, Messages, check_seeds, plain_prompt
+from pipeline.core.config import project_root
+from pipeline.llm.backends.base import (
+    BackendConfigError,
+    BackendError,
+    Generation,
+    Messages,
+    check_seeds,
+    plain_prompt,
+)
+from pipeline.llm.backends.cache import ResponseCache
 from pipeline.llm.tracker import ActionStream, TrackedTurn, action_text_from_text
 
 log = logging.getLogger(__name__)
 
-# HTTP statuses worth retrying: timeouts, conflicts, rate limits, server errors.
+# HTTP statuses worth retrying besides every 5xx: timeouts, conflicts, rate limits.
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+MAX_RETRY_AFTER_S = 60.0
+
+STRUCTURED_OUTPUTS = ("none", "json_schema", "choice", "guided_choice", "regex")
+
+# Why a turn has no .pt tensors (the suffix of its tracking_method).
+NO_LOGPROBS = "no_logprobs"
+NO_TOKEN_IDS = "no_token_ids"
+TOKENS_MISMATCH = "tokens_mismatch"
+NO_TENSOR_REASONS = {
+    NO_LOGPROBS: "the server returned no logprobs (it ignores the field): the action is located in the text only",
+    NO_TOKEN_IDS: "the server returned tokens without ids (for vLLM set "
+                  "model.extra_body={return_tokens_as_token_ids: true})",
+    TOKENS_MISMATCH: "the returned tokens do not spell the returned text",
+}
+
+# Request fields the client takes as arguments; the others go in its extra_body.
+_CLIENT_FIELDS = ("model", "messages", "max_tokens", "seed", "temperature", "top_p", "logprobs", "response_format")
+
+# A 400/413/422 that says the prompt does not fit the context (OpenAI, vLLM, SGLang, llama.cpp, TGI).
+_CONTEXT_RE = re.compile(r"context[ _-]?(length|window|size)|maximum context|max_model_len|prompt is too long|"
+                         r"input is too long|too many (input )?tokens|longer than the model|exceeds? the "
+                         r"(model'?s? )?(max|maximum|available) ", re.IGNORECASE)
+
+
+class _Failed(Exception):
+    """One conversation's request failed for good (the message becomes ``Generation.error``)."""
+
+
+async def _sleep(seconds: float) -> None:
+    """The backoff wait (a module function: tests record it instead of waiting)."""
+    await asyncio.sleep(seconds)
+
+
+def _openai() -> Any:
+    import openai  # deferred: the client (and pydantic's models) load only when a backend is used
+
+    return openai
+
+
+class _LoopThread:
+    """An event loop on a daemon thread, for the backend's lifetime (its client and pool live there)."""
+
+    def __init__(self) -> None:
+        self.pid = os.getpid()
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="openai-backend", daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Any) -> Any:
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result()
+        except BaseException:  # Ctrl-C in the caller: stop the requests too
+            fut.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.pid != os.getpid() or not self.thread.is_alive():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join(timeout=5)
 
 
 class OpenAIBackend:
-    """Any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, llama.cpp server, ...).
+    """Any OpenAI-compatible chat-completions endpoint (OpenAI, vLLM, SGLang, ``transformers serve``, ...).
 
     Args:
         model_cfg: ``cfg.model`` (``base_url``, ``api_model``, ``api_key_env``,
-            ``timeout_s``, ``max_retries``, ``backoff_s``, ``logprobs``, ``extra_body``).
+            ``timeout_s``, ``max_retries``, ``backoff_s``, ``max_concurrency``, ``logprobs``,
+            ``structured_output``, ``cache_dir``, ``extra_body``).
         sampling_cfg: ``cfg.sampling`` (``top_k`` is not an OpenAI parameter: servers that
             take it, like vLLM, get it through ``model.extra_body``).
+
+    Attributes:
+        constrains_actions: ``model.structured_output`` is not ``none``: :meth:`generate`
+            takes ``admissible`` (the ``ActionConstrainedBackend`` capability).
+        requests_sent: HTTP attempts made so far (cache hits make none).
     """
 
     def __init__(self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig):
@@ -52,38 +175,72 @@ class OpenAIBackend:
         if not self.api_model:
             raise BackendError("model.api_model is null: name the model the endpoint serves")
         self.name = str(self.api_model)
-        self.url = str(base_url).rstrip("/") + "/chat/completions"
+        self.base_url = str(base_url).rstrip("/")
+        self.url = self.base_url + "/chat/completions"
         self.sampling = sampling_cfg
         self.timeout_s = float(model_cfg.timeout_s)
         self.max_retries = int(model_cfg.max_retries)
         self.backoff_s = float(model_cfg.backoff_s)
+        self.max_concurrency = int(model_cfg.max_concurrency)
+        if self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0 or self.max_concurrency < 1:
+            raise BackendError(f"model.timeout_s={self.timeout_s:g} (> 0), model.max_retries={self.max_retries} "
+                               f"(>= 0), model.backoff_s={self.backoff_s:g} (>= 0), model.max_concurrency="
+                               f"{self.max_concurrency} (>= 1): one is out of range")
         self.want_logprobs = bool(model_cfg.logprobs)
         self.extra_body = _plain(model_cfg.extra_body or {})
-        key_env = str(model_cfg.api_key_env)
-        key = os.environ.get(key_env)
-        self._headers = {"Content-Type": "application/json"}
-        if key:
-            self._headers["Authorization"] = f"Bearer {key}"
-        else:
-            log.warning("environment variable %s is not set: calling %s without an API key", key_env, self.url)
-        # The key's value, only to scrub it from server-provided text before it is logged
-        # or recorded (a proxy may echo request headers in an error page).
-        self._secret = key if key else None
+        self.structured_output = str(model_cfg.structured_output or "none")
+        if self.structured_output not in STRUCTURED_OUTPUTS:
+            raise BackendError(f"model.structured_output={self.structured_output!r}: expected one of "
+                               f"{' | '.join(STRUCTURED_OUTPUTS)}")
+        self.constrains_actions = self.structured_output != "none"
+        self.key_env = str(model_cfg.api_key_env)
+        key = os.environ.get(self.key_env) or None
+        if key is None:
+            log.warning("environment variable %s is not set: calling %s without an API key", self.key_env, self.url)
+        # The key's value: for the client's header, and to scrub it from server-provided
+        # text before anything is logged, recorded or cached (a proxy may echo headers).
+        self._secret = key
+        cache_dir = getattr(model_cfg, "cache_dir", None)
+        self.cache = ResponseCache(_cache_root(cache_dir), base_url=self.base_url, secret=key) if cache_dir else None
+        self.requests_sent = 0
+        self._runner: _LoopThread | None = None
+        self._client: Any = None
+        self._slots: asyncio.Semaphore | None = None
+        self._warned: set[str] = set()
+        self._lock = threading.Lock()
 
-    def __repr__(self) -> str:  # never shows the headers (the key)
+    def __repr__(self) -> str:  # never shows the key
         return f"OpenAIBackend(url={self.url!r}, model={self.api_model!r})"
 
-    def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
-                 max_new_tokens: int | None = None, early_stop: bool | None = None) -> list[Generation]:
-        """One request per conversation, sent concurrently (the server batches them)."""
-        seeds = check_seeds(batch, seeds, int(self.sampling.seed))
-        jobs = list(zip(batch, seeds))
-        if len(jobs) == 1:
-            return [self._one(jobs[0][0], jobs[0][1], max_new_tokens)]
-        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
-            return list(pool.map(lambda job: self._one(job[0], job[1], max_new_tokens), jobs))
+    # -- public ---------------------------------------------------------------------
 
-    def request_body(self, messages: Messages, seed: int, max_new_tokens: int | None = None) -> dict:
+    def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
+                 max_new_tokens: int | None = None, early_stop: bool | None = None,
+                 admissible: Sequence[Sequence[Mapping[str, Any]] | None] | None = None) -> list[Generation]:
+        """One request per conversation, ``model.max_concurrency`` at a time (the server batches them).
+
+        Args:
+            batch, seeds, max_new_tokens: as :meth:`Backend.generate` (``early_stop`` is
+                not an API parameter: the server generates to EOS or ``max_tokens``).
+            admissible: per conversation, the admissible action dicts to constrain the
+                JSON action to (``model.structured_output``), or None for no constraint.
+
+        Raises:
+            BackendConfigError: the server refused the key (401/403) or does not serve
+                the model (404).
+        """
+        seeds = check_seeds(batch, seeds, int(self.sampling.seed))
+        if admissible is not None and len(admissible) != len(batch):
+            raise ValueError(f"generate: {len(batch)} conversations but {len(admissible)} admissible lists")
+        jobs = [(m, self.request_body(m, seed, max_new_tokens, admissible[i] if admissible is not None else None))
+                for i, (m, seed) in enumerate(zip(batch, seeds))]
+        if not jobs:
+            return []
+        return self._loop().run(self._generate_all(jobs))
+
+    def request_body(self, messages: Messages, seed: int, max_new_tokens: int | None = None,
+                     admissible: Sequence[Mapping[str, Any]] | None = None) -> dict:
+        """The request as sent (JSON body): sampling, logprobs, ``model.extra_body``, the constraint."""
         s = self.sampling
         body: dict[str, Any] = {
             "model": self.api_model,
@@ -97,81 +254,211 @@ class OpenAIBackend:
             body.update(temperature=0.0, top_p=1.0)  # greedy
         if self.want_logprobs:
             body["logprobs"] = True
-        body.update(self.extra_body)
+        body.update(json.loads(json.dumps(self.extra_body)))  # a copy: nested dicts are merged below
+        if admissible is not None and self.constrains_actions:
+            for k, v in constraint_fields(self.structured_output, admissible).items():
+                body[k] = {**body[k], **v} if isinstance(body.get(k), dict) and isinstance(v, dict) else v
         return body
 
-    def _one(self, messages: Messages, seed: int, max_new_tokens: int | None) -> Generation:
-        prompt = plain_prompt(messages)
-        try:
-            data = self.post(self.request_body(messages, seed, max_new_tokens))
-            gen = parse_chat_response(prompt, data)
-            if gen.error:  # server-provided text: scrub the key before it is recorded
-                gen.error = self._scrub(gen.error)
-            return gen
-        except BackendError as exc:
-            return Generation.failed(prompt, str(exc))
+    def close(self) -> None:
+        """Close the client's connections and stop its event loop (a later call starts new ones)."""
+        runner, self._runner = self._runner, None
+        if runner is None or runner.pid != os.getpid():
+            return
+        client, self._client, self._slots = self._client, None, None
+        if client is not None:
+            try:
+                runner.run(client.close())
+            except Exception:  # noqa: BLE001 - closing is best effort
+                pass
+        runner.stop()
 
-    def post(self, body: dict) -> dict:
-        """POST the body; retry transient failures with exponential backoff."""
-        payload = json.dumps(body).encode("utf-8")
+    def __enter__(self) -> "OpenAIBackend":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # -- the event loop -------------------------------------------------------------
+
+    def _loop(self) -> _LoopThread:
+        with self._lock:
+            if self._runner is None or self._runner.pid != os.getpid():  # first call, or a forked child
+                self._runner, self._client, self._slots = _LoopThread(), None, None
+                weakref.finalize(self, self._runner.stop)  # a backend dropped without close(): no idle thread
+            return self._runner
+
+    async def _generate_all(self, jobs: list[tuple[Messages, dict]]) -> list[Generation]:
+        if self._client is None:
+            openai = _openai()
+            # api_key given explicitly (never the client's OPENAI_API_KEY fallback); without
+            # a key the Authorization header is left out of every request (_send).
+            self._client = openai.AsyncOpenAI(api_key=self._secret or "unused", base_url=self.base_url,
+                                              max_retries=0, timeout=self.timeout_s)
+            self._slots = asyncio.Semaphore(self.max_concurrency)
+        results = await asyncio.gather(*(self._one(m, body) for m, body in jobs), return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                raise r
+        return results  # type: ignore[return-value]
+
+    async def _one(self, messages: Messages, body: dict) -> Generation:
+        prompt = plain_prompt(messages)
+        key = self.cache.key(body) if self.cache is not None else None
+        if key is not None:
+            cached = self.cache.get(key)  # type: ignore[union-attr]
+            if cached is not None:
+                gen = parse_chat_response(prompt, cached, logprobs_requested=self.want_logprobs)
+                if not gen.error:
+                    self._note_tensors(gen)
+                    return gen
+        try:
+            data = await self._request(body)
+        except _Failed as exc:
+            return Generation.failed(prompt, self._scrub(str(exc)))
+        gen = parse_chat_response(prompt, data, logprobs_requested=self.want_logprobs)
+        if gen.error:  # server-provided text: scrub the key before it is recorded
+            gen.error = self._scrub(gen.error)
+            return gen
+        self._note_tensors(gen)
+        if key is not None:
+            self.cache.put(key, body, data)  # type: ignore[union-attr]
+        return gen
+
+    def _note_tensors(self, gen: Generation) -> None:
+        """Log once per reason why turns come without tensors (the rows record it per turn)."""
+        _, _, reason = gen.tracking_method.partition(":")
+        if reason and reason not in self._warned:
+            self._warned.add(reason)
+            log.warning("%s: %s; token tensors are skipped (turns record tracking_method=%r)", self.url,
+                        NO_TENSOR_REASONS.get(reason, reason), gen.tracking_method)
+
+    # -- one request, with retries --------------------------------------------------
+
+    async def _send(self, body: dict) -> bytes:
+        openai = _openai()
+        kwargs = {k: body[k] for k in _CLIENT_FIELDS if k in body}
+        extra = {k: v for k, v in body.items() if k not in _CLIENT_FIELDS}
+        headers = None if self._secret else {"Authorization": openai.omit}
+        raw = await self._client.chat.completions.with_raw_response.create(
+            **kwargs, extra_body=extra or None, extra_headers=headers, timeout=self.timeout_s)
+        return raw.content
+
+    async def _request(self, body: dict) -> dict:
+        """The response JSON of ``body``; transient failures retried with exponential backoff.
+
+        Raises:
+            _Failed: a permanent failure, or the retries ran out (the message says which).
+            BackendConfigError: HTTP 401/403/404.
+        """
+        openai = _openai()
         attempts = self.max_retries + 1
         last = ""
         for attempt in range(attempts):
             delay = self.backoff_s * (2 ** attempt)
             try:
-                req = urllib.request.Request(self.url, data=payload, headers=self._headers, method="POST")
-                deadline = time.monotonic() + self.timeout_s
-                with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                    raw = _read_until(resp, deadline)
+                async with self._slots:  # type: ignore[union-attr]
+                    self.requests_sent += 1
+                    raw = await asyncio.wait_for(self._send(body), self.timeout_s)
                 try:
-                    return json.loads(raw)
+                    data = json.loads(raw)
+                    if isinstance(data, dict):
+                        return data
+                    last = self._scrub(f"response is not a JSON object: {raw[:120]!r}")
                 except ValueError:
                     last = self._scrub(f"response is not JSON: {raw[:120]!r}")
-            except urllib.error.HTTPError as exc:
-                detail = self._scrub(exc.read()[:200].decode("utf-8", "replace").strip())
-                if exc.code not in RETRY_STATUS:
-                    raise BackendError(f"POST {self.url}: HTTP {exc.code}: {detail}") from None
-                last = f"HTTP {exc.code}: {detail}"
-                retry_after = exc.headers.get("Retry-After") if exc.headers else None
-                if retry_after and retry_after.strip().isdigit():
-                    delay = max(delay, min(float(retry_after), 60.0))
-            except (TimeoutError, socket.timeout):
+            except (TimeoutError, openai.APITimeoutError):
                 last = f"timed out after {self.timeout_s:g}s"
-            except urllib.error.URLError as exc:
-                reason = exc.reason
-                last = (f"timed out after {self.timeout_s:g}s" if isinstance(reason, (TimeoutError, socket.timeout))
-                        else f"connection failed: {reason}")
-            except (ConnectionError, http.client.HTTPException) as exc:
-                last = f"connection failed: {type(exc).__name__}: {exc}"
+            except openai.APIStatusError as exc:
+                status, detail = exc.status_code, self._detail(exc.response)
+                await self._raise_config_error(status, detail)
+                if status in (400, 413, 422) and _context_too_long(detail):
+                    raise _Failed(f"context too long: POST {self.url}: HTTP {status}: {detail} (shorten the prompt "
+                                  f"or lower sampling.max_new_tokens={body.get('max_tokens')})") from None
+                if status not in RETRY_STATUS and status < 500:
+                    raise _Failed(f"POST {self.url}: HTTP {status}: {detail}") from None
+                last = f"HTTP {status}: {detail}"
+                retry_after = _retry_after(exc.response)
+                if retry_after is not None:
+                    delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
+            except openai.APIConnectionError as exc:
+                cause = exc.__cause__
+                why = f"{type(cause).__name__}: {cause}" if cause is not None else str(exc)
+                last = self._scrub(f"connection failed: {why}")
             if attempt + 1 < attempts:
-                log.warning("POST %s: %s (attempt %d/%d, retrying in %.2fs)", self.url, last, attempt + 1,
-                            attempts, delay)
-                time.sleep(delay)
-        raise BackendError(f"POST {self.url} failed after {attempts} attempts: {last}")
+                log.warning("POST %s: %s (attempt %d/%d, retrying in %.2fs)", self.url, last, attempt + 1, attempts,
+                            delay)
+                await _sleep(delay)
+        raise _Failed(f"POST {self.url} failed after {attempts} attempts: {last}")
+
+    async def _raise_config_error(self, status: int, detail: str) -> None:
+        """401/403/404: the same for every request: stop the run with what to fix."""
+        if status == 401:  # no server text: an auth error may quote part of the key
+            why = (f"the key in the environment variable {self.key_env} was refused" if self._secret else
+                   f"the environment variable {self.key_env} (model.api_key_env) is not set")
+            raise BackendConfigError(f"authentication failed: POST {self.url}: HTTP 401: {why}")
+        if status == 403:
+            raise BackendConfigError(f"permission denied: POST {self.url}: HTTP 403: {detail} (the key in "
+                                     f"{self.key_env} may not use model {self.api_model!r})")
+        if status == 404:
+            served = await self._served_models()
+            if served is not None and self.api_model not in served:
+                raise BackendConfigError(
+                    f"unknown model: {self.base_url} does not serve model.api_model={self.api_model!r} "
+                    f"(HTTP 404: {detail}); it serves: {', '.join(served[:20]) or 'no model'}")
+            raise BackendConfigError(
+                f"unknown model or endpoint: POST {self.url}: HTTP 404: {detail} (check model.api_model="
+                f"{self.api_model!r} and that model.base_url ends where /chat/completions is served, usually /v1)")
+
+    async def _served_models(self) -> list[str] | None:
+        """The ids ``GET {base_url}/models`` lists, or None when it cannot be read."""
+        headers = None if self._secret else {"Authorization": _openai().omit}
+        try:
+            raw = await asyncio.wait_for(self._client.models.with_raw_response.list(extra_headers=headers),
+                                         min(self.timeout_s, 10.0))
+            data = json.loads(raw.content)
+            return [str(m["id"]) for m in data["data"]]
+        except Exception:  # noqa: BLE001 - a listing is only a hint for the message
+            return None
+
+    def _detail(self, response: Any) -> str:
+        """The server's error message (``error.message``, ``message``, ``detail``), scrubbed, short."""
+        try:
+            text = response.text
+        except Exception:  # noqa: BLE001 - a body that cannot be read says nothing
+            return ""
+        msg: Any = text
+        try:
+            data = json.loads(text)
+            if isinstance(data, dict):
+                err = data.get("error")
+                msg = (err.get("message") if isinstance(err, dict) else err) or data.get("message") \
+                    or data.get("detail") or text
+        except ValueError:
+            pass
+        msg = msg if isinstance(msg, str) else json.dumps(msg)
+        return self._scrub(" ".join(msg.split())[:300])
 
     def _scrub(self, text: str) -> str:
         """Server-provided text with the API key's value replaced by ``***``."""
         return text.replace(self._secret, "***") if self._secret else text
 
 
-def _read_until(resp: Any, deadline: float, chunk: int = 65536) -> bytes:
-    """Read a response body, failing once ``deadline`` passes.
+def _context_too_long(detail: str) -> bool:
+    return bool(_CONTEXT_RE.search(detail)) or "context_length_exceeded" in detail
 
-    ``urlopen``'s timeout bounds each socket read, not the request: a server that trickles
-    bytes would hold an attempt open indefinitely. Each read gets the time left.
-    """
-    parts = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("response body not complete before the deadline")
-        sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
-        if sock is not None:
-            sock.settimeout(max(left, 0.001))
-        data = resp.read1(chunk) if hasattr(resp, "read1") else resp.read(chunk)
-        if not data:
-            return b"".join(parts)
-        parts.append(data)
+
+def _retry_after(response: Any) -> float | None:
+    value = (response.headers.get("retry-after") or "").strip() if response is not None else ""
+    try:
+        return max(0.0, float(value)) if value else None
+    except ValueError:
+        return None
+
+
+def _cache_root(cache_dir: str) -> Path:
+    p = Path(str(cache_dir))
+    return p if p.is_absolute() else project_root() / p
 
 
 def _plain(value: Any) -> dict:
@@ -181,27 +468,104 @@ def _plain(value: Any) -> dict:
     return dict(value)
 
 
-def parse_chat_response(prompt: str, data: dict) -> Generation:
+# ----------------------------------------------------------------------------- constraints
+
+
+def _action_fields(a: Mapping[str, Any]) -> dict:
+    """The action dict the agent parses: verb, target and the optional receptacle / key."""
+    out = {"action": a.get("action"), "target": a.get("target")}
+    for k in ("receptacle", "key"):
+        if a.get(k) is not None:
+            out[k] = a[k]
+    return out
+
+
+def action_choices(admissible: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The exact JSON text of each admissible action, as the agent's prompt shows the format
+    (``{"action": "open", "target": "Fridge_0"}``), in the given order, without repeats."""
+    out: list[str] = []
+    for a in admissible:
+        if not a.get("action"):
+            continue
+        text = json.dumps(_action_fields(a), ensure_ascii=False)
+        if text not in out:
+            out.append(text)
+    return out
+
+
+def action_schema(admissible: Sequence[Mapping[str, Any]]) -> dict:
+    """A JSON schema whose ``action``, ``target`` (and ``receptacle`` / ``key`` where one is
+    used) are enums of the admissible values; every field required (null where an action
+    has none), nothing else allowed: what OpenAI's strict mode accepts."""
+    acts = [_action_fields(a) for a in admissible if a.get("action")]
+    props: dict[str, Any] = {"action": {"type": "string", "enum": _unique(str(a["action"]) for a in acts)}}
+    for k in ("target", "receptacle", "key"):
+        if k != "target" and not any(a.get(k) is not None for a in acts):
+            continue
+        values = _unique(str(a[k]) for a in acts if a.get(k) is not None)
+        nullable = any(a.get(k) is None for a in acts)
+        if values and nullable:
+            props[k] = {"type": ["string", "null"], "enum": [*values, None]}
+        elif values:
+            props[k] = {"type": "string", "enum": values}
+        else:
+            props[k] = {"type": "null"}
+    return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+
+
+def constraint_fields(mode: str, admissible: Sequence[Mapping[str, Any]]) -> dict:
+    """The request fields that constrain the answer to ``admissible`` (``model.structured_output``)."""
+    if mode == "none" or not any(a.get("action") for a in admissible):
+        return {}
+    if mode == "json_schema":
+        return {"response_format": {"type": "json_schema", "json_schema": {
+            "name": "household_action", "strict": True, "schema": action_schema(admissible)}}}
+    choices = action_choices(admissible)
+    if mode == "choice":
+        return {"structured_outputs": {"choice": choices}}
+    if mode == "guided_choice":
+        return {"guided_choice": choices}
+    if mode == "regex":
+        return {"regex": "|".join(re.escape(c) for c in choices)}
+    raise BackendError(f"model.structured_output={mode!r}: expected one of {' | '.join(STRUCTURED_OUTPUTS)}")
+
+
+def _unique(values: Any) -> list:
+    return list(dict.fromkeys(values))
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def parse_chat_response(prompt: str, data: dict, *, logprobs_requested: bool = False) -> Generation:
     """A chat-completions response as a :class:`Generation` (tokens tracked when returned).
 
     With ``logprobs.content`` the returned tokens are fed to the tracker one by one (their
     ``bytes`` decoded incrementally as UTF-8, ids parsed from vLLM's ``token_id:<n>``
-    form); without them only the action text is located (``tracking_method="none"``).
+    form); without them only the action text is located (``tracking_method="none"``, with
+    ``:no_logprobs`` when they were asked for). See the module docstring for the reasons a
+    turn carries no tensors.
     """
     try:
         choice = data["choices"][0]
         content = choice["message"].get("content") or ""
+        if not isinstance(content, str):
+            raise TypeError(type(content).__name__)
     except (KeyError, IndexError, TypeError, AttributeError):
         return Generation.failed(prompt, f"unexpected response shape: {json.dumps(data)[:200]}")
     usage = data.get("usage") or {}
     finish = choice.get("finish_reason")
     stop_reason = "max_new_tokens" if finish == "length" else "eos"
     items = ((choice.get("logprobs") or {}).get("content")) or []
-    turn = _track_api_tokens(items, content, stop_reason)
+    turn, reason = _track_api_tokens(items, content, stop_reason)
     if turn is None:  # no usable token data: find the action in the text only
         turn = _text_only_turn(items, content, stop_reason)
+        if reason is None and logprobs_requested:
+            reason = NO_LOGPROBS
     gen = Generation.from_turn(prompt, int(usage.get("prompt_tokens") or 0), turn)
     gen.generated_tokens = int(usage.get("completion_tokens") or turn.num_tokens)
+    if reason:
+        gen.tracking_method = f"{turn.tracking_method}:{reason}"
     return gen
 
 
@@ -214,33 +578,42 @@ def _text_only_turn(items: list, content: str, stop_reason: str) -> TrackedTurn:
                        logprobs=[float(it["logprob"]) for it in items] if items else None, num_tokens=0)
 
 
-def _track_api_tokens(items: list, content: str, stop_reason: str) -> TrackedTurn | None:
+def _track_api_tokens(items: list, content: str, stop_reason: str) -> tuple[TrackedTurn | None, str | None]:
+    """``(turn, why no tensors)``: the turn tracked over the returned tokens (None when they
+    cannot be used) and the reason its tensors cannot be written (None when they can)."""
     if not items:
-        return None
+        return None, None
     stream = ActionStream(None)
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
     ids_known = True
     for it in items:
+        if not isinstance(it, Mapping):
+            return None, TOKENS_MISMATCH
         token = str(it.get("token", ""))
         tid = None
         if token.startswith("token_id:") and token[9:].lstrip("-").isdigit():
             tid = int(token[9:])
         else:
             ids_known = False
-        if it.get("bytes") is not None:
-            piece = utf8.decode(bytes(it["bytes"]))
-        elif tid is None:
-            piece = token
-        else:
-            return None  # an id without its text: cannot place the action
-        lp = it.get("logprob")
-        stream.push(tid, piece=piece, logprob=float(lp) if lp is not None else None)
+        try:
+            if it.get("bytes") is not None:
+                piece = utf8.decode(bytes(it["bytes"]))
+            elif tid is None:
+                piece = token
+            else:
+                return None, TOKENS_MISMATCH  # an id without its text: cannot place the action
+            lp = it.get("logprob")
+            lp = float(lp) if lp is not None else None
+        except (TypeError, ValueError):  # malformed token data: the text alone is trusted
+            return None, TOKENS_MISMATCH
+        stream.push(tid, piece=piece, logprob=lp)
     tail = utf8.decode(b"", final=True)
     if tail:
         stream.tracker.extend_last(tail)
     if stream.tracker.text != content:  # tokens do not spell the content: do not trust them
-        return None
+        return None, TOKENS_MISMATCH
     turn = stream.finish(stop_reason)
     if not ids_known:
         turn.generated_ids = None  # type: ignore[assignment]
-    return turn
+        return turn, NO_TOKEN_IDS
+    return turn, None

@@ -1,0 +1,139 @@
+"""A local OpenAI-compatible server: ``transformers serve`` on 127.0.0.1 for a model directory.
+
+For the tests and benchmarks of the ``openai`` backend (and for trying the pipeline's
+``model=openai`` path on a laptop)::
+
+    with TransformersServe("path/to/model") as server:       # a free port, waits until healthy
+        cfg.model.base_url, cfg.model.api_model = server.url, server.model
+        ...
+
+Needs ``transformers[serving]`` (fastapi, uvicorn, openai). The server is pinned to the
+one model (requests for another get HTTP 400); it runs offline (``HF_HUB_OFFLINE``), never
+checks for updates, and keeps its hub cache in a temporary folder. What it supports (as
+of transformers 5.23): chat completions with ``max_tokens``, ``temperature``, ``top_p``,
+``seed`` (a global torch seed: deterministic only for greedy or one request at a time);
+``logprobs`` and ``response_format`` are accepted and ignored; fields outside the OpenAI
+schema (vLLM's ``guided_choice``, ``structured_outputs``, ``top_k``) are refused (HTTP 422).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+
+def serving_available() -> str | None:
+    """None when ``transformers serve`` can run here, else why not (for a skip reason)."""
+    try:
+        import importlib
+
+        for name in ("fastapi", "uvicorn", "openai"):  # the optional serving extras
+            importlib.import_module(name)
+        from transformers.utils.import_utils import is_serve_available  # deferred: heavy optional dependency
+    except ImportError as exc:
+        return f"transformers[serving] extras not importable ({exc}); pip install 'transformers[serving]'"
+    if not is_serve_available():
+        return "transformers reports its serving extras unavailable; pip install 'transformers[serving]'"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class TransformersServe:
+    """``transformers serve <model_dir>`` in a subprocess on 127.0.0.1.
+
+    Args:
+        model_dir: a directory ``AutoModelForCausalLM`` loads (with a chat template).
+        port: the port (default: a free one).
+        threads: torch threads of the server (``OMP_NUM_THREADS``).
+        startup_s: how long to wait for ``GET /health``.
+        extra_args: more ``transformers serve`` options (``["--continuous-batching"]``).
+
+    Attributes:
+        url: ``http://127.0.0.1:<port>/v1`` (``model.base_url``).
+        model: the model name to request (``model.api_model``): the directory's path.
+        log_path: the server's stdout and stderr.
+    """
+
+    def __init__(self, model_dir: str | os.PathLike, *, port: int | None = None, threads: int = 1,
+                 startup_s: float = 120.0, extra_args: list[str] | None = None):
+        self.model = str(Path(model_dir).resolve())
+        self.port = int(port or free_port())
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.threads = int(threads)
+        self.startup_s = float(startup_s)
+        self.extra_args = list(extra_args or [])
+        self.proc: subprocess.Popen | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.log_path: Path | None = None
+
+    def __enter__(self) -> "TransformersServe":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        why = serving_available()
+        if why:
+            raise RuntimeError(why)
+        self._tmp = tempfile.TemporaryDirectory(prefix="transformers_serve_")
+        home = Path(self._tmp.name) / "hf"
+        (home / "hub").mkdir(parents=True)  # GET /v1/models scans it (and fails when it is missing)
+        env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
+               "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false",
+               "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
+        self.log_path = Path(self._tmp.name) / "serve.log"
+        cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", self.model, "--host", "127.0.0.1",
+               "--port", str(self.port), "--device", "cpu", "--dtype", "float32", "--log-level", "error",
+               *self.extra_args]
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                         stdin=subprocess.DEVNULL)
+        deadline = time.monotonic() + self.startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"transformers serve exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if self._healthy():
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"transformers serve not healthy after {self.startup_s:g}s:\n{self.log_tail()}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as resp:
+                return resp.status == 200
+        except OSError:
+            return False
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
