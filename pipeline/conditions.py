@@ -42,7 +42,9 @@ observation and the memory defaults); a failure raises :class:`EvidenceError`:
 6. a placebo (C2_placebo), wherever its reference (the exposed, real-memory condition
    with the same grounding: C2) injects, injects as many advisories, from entries C2 did
    not inject and of other scenes than the task's, in a block within 2% of C2's length
-   (characters); where C2 injects nothing, neither does it;
+   (characters); where C2 injects nothing, neither does it. Where the store has too few
+   such entries (a world with one seen scene), the placebo injects nothing and the task
+   is listed as ``placebo_unavailable`` in the render report, not as a violation;
 7. an oracle (C2_oracle) injects, for every task with an expert plan, a block that holds
    every step of that plan.
 """
@@ -251,8 +253,10 @@ def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Co
     exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}
     checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
     target = rows_by[condition]
+    unavailable = placebo_unavailable(target) if bool(cfg.condition[condition].placebo) else []
     report = {
         "condition": condition,
+        "placebo_unavailable": unavailable,
         "exposed": exposed[condition],
         "tasks": len(target),
         "injected": sum(row["injected"] for row in target),
@@ -427,11 +431,25 @@ def check_no_grounding_text(rows: Iterable[Mapping[str, Any]], scene_grounding: 
     return out
 
 
+#: Notes of a placebo the store could not supply (pipeline.memory.injection.draw_placebo).
+PLACEBO_UNAVAILABLE = ("too few entries of other scenes", "no entries of other scenes")
+
+
+def placebo_unavailable(rows: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Tasks whose placebo injects nothing because the store ran out of eligible entries."""
+    return [row["task_id"] for row in rows if not row["injected"]
+            and any(u in str(n) for n in row.get("notes") or [] for u in PLACEBO_UNAVAILABLE)]
+
+
 def check_placebo_matched(placebo: Iterable[Mapping[str, Any]], reference: Iterable[Mapping[str, Any]],
                           entry_scene: Mapping[str, str], tolerance: float = 0.02) -> list[str]:
     """A placebo matches its reference (C2) task by task: as many advisories, none from an
     entry the reference injected or of the task's scene, a block within ``tolerance`` of
-    the reference's length; nothing where the reference injects nothing."""
+    the reference's length; nothing where the reference injects nothing. A task the store
+    could not supply (:func:`placebo_unavailable`) is not a violation."""
+    placebo = list(placebo)
+    unavailable = set(placebo_unavailable(placebo))
+    placebo = [row for row in placebo if row["task_id"] not in unavailable]
     out = []
     ref = {row["task_id"]: row for row in reference}
     for row in placebo:

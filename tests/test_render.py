@@ -345,3 +345,13 @@ def test_placebo_and_oracle_checks_catch_violations():
     assert R.check_oracle_content([row], {"s0/e0": ["go east", "open fridge_0"]}) == []
     assert "lacks plan steps ['close fridge_0']" in R.check_oracle_content(
         [row], {"s0/e0": ["go east", "close fridge_0"]})[0]
+
+
+def test_a_placebo_the_store_cannot_supply_is_listed_not_failed():
+    c2 = {"task_id": "s0/e0", "condition": "C2", "scene_id": "s0", "injected": True, "advisory_ids": ["a"],
+          "injected_entry_ids": ["m1"], "memory_block": "x" * 100, "notes": []}
+    none = {**c2, "condition": "C2_placebo", "injected": False, "advisory_ids": [], "injected_entry_ids": [],
+            "memory_block": "", "notes": ["placebo: no entries of other scenes in the store; nothing injected"]}
+    assert R.placebo_unavailable([none]) == ["s0/e0"] and R.check_placebo_matched([none], [c2], {}) == []
+    silent = {**none, "notes": []}  # nothing injected and no reason recorded: a violation
+    assert "injects nothing although C2 does" in R.check_placebo_matched([silent], [c2], {})[0]

@@ -116,7 +116,7 @@ def test_multirun_two_jobs_with_joblib(project, tmp_path):
         params = yaml.safe_load((jd / "params.yaml").read_text())
         assert params["seed"] == seed and params["experiment"]["bootstrap_samples"] == 200
         assert (jd / "reports" / "report.md").read_text().startswith("# Condition comparison")
-        assert set(summary[job]["conditions"]) == {"C1", "C2", "C2_silent", "C2_placebo"}
+        assert set(summary[job]["conditions"]) == {"C0", "C1", "C2", "C2_silent", "C2_placebo", "C2_oracle"}
         cmp = json.loads((jd / "metrics" / "compare.json").read_text())
         assert cmp["prompt_identity"]["C1_vs_C2_silent"] == {"tasks_compared": 4, "mismatches": 0}
         # The job folder is a project whose params.yaml is in sync with its frozen conf/

@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
         write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],
                       schema_version=PROMPTS_SCHEMA_VERSION)
         atomic_write_json(root / cfg.paths.metrics / "render" / f"{args.condition}.json", report)
+        if report.get("placebo_unavailable"):
+            print(f"warning: {args.condition}: the store has too few entries of other scenes for a matched placebo "
+                  f"on {len(report['placebo_unavailable'])} of {report['tasks']} tasks (nothing injected there); "
+                  "a world with more seen scenes gives it one", file=sys.stderr)
         print(f"rendered {report['tasks']} prompts for {args.condition} ({report['injected']} with memory) "
               f"-> {out}; evidence checks passed")
     except (ConfigError, ArtifactError, PromptTemplateError, EvidenceError, ValueError) as exc:

@@ -286,6 +286,10 @@ ALLOWED = {
     ("pipeline/tools/sweep.py", "prepare_job", "*"):
         "sets up a sweep job's scratch workspace (copied code, frozen conf), re-prepared on rerun; not an artifact",
     ("pipeline/tools/sweep.py", "*", "open(..., 'a')"): "appends to a sweep job's log file (a log, not an artifact)",
+    ("pipeline/tools/reprocheck.py", "scratch_repro", "*"):
+        "sets up a throwaway scratch repository (copied code and config) in a fresh temp folder; not an artifact",
+    ("pipeline/llm/backends/serve.py", "start", "open(..., 'wb')"):
+        "the test server's log file in its own temp folder (a log, not an artifact)",
 }
 
 
