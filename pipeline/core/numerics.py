@@ -74,14 +74,20 @@ def environment(numerics: Any) -> dict[str, str]:
     return env
 
 
-def pin(numerics: Any) -> dict[str, Any]:
+def pin(numerics: Any, *, load_torch: bool = True) -> dict[str, Any]:
     """Pin the process's numerics (before torch loads: see the module doc); returns what runs.
+
+    ``load_torch=False`` (a stage that runs no model this time) only sets the environment:
+    torch is not imported (about 1.5 s), and if something loads it later it loads pinned.
 
     Raises :class:`NumericsError` when this CPU cannot run ``numerics.cpu_capability``
     (torch would silently fall back to another kernel set, and another result).
     """
     env = environment(numerics)
     late = "torch" in sys.modules
+    if not load_torch and not late:
+        os.environ.update(env)
+        return {"threads": int(_get(numerics, "threads")), "torch": "not loaded"}
     if late:
         unmet = sorted(k for k in READ_ONCE if k in env and os.environ.get(k) != env[k])
         if unmet:

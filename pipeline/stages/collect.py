@@ -20,12 +20,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from pipeline.agents import plays_with_model
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import atomic_write_json
-from pipeline.users.file import FileFeedback
+from pipeline.llm.backends import is_local
 from pipeline.session.collection import collect_shard, load_games, merge_shards, parse_shard, run_collection
 from pipeline.session.rollout import tasks_from_manifest
 from pipeline.stages.common import pin_numerics, stage_error
+from pipeline.users.file import FileFeedback
 
 
 def _args(argv: list[str] | None) -> Any:
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     try:
         cfg = load_params()
-        pin_numerics(cfg)  # before anything loads torch
+        # before anything loads torch; a rule agent or a remote model runs no local model
+        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent) and is_local(cfg.model))
         root = project_root()
         manifest, scenes = load_games(root, cfg)
         feedback_source = None

@@ -26,8 +26,9 @@ def stage_error(exc: BaseException) -> int:
     raise exc
 
 
-def pin_numerics(cfg: Any) -> dict[str, Any]:
+def pin_numerics(cfg: Any, *, runs_model: bool = True) -> dict[str, Any]:
     """Pin ``cfg.numerics`` (:func:`pipeline.core.numerics.pin`): first thing in the ``main``
-    of a stage that trains or runs a model, before anything loads torch. Returns what runs,
-    with the CPU's name, for the stage's metrics."""
-    return {**pin(cfg.numerics), "cpu": cpu_model()}
+    of a stage that may train or run a model, before anything loads torch. With
+    ``runs_model=False`` (a rule agent, an extractive generator) only the environment is
+    set and torch is not loaded. Returns what runs, with the CPU's name, for the metrics."""
+    return {**pin(cfg.numerics, load_torch=runs_model), "cpu": cpu_model()}

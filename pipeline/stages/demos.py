@@ -40,7 +40,7 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_params()
-        pin_numerics(cfg)  # before anything loads torch
+        pin_numerics(cfg, runs_model=False)  # rule agent and expert only: the environment, no torch
         root = project_root()
         out_dir = root / cfg.paths.demos
         metrics_path = root / cfg.paths.metrics / METRICS_FILE

@@ -19,8 +19,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeline.agents import plays_with_model
 from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_write_json
+from pipeline.llm.backends import is_local
 from pipeline.session.evaluation import evaluate_condition
 from pipeline.stages.common import pin_numerics, stage_error
 
@@ -32,7 +34,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_params()
-        pin_numerics(cfg)  # before anything loads torch
+        # before anything loads torch; a rule agent or a remote model runs no local model
+        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent) and is_local(cfg.model))
         root = project_root()
         cond = args.condition
         metrics, stats, out_dir = evaluate_condition(cfg, root, cond)

@@ -29,6 +29,7 @@ from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
 from pipeline.core.numerics import NumericsError
 from pipeline.grounding import GroundingError
 from pipeline.grounding.episodes import ground, ground_metrics, make_generate, write_ground_outputs
+from pipeline.llm.backends import is_local
 from pipeline.stages.common import pin_numerics
 
 
@@ -36,7 +37,8 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         cfg = load_params()
-        pin_numerics(cfg)  # before anything loads torch
+        # before anything loads torch; only the llm generator with a local model runs one
+        pin_numerics(cfg, runs_model=str(cfg.grounding.generator) == "llm" and is_local(cfg.model))
         root = project_root()
         g = cfg.grounding
         episodes_dir = root / cfg.paths.episodes
