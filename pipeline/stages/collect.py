@@ -23,7 +23,6 @@ from typing import Any
 from pipeline.agents import plays_with_model
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import atomic_write_json
-from pipeline.llm.backends import is_local
 from pipeline.session.collection import collect_shard, load_games, merge_shards, parse_shard, run_collection
 from pipeline.session.rollout import tasks_from_manifest
 from pipeline.stages.common import pin_numerics, stage_error
@@ -46,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     args = _args(argv)
     try:
         cfg = load_params()
-        # before anything loads torch; a rule agent or a remote model runs no local model
-        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent) and is_local(cfg.model))
+        # before anything loads torch (a rule agent runs no model: the environment only; a remote
+        # model still loads torch here, in the main thread, before the backend starts its event-loop thread)
+        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent))
         root = project_root()
         manifest, scenes = load_games(root, cfg)
         feedback_source = None

@@ -22,7 +22,6 @@ import sys
 from pipeline.agents import plays_with_model
 from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_write_json
-from pipeline.llm.backends import is_local
 from pipeline.session.evaluation import evaluate_condition
 from pipeline.stages.common import pin_numerics, stage_error
 
@@ -34,8 +33,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_params()
-        # before anything loads torch; a rule agent or a remote model runs no local model
-        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent) and is_local(cfg.model))
+        # before anything loads torch (a rule agent runs no model: the environment only; a remote
+        # model still loads torch here, in the main thread, before the backend starts its event-loop thread)
+        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent))
         root = project_root()
         cond = args.condition
         metrics, stats, out_dir = evaluate_condition(cfg, root, cond)
