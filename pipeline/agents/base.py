@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from pipeline.core.conf_schema import AgentConfig
+from pipeline.core.schemas import clean_action  # noqa: F401 - the agents' name for it
 from pipeline.core.seeding import crc_rng
 
 ROOM_WORDS = ("kitchen", "bedroom", "bathroom", "living", "dining", "office", "hallway", "pantry", "garage",
@@ -102,15 +103,6 @@ def parse_objective(objective: str | None) -> Goal:
 
 def _same(a: Any, b: Any) -> bool:
     return a is not None and b is not None and str(a).lower() == str(b).lower()
-
-
-def clean_action(a: Mapping[str, Any]) -> dict:
-    """The action dict to send: verb, target and the optional receptacle / key."""
-    out = {"action": a.get("action"), "target": a.get("target")}
-    for k in ("receptacle", "key"):
-        if a.get(k) is not None:
-            out[k] = a[k]
-    return out
 
 
 def candidate_actions(obs: Mapping[str, Any]) -> list[dict]:

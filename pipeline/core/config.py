@@ -229,12 +229,13 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
         kept = recorded.read(root)
     except recorded.OverridesError as exc:
         raise ConfigError(str(exc)) from exc
-    if current == expected or params == recorded.apply(composed, kept):
+    patched = recorded.apply(composed, kept)
+    if current == expected or params == patched:
         if record and not (root / recorded.OVERRIDES_FILE).exists():
             recorded.write(root, [])
         _remember(stamp)
         return
-    diffs = _leaf_diff(params, recorded.apply(composed, kept))
+    diffs = _leaf_diff(params, patched)
     shown = "; ".join(diffs[:8]) + (f"; ... ({len(diffs)} in all)" if len(diffs) > 8 else "")
     with_record = (f" with the overrides recorded in {recorded.OVERRIDES_FILE} ({recorded.describe(kept)})"
                    if kept else "")

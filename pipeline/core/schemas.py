@@ -12,11 +12,21 @@ The memory/advisory models of seed 001 live in :mod:`pipeline.memory.schemas`.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import pyarrow as pa
 
 SCHEMA_VERSION = "1"
+
+
+def clean_action(a: Mapping[str, Any]) -> dict:
+    """The action dict an agent sends and a backend constrains: verb, target and the
+    optional receptacle / key (an admissible action without its other fields)."""
+    out = {"action": a.get("action"), "target": a.get("target")}
+    for k in ("receptacle", "key"):
+        if a.get(k) is not None:
+            out[k] = a[k]
+    return out
 
 FEEDBACK_TYPES = ("user_preference", "spatial", "procedural", "general")
 STATUSES = ("Success", "Failure", "WiP")

@@ -72,6 +72,7 @@ from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
 from pipeline.core.config import project_root
+from pipeline.core.schemas import clean_action
 from pipeline.llm.backends.base import (
     BackendConfigError,
     BackendError,
@@ -471,15 +472,6 @@ def _plain(value: Any) -> dict:
 # ----------------------------------------------------------------------------- constraints
 
 
-def _action_fields(a: Mapping[str, Any]) -> dict:
-    """The action dict the agent parses: verb, target and the optional receptacle / key."""
-    out = {"action": a.get("action"), "target": a.get("target")}
-    for k in ("receptacle", "key"):
-        if a.get(k) is not None:
-            out[k] = a[k]
-    return out
-
-
 def action_choices(admissible: Sequence[Mapping[str, Any]]) -> list[str]:
     """The exact JSON text of each admissible action, as the agent's prompt shows the format
     (``{"action": "open", "target": "Fridge_0"}``), in the given order, without repeats."""
@@ -487,7 +479,7 @@ def action_choices(admissible: Sequence[Mapping[str, Any]]) -> list[str]:
     for a in admissible:
         if not a.get("action"):
             continue
-        text = json.dumps(_action_fields(a), ensure_ascii=False)
+        text = json.dumps(clean_action(a), ensure_ascii=False)
         if text not in out:
             out.append(text)
     return out
@@ -497,7 +489,7 @@ def action_schema(admissible: Sequence[Mapping[str, Any]]) -> dict:
     """A JSON schema whose ``action``, ``target`` (and ``receptacle`` / ``key`` where one is
     used) are enums of the admissible values; every field required (null where an action
     has none), nothing else allowed: what OpenAI's strict mode accepts."""
-    acts = [_action_fields(a) for a in admissible if a.get("action")]
+    acts = [clean_action(a) for a in admissible if a.get("action")]
     props: dict[str, Any] = {"action": {"type": "string", "enum": _unique(str(a["action"]) for a in acts)}}
     for k in ("target", "receptacle", "key"):
         if k != "target" and not any(a.get(k) is not None for a in acts):
