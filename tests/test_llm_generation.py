@@ -86,7 +86,7 @@ def base_cfg(tmp_path_factory):
     """The real conf/ composed with agent=llm, model=local, sampling=greedy and a tiny template."""
     from pipeline.core.config import compose_text, validate
 
-    cfg = validate(OmegaConf.create(compose_text(ROOT, ["agent=llm", "model=local", "sampling=greedy"])))
+    cfg = validate(OmegaConf.create(compose_text(ROOT, ["agent=llm", "model=local", "sampling=greedy", "agent.decoding=free"])))
     tpl = tmp_path_factory.mktemp("tpl") / "tiny.txt"
     tpl.write_text(TEMPLATE, encoding="utf-8")
     cfg.prompts.system_template = str(tpl)
@@ -605,3 +605,129 @@ def test_llm_agent_plays_real_games_and_tensors_check(lm, tiny_cfg, tiny_games, 
             check_turn_consistency(lm.tok, tens, row["generated_text"])
             checked += row["action_token_start_index"] is not None
     assert checked > 0
+
+
+# ----------------------------------------------------------------- constrained decodings
+
+PREFIX_ACTIONS = [  # one action's text is a prefix of another's; Apple_1 / Apple_12 share a prefix
+    {"action": "take", "target": "Apple_1", "command": "take Apple_1"},
+    {"action": "take", "target": "Apple_1", "receptacle": "Table_0", "command": "take Apple_1 from Table_0"},
+    {"action": "take", "target": "Apple_12", "command": "take Apple_12"},
+    {"action": "go_to", "target": "Kitchen", "command": "go west"},
+]
+
+
+def test_constraint_walks_end_in_exactly_one_admissible_action(lm):
+    """Random walks over the allowed tokens: every walk spells one admissible action's text
+    (whatever the token split of a name), and every action (prefix ones included) is reachable."""
+    import random
+
+    from pipeline.llm.constrain import ActionConstraint, TokenTexts, action_texts
+
+    texts = TokenTexts(lm.tok)
+    names = [t for t in ("Apple_12", "Table_0", "Kitchen") if len(lm.tok(t, add_special_tokens=False)["input_ids"]) > 1]
+    assert names, "the tiny tokenizer should split at least one entity name into several tokens"
+    fields = dict((t, i) for t, i in action_texts(PREFIX_ACTIONS))
+    assert '{"action": "go_to", "target": "west"' in fields and fields['{"action": "go_to", "target": "west"'] == 3
+    rng = random.Random(0)
+    reached = set()
+    for _ in range(200):
+        c = ActionConstraint(texts, PREFIX_ACTIONS)
+        while not c.done:
+            allowed = c.allowed()
+            assert allowed, c.consumed
+            c.advance(texts.texts[rng.choice(allowed)])
+        full = [t for t, i in action_texts(PREFIX_ACTIONS) if i == c.chosen]
+        assert any(c.consumed.startswith(f + tail) for f in full for tail in ("}", ', "memory": '))
+        reached.add(c.chosen)
+    assert reached == {0, 1, 2, 3}
+    c = ActionConstraint(texts, PREFIX_ACTIONS)
+    with pytest.raises(ValueError, match="left the admissible texts"):
+        c.advance('{"action": "drop"')
+
+
+@pytest.mark.parametrize("decoding", ["constrained", "choice"])
+def test_constrained_decodings_choose_only_admissible_actions(lm, decoding):
+    """The model wants Fridge_9 (not admissible): free decoding fails the turn, constrained and
+    choice take an admissible action; the tracked JSON text names it; choice stores every score."""
+    cfg = copy.deepcopy(lm.cfg)
+    eid, obs, _ = EPISODES[3]
+    assert not _agent(lm, eid).act(obs).extra["action_valid"]  # free: inadmissible
+    cfg.agent.decoding = decoding
+    for eid, obs, _ in EPISODES[:4] + [("ep_p", _obs("Kitchen", "Take Apple_12.", [
+            (a["action"], a["target"], a["command"]) for a in PREFIX_ACTIONS]), "")]:
+        if eid == "ep_p":
+            obs["admissible_actions"] = [dict(a) for a in PREFIX_ACTIONS]
+        agent = _agent(lm, "ep_a", cfg=cfg)
+        agent.reset(_meta(eid, obs))
+        step = agent.act(obs)
+        assert step.extra["action_valid"], step.extra["parse_error"]
+        assert step.extra["decoding"] == decoding
+        adm = [{k: v for k, v in a.items() if k != "command"} for a in obs["admissible_actions"]]
+        assert step.action in adm
+        parsed = json.loads(step.extra["action_text"])
+        again = {k: parsed.get(k) for k in step.action}
+        if step.action["action"] == "go_to":  # the JSON may name the direction of the command
+            assert again["target"] in (step.action["target"], "west", "east")
+        else:
+            assert again == step.action
+        ids, mask = step.extra["generated_ids"], step.extra["action_token_mask"]
+        assert step.extra["action_text"] in lm.tok.decode([i for i, m in zip(ids, mask) if m])
+        if decoding == "choice":
+            assert "action_scores" in step.extra, (sorted(step.extra), eid)
+            scores = step.extra["action_scores"]
+            assert set(scores) == {a["command"] for a in obs["admissible_actions"]}
+            best = max(scores, key=lambda k: scores[k])
+            assert next(a for a in obs["admissible_actions"] if a["command"] == best)["target"] == step.action["target"]
+        else:
+            assert "action_scores" not in step.extra
+
+
+def test_constrained_batched_equals_sequential_and_needs_a_capable_backend(lm):
+    cfg = copy.deepcopy(lm.cfg)
+    cfg.agent.decoding = "constrained"
+    from pipeline.agents.llm import LLMAgent
+    from pipeline.core.config import ConfigError
+
+    obs_list = [o for _, o, _ in EPISODES[:4]]
+    agents = [_agent(lm, e, cfg=cfg) for e, _, _ in EPISODES[:4]]
+    batched = LLMAgent.act_many(agents, obs_list)
+    seq = [_agent(lm, e, cfg=cfg).act(o) for (e, _, _), o in zip(EPISODES[:4], obs_list)]
+    assert [s.generated_text for s in batched] == [s.generated_text for s in seq]
+    with pytest.raises(ConfigError, match="agent.decoding='constrained'"):
+        LLMAgent(cfg, seed=1, backend=NS(generate=None, name="x", decodings=("free",)))
+    cfg.agent.decoding = "auto"  # the strongest the backend offers
+    assert LLMAgent(cfg, seed=1, backend=NS(generate=None, name="x", decodings=("free",))).decoding == "free"
+    assert LLMAgent(cfg, seed=1, backend=lm.backend).decoding == "constrained"
+
+
+@pytest.mark.parametrize("decoding", ["constrained", "choice"])
+def test_constrained_decodings_on_a_real_game(lm, tiny_cfg, tiny_games, decoding):
+    """A real TextWorld game: every turn's action is admissible; the turns record the decoding."""
+    from pipeline.agents import make_agent
+    from pipeline.envs.household.env import HouseholdEnv
+    from pipeline.envs.household.user import SimulatedUser
+    from pipeline.session.rollout import play, tasks_from_manifest
+
+    cfg = copy.deepcopy(lm.cfg)
+    cfg.env = tiny_cfg.env
+    cfg.agent.decoding = decoding
+    cfg.agent.batch_size = 2
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[:2]
+    shared: dict = {"llm_backend": lm.backend}
+    records = play(
+        tasks,
+        make_env=lambda t: HouseholdEnv(str(tiny_games.root / t.game_file), scene_id=t.scene_id,
+                                        quest_id=t.quest_id, objective=t.objective, max_steps=4,
+                                        reward=cfg.env.reward),
+        make_agent=lambda t: make_agent(cfg, seed=t.seed, shared=shared),
+        make_user=lambda t: SimulatedUser(cfg.user, tiny_games.scenes[t.scene_id],
+                                          {"quest_id": t.quest_id, "objective": t.objective,
+                                           "expert_plan": t.expert_plan, "preferences": t.preferences}, t.seed),
+        batch_size=2,
+    )
+    turns = [row for rec in records for row in rec["turns"]]
+    assert turns and all(row["action_valid"] for row in turns)
+    assert {row["decoding"] for row in turns} == {decoding}
+    scored = [json.loads(row["action_scores"]) for row in turns if row["action_scores"]]
+    assert (len(scored) == len(turns)) if decoding == "choice" else not scored

@@ -71,6 +71,27 @@ def test_knowledge_counts_only_true_statements_and_known_preferences(tiny_games)
         assert [p["id"] for p in truth.preferences] == [p["id"] for p in prefs]
 
 
+def test_knowledge_from_scene_facts_and_a_verified_plan(tiny_games):
+    """A memory advisory's scene fact ("X was in H in the Room") and the commands of a verified
+    plan (the oracle's advisories) locate what they name, when true in this scene."""
+    from pipeline.envs.household.env import HouseholdEnv
+    from pipeline.policy.expert import read_knowledge
+
+    row = _train_row(tiny_games)
+    prefs = tiny_games.scenes[row["scene_id"]]["preferences"]
+    with HouseholdEnv(tiny_games.game_path(row), objective=row["objective"], preferences=prefs) as env:
+        env.reset()
+        w = env.world
+        obj, (rel, holder) = next((o, v) for o, v in sorted(w.location.items()) if v[0] in ("in", "on"))
+        fact = f"Facts of that case's scene: {obj} was {rel} {holder} in the {w.room_of(obj)}."
+        assert {obj, holder} <= read_knowledge(fact, w, prefs).located
+        plan = f"Verified steps 1-1 of 1 that solve this exact task: take {obj} from {holder}."
+        assert {obj, holder} <= read_knowledge(plan, w, prefs).located
+        # The same command outside a verified plan, or naming what this scene lacks, tells nothing.
+        assert read_knowledge(f"take {obj} from {holder}.", w, prefs).located == frozenset()
+        assert read_knowledge(plan.replace(obj, "Nothing_9").replace(holder, "Nowhere_9"), w, prefs).located == frozenset()
+
+
 def test_expert_demos_win_and_cover_the_prompt_variants(demos, memory):
     demos, turns = demos
     assert demos and all(d.episode.won for d in demos if not d.mapping), "clean expert demos must win"
@@ -95,7 +116,7 @@ def test_renamed_demos_rename_prompts_and_answers_consistently(demos, tiny_games
     text = "\n".join(t.messages[0]["content"] + t.response for t in turns if t.demo_id == d.demo_id)
     objects = [o["name"] for o in tiny_games.scenes[d.task["scene_id"]]["objects"]]
     for old, new in d.mapping.items():
-        if old in objects:
+        if old in objects and old not in d.mapping.values():  # a name another one was renamed to may appear
             assert new in text and f"{old}," not in text and f"{old}." not in text
 
 
@@ -264,3 +285,15 @@ def test_stage_skips_without_a_policy_to_train_and_rejects_a_mismatched_path(cfg
     assert "no stage runs a language model" in skip_reason(OmegaConf.merge(cfg, {"agent": {"name": "react"}}))
     with pytest.raises(ConfigError, match="model.name_or_path"):
         skip_reason(OmegaConf.merge(cfg, {"model": {"name_or_path": "/somewhere/else"}}))
+
+
+def test_policy_check_measures_an_even_subset_of_eval_tasks():
+    from pipeline.policy.quality import measured_rows
+
+    rows = [{"scene_id": f"scene_{s:02d}", "quest_id": f"q{q:02d}", "split": "eval"} for s in range(4) for q in range(5)]
+    rows += [{"scene_id": "scene_00", "quest_id": "t00", "split": "train"}]
+    cut = measured_rows(rows, "eval", 8)
+    evals = [(r["scene_id"], r["quest_id"]) for r in cut if r["split"] == "eval"]
+    assert len(evals) == 8 and len({s for s, _ in evals}) == 4  # spread over every scene
+    assert [r for r in cut if r["split"] == "train"] == rows[-1:]
+    assert measured_rows(rows, "eval", 0) == rows[-1:] + rows[:-1] and len(measured_rows(rows, "eval", 99)) == 21

@@ -355,3 +355,26 @@ def test_a_placebo_the_store_cannot_supply_is_listed_not_failed():
     assert R.placebo_unavailable([none]) == ["s0/e0"] and R.check_placebo_matched([none], [c2], {}) == []
     silent = {**none, "notes": []}  # nothing injected and no reason recorded: a violation
     assert "injects nothing although C2 does" in R.check_placebo_matched([silent], [c2], {})[0]
+
+
+def test_rows_count_whether_grounding_and_memory_reveal_the_answer(project, store):
+    """The label-hint rule that drops advisories, counted on the grounding text and the memory block."""
+    root, cfg = project
+    (root / "data/grounding_merged/s0.md").write_text(
+        SCENE_S0_GROUNDING + "\n- Open Fridge_0, then put Apple_2 in Fridge_0.\n", encoding="utf-8")
+    rows = {c: R.render_condition(TASKS, c, cfg, store, root) for c in ("C0", "C1", "C2", "C2_oracle")}
+    flags = {c: [(r["grounding_label_hint"], r["grounding_hint_commands"], r["memory_label_hint"])
+                 for r in rs] for c, (rs, _) in rows.items()}
+    # s0's grounding names two of the plan's three object commands (go east is the map); s2 has none.
+    assert flags["C1"] == [(True, 2, False), (True, 2, False), (False, 0, False)]
+    assert flags["C0"] == [(False, 0, False)] * 3  # no grounding shown
+    assert [f[2] for f in flags["C2"]] == [False] * 3  # advisories that reveal it are dropped before injection
+    assert [f[2] for f in flags["C2_oracle"]] == [True] * 3  # the positive control gives the answer on purpose
+    assert all(r["memory_hint_commands"] == 3 for r in rows["C2_oracle"][0])
+    assert rows["C1"][1]["label_hints"] == {"prompts": 3, "grounding": 2, "memory": 0, "either": 2}
+    assert rows["C2_oracle"][1]["label_hints"]["memory"] == 3
+    table = R.prompts_table(rows["C1"][0])
+    assert table.column("grounding_label_hint").to_pylist() == [True, True, False]
+    # Rows rendered before the check existed give nulls, not an error.
+    old = [{k: v for k, v in r.items() if k not in R.LABEL_HINT_COLUMNS} for r in rows["C1"][0]]
+    assert R.prompts_table(old).column("memory_hint_commands").to_pylist() == [None] * 3

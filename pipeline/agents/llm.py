@@ -30,6 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from pipeline.agents.base import AgentStep, candidate_actions, clean_action
 from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError
 from pipeline.core.seeding import turn_seed
 from pipeline.llm.backends import Backend, BackendError, Generation, make_backend
 from pipeline.prompts import TURN_VARIABLES, PromptOrganizer, observation_variables, template_slots
@@ -179,6 +180,8 @@ class LLMAgent:
         self.fallback = clean_action({"action": fb.action, "target": fb.target})
         self.on_backend_error = str(agent_cfg.on_backend_error)
         self.batch_size = max(1, int(agent_cfg.batch_size))
+        self.decoding = str(agent_cfg.decoding)
+        self.reasoning_max_tokens = int(agent_cfg.reasoning_max_tokens)
         if backend is None:
             if shared is not None:
                 if "llm_backend" not in shared:
@@ -187,6 +190,13 @@ class LLMAgent:
             else:
                 backend = make_backend(cfg.model, cfg.sampling)
         self.backend = backend
+        offered = getattr(backend, "decodings", None)  # None: a stand-in that declares nothing (prompt building)
+        if self.decoding == "auto":  # the strongest the backend offers
+            self.decoding = "constrained" if offered and "constrained" in offered else "free"
+        if offered is not None and self.decoding not in offered:
+            raise ConfigError(f"agent.decoding={self.decoding!r}: the {type(backend).__name__} here offers "
+                              f"{', '.join(offered)} (constrained with model.backend=openai needs "
+                              "model.structured_output; choice needs a local model: model.backend=transformers)")
         self.organizer = PromptOrganizer.from_config(cfg)
         self.reset({})
 
@@ -256,8 +266,11 @@ class LLMAgent:
             backend, size = requests[idxs[0]][0].backend, requests[idxs[0]][0].batch_size
             for k in range(0, len(idxs), size):
                 chunk = idxs[k:k + size]
-                # A backend that can constrain the action (model.structured_output) gets the admissible ones.
-                kw = ({"admissible": [candidate_actions(requests[i][1]) for i in chunk]}
+                # A backend that can constrain the action (agent.decoding, model.structured_output)
+                # gets the admissible ones.
+                first = requests[idxs[0]][0]
+                kw = ({"admissible": [candidate_actions(requests[i][1]) for i in chunk], "decoding": first.decoding,
+                       "reasoning_max_tokens": first.reasoning_max_tokens}
                       if getattr(backend, "constrains_actions", False) else {})
                 gens = backend.generate([requests[i][2] for i in chunk], seeds=[requests[i][3] for i in chunk], **kw)
                 for i, gen in zip(chunk, gens):
@@ -286,8 +299,18 @@ class LLMAgent:
             action, parsed, error = None, None, f"backend error: {gen.error}"
         else:
             action, parsed, error = parse_action(gen.action_text, obs)
-            if error and gen.stop_reason == "max_new_tokens" and parsed is None:
+            if gen.chosen_index is not None:
+                # The constraint fixed the action (constrained / choice decoding); the JSON text
+                # may still carry memory notes, or be cut off after the action's fields.
+                action, error = clean_action(candidate_actions(obs)[gen.chosen_index]), None
+            elif error and gen.stop_reason == "max_new_tokens" and parsed is None:
                 error += " (cut off at max_new_tokens)"
+        if gen.decoding != "free":
+            extra["decoding"] = gen.decoding
+            if gen.action_scores is not None:
+                acts = candidate_actions(obs)
+                extra["action_scores"] = {str(a.get("command") or json.dumps(clean_action(a))):
+                                          (sc if sc != float("-inf") else None) for a, sc in zip(acts, gen.action_scores)}
         if parsed is not None:
             self.organizer.update_memory_from_response(parsed)
         extra.update(action_valid=action is not None, parse_error=error,

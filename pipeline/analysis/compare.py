@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
-from pipeline.analysis.report import write_report
+from pipeline.analysis.report import label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
@@ -373,6 +373,9 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
     info = task_info(manifest_rows)
     seed, n_resamples, level = bootstrap_settings(cfg)
     conditions = {c: condition_metrics(d.episodes, d.turns, d.prompts, cfg) for c, d in data.items()}
+    for c, d in data.items():  # what each condition's prompts reveal of the answer (grounding, memory)
+        if d.prompts is not None:
+            conditions[c]["label_hint_prompts"] = label_hint_counts(as_rows(d.prompts))
 
     details, skipped = paired_comparisons(data, info, cfg)
     identity, identity_skipped = prompt_identities(data, cfg)

@@ -10,6 +10,11 @@ Written by the ``compare`` stage from ``metrics/compare.json`` and the plot rows
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas (no pyplot state,
 no display) and saved without the version-dependent ``Software`` metadata, so the same
 numbers give the same bytes.
+
+Where a condition's metrics carry ``label_hint_prompts`` (:func:`label_hint_counts` of its
+rendered prompts, ``data/prompts/<C>.parquet``), the tables say per condition how many
+prompts reveal the task's answer through the grounding and through the memory block
+(the advisories' label-hint rule, recorded per prompt by ``pipeline.conditions``).
 """
 
 from __future__ import annotations
@@ -32,6 +37,26 @@ FIGURES = {
     "turns_distribution": "turns_distribution.png",
 }
 GROUP_TITLES = {"scene_id": "scene", "quest_length": "quest length (expert commands)", "scene_split": "scene split"}
+#: Per-prompt label-hint flags written by the render stage (``pipeline.conditions.PROMPTS_SCHEMA``).
+LABEL_HINT_FLAGS = {"grounding": "grounding_label_hint", "memory": "memory_label_hint"}
+
+
+def label_hint_counts(prompts_rows: Sequence[Mapping[str, Any]] | None) -> dict[str, int] | None:
+    """How many of a condition's rendered prompts reveal the task's answer, and through what.
+
+    Args:
+        prompts_rows: The condition's ``data/prompts/<C>.parquet`` rows.
+
+    Returns:
+        ``{"prompts", "grounding", "memory", "either"}`` (prompt counts), or None when the
+        rows carry no label-hint flags (rendered before the render stage recorded them).
+    """
+    rows = list(prompts_rows or [])
+    if not any(r.get(col) is not None for r in rows for col in LABEL_HINT_FLAGS.values()):
+        return None
+    flags = {k: [bool(r.get(col)) for r in rows] for k, col in LABEL_HINT_FLAGS.items()}
+    return {"prompts": len(rows), **{k: sum(v) for k, v in flags.items()},
+            "either": sum(g or m for g, m in zip(flags["grounding"], flags["memory"]))}
 
 
 def colors_for(conditions: Sequence[str]) -> dict[str, str]:
@@ -141,6 +166,7 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                      _f(m["generated_tokens_per_episode"]["value"], 0)])
     parts += [_table(["condition", "episodes", "success", "won", "reward", "turns", "invalid rate", "repeated rate",
                       "gate pass", "prompt tok/ep", "gen tok/ep"], rows), ""]
+    parts += label_hint_table(metrics)
 
     details = metrics.get("details", [])
     parts += [f"### Paired comparisons (treatment − control, {level} intervals; exact McNemar; verdict from Holm p)",
@@ -184,6 +210,24 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     if skipped:
         parts += ["### Skipped", ""] + [f"- {s['name']}: {s['reason']}" for s in skipped] + [""]
     return "\n".join(parts)
+
+
+def label_hint_table(metrics: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: per condition, the prompts that reveal the task's answer through the
+    grounding and through the memory block (none when no condition recorded them)."""
+    conds = metrics.get("conditions", [])
+    if not any(m.get("label_hint_prompts") for m in conds):
+        return []
+    rows = []
+    for m in conds:
+        c = m.get("label_hint_prompts")
+        rows.append([m["condition"], *((c["prompts"], c["grounding"], c["memory"], c["either"]) if c else ("–",) * 4)])
+    return ["### Prompts that reveal the task's answer", "",
+            _table(["condition", "prompts", "via grounding", "via memory", "either"], rows), "",
+            "A text reveals the answer when it holds the task's ground truth or names enough of its expert plan's "
+            "object commands (`memory.label_hint_min_commands`; navigation is the scene's map and not counted): "
+            "the rule that drops an advisory before injection, applied to the grounding text and the injected "
+            "memory block of each rendered prompt.", ""]
 
 
 def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> str:

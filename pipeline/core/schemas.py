@@ -109,6 +109,8 @@ TURN_SCHEMA = pa.schema(
         ("action_token_end_index", pa.int32()),  # exclusive
         ("tracking_method", pa.string()),  # stream | fallback | none
         ("stop_reason", pa.string()),  # json_closed | max_new_tokens | eos | error
+        ("decoding", pa.string()),  # free | constrained | choice (agent.decoding; null for rule agents)
+        ("action_scores", pa.string()),  # choice decoding: JSON {command: summed log-prob} of every admissible action
     ]
 )
 

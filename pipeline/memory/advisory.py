@@ -9,6 +9,11 @@ failed_override_warning    corrected but still failed (or failed anyway): a warn
 consistency_anchor         succeeded without correction
 =========================  ===============================================
 
+A message carries, after the principle and the past case, the facts that case saw of its
+scene (:func:`pipeline.memory.store.scene_facts`: where objects and keys were, locked
+containers and their keys, routes, containers found empty), stated as facts of that
+scene, never as commands; as many whole facts as fit in the message bound.
+
 Every message is checked for label hints (the query task's ground truth, or a run of
 its expert commands) and dropped with a warning when one is found::
 
@@ -27,7 +32,7 @@ from pipeline.memory.schemas import (
     EpisodicMemoryEntryV1_1,
     EvidenceV1_1,
 )
-from pipeline.memory.store import clip
+from pipeline.memory.store import clip, join_facts, split_scene_facts
 
 # Principle stated for each kind of failure (first tag found wins the principle_id).
 PRINCIPLES = {
@@ -44,6 +49,15 @@ PRINCIPLES = {
 }
 DEFAULT_PRINCIPLE = ("direct_plan", "Keep to a short, direct plan toward the goal.")
 MAX_PRINCIPLES = 2
+# The past case's own text keeps at least this many characters when scene facts follow it.
+MIN_CASE_CHARS_WITH_FACTS = 160
+# How the scene facts are introduced: a won case's facts held on its way to the goal; a
+# failed case's are what it observed.
+FACTS_LEAD = {
+    "successful_override": "Facts of that case's scene",
+    "consistency_anchor": "Facts of that case's scene",
+    "failed_override_warning": "Observed in that case's scene",
+}
 
 
 def advisory_type_for(entry: dict[str, Any]) -> str:
@@ -69,19 +83,38 @@ def principles_for(entry: dict[str, Any]) -> tuple[str, list[str]]:
 
 
 def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
-    """The advisory text: principle first, then the past case as support; at most ``max_chars``."""
+    """The advisory text, at most ``max_chars``: principle first, then the past case as
+    support, then the facts of its scene (whole facts, in the stored order).
+
+    The facts take the room the case text does not need down to
+    :data:`MIN_CASE_CHARS_WITH_FACTS`; the case text is clipped at a word boundary to
+    what is left. Without facts (or when none fits) the message is the principle and the
+    case, clipped to ``max_chars``.
+    """
     _, principles = principles_for(entry)
     cs = entry["case_summary"]
     principle = " ".join(principles)
-    symptom, rationale = cs["symptom"], cs["rationale_summary"]
+    symptom = cs["symptom"]
+    rationale, facts = split_scene_facts(cs["rationale_summary"])
     if advisory_type == "successful_override":
-        text = f"Principle: {principle} A similar past case went wrong ({symptom}) and was fixed: {rationale}."
+        head, case = f"Principle: {principle}", f"A similar past case went wrong ({symptom}) and was fixed: {rationale}."
     elif advisory_type == "failed_override_warning":
-        text = (f"Warning: {principle} A similar past case failed ({symptom}); {rationale}. "
-                "Do not repeat that pattern.")
+        head, case = (f"Warning: {principle}",
+                      f"A similar past case failed ({symptom}); {rationale}. Do not repeat that pattern.")
     else:
-        text = f"Principle: {principle} A similar past case succeeded this way: {rationale}."
-    return clip(text, max_chars)
+        head, case = f"Principle: {principle}", f"A similar past case succeeded this way: {rationale}."
+    text = f"{head} {case}"
+    if not facts:
+        return clip(text, max_chars)
+    scene = str((entry.get("provenance") or {}).get("scene_id") or "")
+    lead = f" {FACTS_LEAD[advisory_type]}{f' ({scene})' if scene else ''}: "
+    room = max_chars - len(head) - 1 - len(lead) - 1  # 1: the space after head, 1: the final "."
+    listed = join_facts(facts, room - min(len(case), MIN_CASE_CHARS_WITH_FACTS))
+    if not listed:
+        return clip(text, max_chars)
+    tail = f"{lead}{listed}."
+    # At least min(len(case), MIN_CASE_CHARS_WITH_FACTS) characters are left for the case.
+    return f"{head} {clip(case, max_chars - len(head) - 1 - len(tail))}{tail}"
 
 
 def _norm(text: str) -> str:
@@ -90,6 +123,24 @@ def _norm(text: str) -> str:
 
 def _contains(haystack: str, needle: str) -> bool:
     return re.search(r"(?<![a-z0-9_])" + re.escape(needle) + r"(?![a-z0-9_])", haystack) is not None
+
+
+def plan_object_commands(expert_plan: Sequence[str]) -> list[str]:
+    """The distinct object commands of an expert plan, normalised (lower case, single
+    spaces): single-word commands and navigation (``go west``) are left out."""
+    commands: list[str] = []
+    for c in expert_plan:
+        c = _norm(str(c))
+        if " " in c and not c.startswith("go ") and c not in commands:
+            commands.append(c)
+    return commands
+
+
+def named_plan_commands(text: str, expert_plan: Sequence[str]) -> list[str]:
+    """The object commands of ``expert_plan`` (:func:`plan_object_commands`) that ``text``
+    names as whole phrases, case-insensitively, in plan order."""
+    msg = _norm(text)
+    return [c for c in plan_object_commands(expert_plan) if _contains(msg, c)]
 
 
 def find_label_hints(
@@ -115,13 +166,9 @@ def find_label_hints(
     gt = _norm(ground_truth or "")
     if gt and _contains(msg, gt):
         hints.append(f"ground truth {ground_truth!r}")
-    commands = []
-    for c in expert_plan:
-        c = _norm(str(c))
-        if " " in c and not c.startswith("go ") and c not in commands:
-            commands.append(c)
+    commands = plan_object_commands(expert_plan)
     if commands:
-        found = [c for c in commands if _contains(msg, c)]
+        found = named_plan_commands(message, expert_plan)
         if found and len(found) >= min(min_commands, len(commands)):
             hints.append("expert command(s) " + ", ".join(repr(c) for c in found))
     return hints

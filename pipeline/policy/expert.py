@@ -7,8 +7,11 @@ imitating that learns nothing a prompt could change. This expert acts on *knowle
 - what the prompt tells it (:func:`read_knowledge`): the grounding text and the advisory
   block are scanned for statements the simulated user makes (``"Cup_3 is in Cabinet_2 in
   the Bathroom."``, ``"Key_2 is in the Bathroom."``) and for the scene's preference
-  sentences (``"Lock Cabinet_2 again after you unlock it."``); only statements that are
-  true in this scene count (a placebo advisory about another house changes nothing);
+  sentences (``"Lock Cabinet_2 again after you unlock it."``), the scene facts of memory
+  advisories (``"Key_1 was in Drawer_0 in the Bedroom"``) and the commands of a verified
+  plan (the positive control's advisories: ``"take Cup_3 from Cabinet_2"``); only
+  statements that are true in this scene count (a placebo advisory about another house
+  changes nothing);
 - what it has seen during the episode (visible entities, opened containers).
 
 When every entity the shortest plan needs is known, it follows that plan (planned with the
@@ -45,8 +48,13 @@ from pipeline.envs.household.planner import breadth_first, shortest_plan
 from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference, preference_text
 
 # "Cup_3 is in the Bathroom." / "Cup_3 is in Cabinet_2 in the Bathroom." / "... on Table_0 in the Kitchen."
+# / "Key_1 was in Drawer_0 in the Bedroom" (a scene fact of a memory advisory: the scene starts the same way).
 _STATEMENT = re.compile(
-    r"\b(?P<e>[A-Za-z]+_\d+) is (?:(?P<rel>in|on) (?P<h>[A-Za-z]+_\d+) in the |in the )(?P<room>[A-Za-z]+)\b")
+    r"\b(?P<e>[A-Za-z]+_\d+) (?:is|was) (?:(?P<rel>in|on) (?P<h>[A-Za-z]+_\d+) in the |in the )(?P<room>[A-Za-z]+)\b")
+# A command of a verified plan (the positive control's advisories, C2_oracle): "take Cup_3 from Cabinet_2",
+# "unlock Cabinet_2 with Key_1", "open Fridge_0", "put Cup_3 in Fridge_0".
+_PLAN_COMMAND = re.compile(
+    r"\b(?:take|open|unlock|put|insert|close|lock) (?P<a>[A-Za-z]+_\d+)(?: (?:from|with|in|on|into) (?P<b>[A-Za-z]+_\d+))?")
 _ENTITY_TYPES = frozenset({"c", "s", "o", "k", "f"})  # containers, supporters, portable things
 DIRECTIONS_CYCLE = ("north", "east", "south", "west")  # clockwise
 
@@ -83,6 +91,11 @@ def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, A
                 continue
             located.add(h)
         located.add(e)
+    if "solve this exact task" in (text or ""):  # a verified plan names where its objects are
+        for m in _PLAN_COMMAND.finditer(text):
+            for name in (m.group("a"), m.group("b")):
+                if name and world.room_of(name) is not None:
+                    located.add(name)
     prefs = []
     for p in preferences:
         _, kind, target = parse_preference(p)

@@ -117,6 +117,7 @@ def evaluate_policy(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any
         progress: called with 1 per finished episode.
     """
     split = str(cfg.experiment.eval_split)
+    manifest = measured_rows(manifest, split, int(cfg.model.policy.evaluate_tasks))
     rows = {(r["scene_id"], r["quest_id"]): r for r in manifest if r["split"] == split}
     llm_cfg = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"name_or_path": str(model_dir)}})
     make_env, _, make_user = make_factories(llm_cfg, root, dict(scenes))
@@ -130,6 +131,17 @@ def evaluate_policy(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any
     for agent_name in ("react", "rag"):
         report[agent_name] = rule_run(cfg, root, manifest, scenes, agent_name, common)
     return report
+
+
+def measured_rows(manifest: Sequence[Mapping[str, Any]], split: str, limit: int) -> list[Mapping[str, Any]]:
+    """The manifest with ``split`` cut to ``limit`` evenly spaced tasks (sorted by scene, quest;
+    0 or more than there are: all of them); other splits' rows are kept."""
+    tasks = sorted((r for r in manifest if r["split"] == split), key=lambda r: (r["scene_id"], r["quest_id"]))
+    if 0 < limit < len(tasks):
+        keep = {(tasks[i * len(tasks) // limit]["scene_id"], tasks[i * len(tasks) // limit]["quest_id"])
+                for i in range(limit)}
+        tasks = [r for r in tasks if (r["scene_id"], r["quest_id"]) in keep]
+    return [r for r in manifest if r["split"] != split] + tasks
 
 
 def llm_runs(cfg: Config, llm_cfg: Config, manifest: Sequence[Mapping[str, Any]], model_dir: Path,

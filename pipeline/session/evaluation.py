@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from omegaconf import OmegaConf
+
 from pipeline.analysis.metrics import condition_metrics
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
@@ -71,6 +73,8 @@ def evaluate_condition(cfg: Config, root: Path, condition: str) -> tuple[dict, d
     """
     if condition not in cfg.condition:
         raise ConfigError(f"--condition {condition!r} is not a configured condition ({', '.join(cfg.condition)})")
+    if bool(cfg.experiment.eval_greedy):
+        cfg = OmegaConf.merge(cfg, {"sampling": {"do_sample": False}})
     manifest, scenes = load_games(root, cfg)
     prompts_path = root / cfg.paths.prompts / f"{condition}.parquet"
     prompt_rows = read_parquet(prompts_path).to_pylist()

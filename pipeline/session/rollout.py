@@ -143,6 +143,8 @@ def _turn_row(task: Task, turn_index: int, obs: dict, step: Any, info: dict, rew
         "action_token_end_index": extra.get("action_token_end_index"),
         "tracking_method": extra.get("tracking_method"),
         "stop_reason": extra.get("stop_reason"),
+        "decoding": extra.get("decoding"),
+        "action_scores": canonical_json(extra["action_scores"]) if extra.get("action_scores") is not None else None,
     }
     tensors = None
     if extra.get("generated_ids") is not None:

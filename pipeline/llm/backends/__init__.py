@@ -8,8 +8,8 @@ conversation, with the JSON action tracked token by token (``pipeline.llm.tracke
     gens[0].action_text, gens[0].action_token_mask, gens[0].stop_reason
 
 - :mod:`~pipeline.llm.backends.base`: the :class:`Backend` protocol (and the optional
-  :class:`CandidateScorer` capability), :class:`Generation`, :class:`BackendError` and
-  the prompt rendering both backends share.
+  :class:`ActionConstrainedBackend` capability: ``agent.decoding``), :class:`Generation`,
+  :class:`BackendError` and the prompt rendering both backends share.
 - :mod:`~pipeline.llm.backends.transformers` (``model.backend=transformers``): any causal
   LM directory (or hub id) that ``AutoModelForCausalLM`` loads, batched with a KV cache,
   one seeded ``torch.Generator`` per row, rows leaving the batch when their JSON action
@@ -44,7 +44,6 @@ from pipeline.llm.backends.base import (
     Backend,
     BackendConfigError,
     BackendError,
-    CandidateScorer,
     Generation,
     Messages,
     plain_prompt,
@@ -60,7 +59,6 @@ __all__ = [
     "Backend",
     "BackendConfigError",
     "BackendError",
-    "CandidateScorer",
     "Generation",
     "Messages",
     "OpenAIBackend",

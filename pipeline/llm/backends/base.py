@@ -45,6 +45,12 @@ class Generation:
     action_text: str | None = None  # the JSON action's text, exactly as generated
     logprobs: list[float] | None = None  # per generated token (model distribution)
     error: str | None = None
+    # Constrained decodings (``agent.decoding``, pipeline.llm.constrain): the admissible action
+    # the constraint fixed (an index into the ``admissible`` list given), and under ``choice``
+    # every admissible action's summed log-probability, in that list's order.
+    decoding: str = "free"
+    chosen_index: int | None = None
+    action_scores: list[float] | None = None
 
     @classmethod
     def from_turn(cls, prompt: str, prompt_tokens: int, turn: TrackedTurn) -> "Generation":
@@ -99,37 +105,28 @@ class Backend(Protocol):
         ...
 
 
-class CandidateScorer(Protocol):
-    """An optional backend capability (declared here, implemented by no backend yet).
-
-    A backend that can score given answers, rather than only sample new ones, would
-    implement this next to :class:`Backend`: for each candidate continuation of the
-    conversation, the summed log-probability the model gives its tokens. Callers would
-    check for it (``hasattr(backend, "score")``), so backends without it keep working.
-    """
-
-    def score(self, messages: Messages, candidates: Sequence[str]) -> list[float]:
-        """Summed token log-probability of each candidate as the assistant's answer to ``messages``."""
-        ...
-
-
 class ActionConstrainedBackend(Backend, Protocol):
     """An optional backend capability: the JSON action constrained to the admissible ones.
 
     A backend with ``constrains_actions`` true takes ``admissible`` in :meth:`generate`: per
     conversation, the admissible action dicts (``{"action", "target", ...}``, as
-    :func:`pipeline.agents.base.candidate_actions` gives them) or None (no constraint). The
-    ``llm`` agent passes them only to such a backend (``getattr(backend,
-    "constrains_actions", False)``), so backends without it keep working. Implemented by
+    :func:`pipeline.agents.base.candidate_actions` gives them) or None (no constraint), and
+    ``decoding``, one of its ``decodings`` (``agent.decoding``: ``free`` | ``constrained`` |
+    ``choice``, :mod:`pipeline.llm.constrain`). The ``llm`` agent passes them only to such a
+    backend, so backends without it keep working. Implemented by
+    :class:`~pipeline.llm.backends.transformers.TransformersBackend` (all three decodings,
+    token masks in its own decode loop) and by
     :class:`~pipeline.llm.backends.openai.OpenAIBackend` when ``model.structured_output`` is
-    not ``none`` (the server enforces the constraint).
+    not ``none`` (``constrained``: the server enforces the constraint).
     """
 
     constrains_actions: bool
+    decodings: tuple[str, ...]
 
     def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
                  max_new_tokens: int | None = None, early_stop: bool | None = None,
-                 admissible: Sequence[Sequence[dict] | None] | None = None) -> list[Generation]:
+                 admissible: Sequence[Sequence[dict] | None] | None = None,
+                 decoding: str = "constrained", reasoning_max_tokens: int = 32) -> list[Generation]:
         ...
 
 

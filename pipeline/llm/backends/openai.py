@@ -194,6 +194,7 @@ class OpenAIBackend:
             raise BackendError(f"model.structured_output={self.structured_output!r}: expected one of "
                                f"{' | '.join(STRUCTURED_OUTPUTS)}")
         self.constrains_actions = self.structured_output != "none"
+        self.decodings = ("free", "constrained") if self.constrains_actions else ("free",)
         self.key_env = str(model_cfg.api_key_env)
         key = os.environ.get(self.key_env) or None
         if key is None:
@@ -217,7 +218,8 @@ class OpenAIBackend:
 
     def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
                  max_new_tokens: int | None = None, early_stop: bool | None = None,
-                 admissible: Sequence[Sequence[Mapping[str, Any]] | None] | None = None) -> list[Generation]:
+                 admissible: Sequence[Sequence[Mapping[str, Any]] | None] | None = None,
+                 decoding: str = "constrained", reasoning_max_tokens: int = 32) -> list[Generation]:
         """One request per conversation, ``model.max_concurrency`` at a time (the server batches them).
 
         Args:
@@ -225,6 +227,9 @@ class OpenAIBackend:
                 not an API parameter: the server generates to EOS or ``max_tokens``).
             admissible: per conversation, the admissible action dicts to constrain the
                 JSON action to (``model.structured_output``), or None for no constraint.
+            decoding, reasoning_max_tokens: the ``ActionConstrainedBackend`` arguments; the
+                server's constraint is ``model.structured_output`` whatever they say
+                (``choice`` needs token scores the API does not give: the agent refuses it).
 
         Raises:
             BackendConfigError: the server refused the key (401/403) or does not serve

@@ -21,11 +21,13 @@ from typing import Any, Sequence
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
 from pipeline.core.config import project_root
 from pipeline.llm.backends.base import BackendError, Generation, Messages, check_seeds, render_prompt
+from pipeline.llm.constrain import CLOSE, DECODINGS, ActionConstraint, TokenTexts, action_texts, choice_texts
 from pipeline.llm.tracker import ActionStream, TrackedTurn
 
 log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16", "auto")
+SCORE_ROWS = 64  # candidate rows per scoring forward (choice decoding): bounds the cache copies
 
 
 class TransformersBackend:
@@ -60,6 +62,7 @@ class TransformersBackend:
         cfg = self.model.config
         self.context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
+        self._token_texts: TokenTexts | None = None
 
     def _load(self, model_cfg: ModelConfig) -> tuple[Any, Any]:
         import torch  # deferred: heavy optional dependency (torch)
@@ -96,15 +99,29 @@ class TransformersBackend:
         text, special = render_prompt(self.tokenizer, messages)
         return text, list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
+    constrains_actions = True
+    """This backend takes ``admissible`` and ``decoding`` (``ActionConstrainedBackend``)."""
+    decodings = DECODINGS
+
     def generate(self, batch: Sequence[Messages], seeds: Sequence[int] | None = None, *,
-                 max_new_tokens: int | None = None, early_stop: bool | None = None) -> list[Generation]:
+                 max_new_tokens: int | None = None, early_stop: bool | None = None,
+                 admissible: Sequence[Sequence[dict] | None] | None = None,
+                 decoding: str = "free", reasoning_max_tokens: int = 32) -> list[Generation]:
         """Generate one turn for every conversation in ``batch`` in one batched loop.
 
         Args:
             batch: conversations (lists of chat messages).
             seeds: one sampling seed per conversation (default ``sampling.seed``).
             max_new_tokens, early_stop: override ``sampling.*`` (benchmarks).
+            admissible: per conversation, the admissible action dicts (or None: free).
+            decoding: ``free`` | ``constrained`` | ``choice`` (``pipeline.llm.constrain``);
+                ignored for a conversation whose ``admissible`` is None or empty.
+            reasoning_max_tokens: the reasoning line's bound under ``constrained``/``choice``.
         """
+        if decoding not in DECODINGS:
+            raise BackendError(f"agent.decoding={decoding!r}: expected one of {', '.join(DECODINGS)}")
+        if admissible is not None and len(admissible) != len(batch):
+            raise ValueError(f"generate: {len(batch)} conversations but {len(admissible)} admissible lists")
         s = self.sampling
         seeds = check_seeds(batch, seeds, int(s.seed))
         max_new = int(max_new_tokens if max_new_tokens is not None else s.max_new_tokens)
@@ -120,18 +137,36 @@ class TransformersBackend:
             else:
                 rows.append((i, cap))
         if rows:
+            modes = []
+            for i, _ in rows:
+                acts = admissible[i] if admissible is not None else None
+                modes.append((decoding, list(acts)) if decoding != "free" and acts and action_texts(acts)
+                             else ("free", None))
             try:
                 turns = self._decode_loop([prompts[i][1] for i, _ in rows], [seeds[i] for i, _ in rows],
-                                          [cap for _, cap in rows], stop_early)
+                                          [cap for _, cap in rows], stop_early, modes, int(reasoning_max_tokens),
+                                          [None if self.context is None else self.context - len(prompts[i][1])
+                                           for i, _ in rows])
             except (RuntimeError, ValueError, IndexError) as exc:  # a failed forward pass fails the chunk
                 turns = [exc] * len(rows)
+            mode_of = {i: m for (i, _), (m, _) in zip(rows, modes)}
             for (i, _), turn in zip(rows, turns):
                 text, ids = prompts[i]
                 if isinstance(turn, Exception):
                     out[i] = Generation.failed(text, f"generation failed: {type(turn).__name__}: {turn}", len(ids))
                 else:
-                    out[i] = Generation.from_turn(text, len(ids), turn)
+                    tracked, chosen, scores = turn
+                    gen = Generation.from_turn(text, len(ids), tracked)
+                    gen.chosen_index, gen.action_scores, gen.decoding = chosen, scores, mode_of[i]
+                    out[i] = gen
         return out  # type: ignore[return-value]
+
+    def token_texts(self) -> TokenTexts:
+        """The tokenizer's :class:`TokenTexts` (built once, on first constrained use)."""
+        if self._token_texts is None:
+            vocab = int(getattr(self.model.config, "vocab_size", 0) or len(self.tokenizer))
+            self._token_texts = TokenTexts(self.tokenizer, max(vocab, len(self.tokenizer)))
+        return self._token_texts
 
     def _left_pad(self, prompt_ids: list[list[int]]) -> tuple[Any, Any, Any]:
         """``(input_ids, attention_mask, position_ids)`` of the left-padded batch, on the device.
@@ -151,20 +186,55 @@ class TransformersBackend:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         return input_ids, attn, positions
 
-    def _decode_loop(self, prompt_ids: list[list[int]], seeds: list[int], caps: list[int],
-                     early_stop: bool) -> list[TrackedTurn]:
+    def _decode_loop(self, prompt_ids: list[list[int]], seeds: list[int], caps: list[int], early_stop: bool,
+                     modes: list[tuple[str, list | None]] | None = None, reasoning_max: int = 32,
+                     hard_caps: list[int | None] | None = None) -> list[tuple[TrackedTurn, int | None, list[float] | None]]:
+        """The batched decode loop; per row ``(turn, chosen admissible index, choice scores)``.
+
+        Rows under ``constrained``/``choice`` first write their reasoning line (no ``{``, no
+        EOS, ends at a newline or ``reasoning_max`` tokens). ``constrained`` rows then
+        decode under their :class:`ActionConstraint`'s mask (the token that ends the line
+        may already start the JSON, if the constraint accepts it); ``choice`` rows are
+        parked before the token that would end the line (fed padding that attention
+        ignores, so their cache keeps prompt + reasoning) and scored after the loop
+        (:meth:`_score_choices`), every candidate starting with that line end.
+        """
         import torch  # deferred: heavy optional dependency (torch)
         from transformers import DynamicCache  # deferred: heavy optional dependency
 
         s = self.sampling
         B = len(prompt_ids)
+        modes = modes or [("free", None)] * B
         dev = self.device
         input_ids, attn, positions = self._left_pad(prompt_ids)
         generators = [torch.Generator(device=dev).manual_seed(int(seed)) for seed in seeds]
         warpers = self._warpers() if s.do_sample else None  # None: greedy
         streams = [ActionStream(self.tokenizer) for _ in range(B)]
         reasons: list[str | None] = [None] * B
-        active = list(range(B))  # original row of each batch row still generating
+        # Per row: "free" | "reason" | "json" (under its constraint) | "park" (choice: wait for scoring)
+        phase = ["free" if m == "free" else "reason" for m, _ in modes]
+        constraints: list[ActionConstraint | None] = [None] * B
+        reason_tokens = [0] * B
+        leads: dict[int, str] = {}  # choice rows: the reasoning line's end the candidates start with
+        first_lp: dict[int, Any] = {}  # choice rows: log-probs of the first token after the reasoning
+        texts = self.token_texts() if any(p != "free" for p in phase) else None
+        line_masks: dict[int, Any] = {}
+        if texts is not None:
+            inside, enders = texts.line_tokens()
+            base = torch.tensor(inside, dtype=torch.bool, device=dev)
+            for r, (mode, acts) in enumerate(modes):
+                if mode == "free":
+                    continue
+                mask = base.clone()
+                if mode == "constrained":
+                    constraints[r] = ActionConstraint(texts, acts)  # type: ignore[arg-type]
+                    ok = [i for i, after in enders if constraints[r].accepts(after)]  # type: ignore[union-attr]
+                else:  # choice: the line ends at any newline; the candidates are scored from there
+                    ok = [i for i, _ in enders]
+                if ok:
+                    mask[torch.tensor(ok, device=dev)] = True
+                line_masks[r] = mask
+        active = list(range(B))  # original row of each batch row still generating (or parked)
         cache = DynamicCache(config=self.model.config)
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         with torch.inference_mode():
@@ -173,43 +243,172 @@ class TransformersBackend:
             last_pos = positions[:, -1]
             step = 0
             while True:
-                logits = out.logits[:, -1, :].float()  # (B_active, V)
+                raw = out.logits[:, -1, :].float()  # (B_active, V)
+                logits = raw.clone()
+                for b, r in enumerate(active):
+                    if phase[r] == "reason":
+                        logits[b, ~line_masks[r][: logits.shape[1]]] = float("-inf")
+                    elif phase[r] == "json":
+                        if warpers is None:  # greedy: the model's own choice, when the constraint accepts it,
+                            top = int(logits[b].argmax())  # is the masked argmax; no mask needed
+                            if constraints[r].accepts(texts.texts[top]) and texts.texts[top]:  # type: ignore
+                                continue
+                        allowed = constraints[r].allowed()  # type: ignore[union-attr]
+                        if not allowed:
+                            raise ValueError("constrained decoding: no admissible continuation")
+                        row = torch.full_like(logits[b], float("-inf"))
+                        idx = torch.tensor(allowed, device=dev)
+                        row[idx] = logits[b, idx]
+                        logits[b] = row
                 next_ids = self._choose(logits, warpers, [generators[r] for r in active])
+                ids_list = next_ids.tolist()
+                # A choice row whose line ends here (a newline chosen, or the bound reached) is parked
+                # before that token: every candidate is scored from this position.
+                for b, r in enumerate(active):
+                    if modes[r][0] == "choice" and phase[r] == "reason":
+                        piece = texts.texts[ids_list[b]]  # type: ignore[union-attr]
+                        if "\n" in piece or reason_tokens[r] >= reasoning_max:
+                            phase[r] = "park"
+                            leads[r] = piece.split("\n", 1)[0] + "\n" if "\n" in piece else "\n"
+                            first_lp[r] = torch.log_softmax(raw[b], -1)
+                parked = [phase[r] == "park" for r in active]
                 chosen_lp = None
                 if self.want_logprobs:
-                    chosen_lp = torch.log_softmax(logits, -1).gather(1, next_ids[:, None])[:, 0].tolist()
+                    chosen_lp = torch.log_softmax(raw, -1).gather(1, next_ids[:, None])[:, 0].tolist()
                 step += 1
-                keep = self._push_tokens(streams, reasons, active, next_ids.tolist(), chosen_lp, step, caps,
-                                         early_stop)
-                if not keep:
+                # A JSON action under its constraint is finished whatever max_new_tokens says (it is at
+                # most the longest admissible text), unless the context ends.
+                held = [phase[r] in ("park", "json") for r in active]
+                keep = self._push_tokens(streams, reasons, active, ids_list, chosen_lp, step, caps, early_stop,
+                                         parked=parked, held=held, hard_caps=hard_caps)
+                for b, r in enumerate(active):
+                    if phase[r] not in ("reason", "json") or reasons[r] is not None:
+                        continue
+                    piece = texts.texts[ids_list[b]]  # type: ignore[union-attr]
+                    c = constraints[r]
+                    if phase[r] == "reason":
+                        reason_tokens[r] += 1
+                        if modes[r][0] == "choice":
+                            continue  # parked at its next step, before the token that ends the line
+                        if "\n" in piece:
+                            phase[r] = "json"
+                            c.advance(piece.split("\n", 1)[1])  # type: ignore[union-attr]
+                        elif reason_tokens[r] >= reasoning_max:  # cut off: the JSON goes on a new line
+                            phase[r] = "json"
+                            constraints[r] = c = ActionConstraint(texts, modes[r][1], "\n")  # type: ignore[arg-type]
+                    else:
+                        c.advance(piece)  # type: ignore[union-attr]
+                    if phase[r] == "json" and c.done:  # type: ignore[union-attr]
+                        phase[r] = "free"  # the memory notes (or nothing: the object closed)
+                if not keep or all(phase[active[b]] == "park" for b in keep):
                     break
                 if len(keep) < len(active):  # finished rows leave the batch and the cache
                     idx = torch.tensor(keep, device=dev)
                     cache.batch_select_indices(idx)
                     attn, last_pos, next_ids = attn[idx], last_pos[idx], next_ids[idx]
                     active = [active[b] for b in keep]
-                attn = torch.cat([attn, attn.new_ones((len(active), 1))], dim=1)
-                last_pos = last_pos + 1
+                # A parked row's new column is padding its attention ignores; its position stays.
+                live = torch.tensor([0 if phase[r] == "park" else 1 for r in active], device=dev, dtype=attn.dtype)
+                next_ids = torch.where(live.bool(), next_ids, torch.full_like(next_ids, self.pad_id))
+                attn = torch.cat([attn, live[:, None]], dim=1)
+                last_pos = last_pos + live
                 out = self.model(input_ids=next_ids[:, None], attention_mask=attn, position_ids=last_pos[:, None],
                                  past_key_values=cache, use_cache=True, **kwargs)
-        return [st.finish(reason or "max_new_tokens") for st, reason in zip(streams, reasons)]
+            results: list[tuple[TrackedTurn, int | None, list[float] | None]] = []
+            parked_rows = [(b, r) for b, r in enumerate(active) if phase[r] == "park"]
+            scored = (self._score_choices(cache, attn, last_pos, parked_rows, first_lp, modes, streams, leads)
+                      if parked_rows else {})
+        for r in range(B):
+            if r in scored:
+                chosen, scores, reason = scored[r]
+                results.append((streams[r].finish(reason), chosen, scores))
+                continue
+            c = constraints[r]
+            results.append((streams[r].finish(reasons[r] or "max_new_tokens"), c.chosen if c else None, None))
+        return results
+
+    def _score_choices(self, cache: Any, attn: Any, last_pos: Any, parked: list[tuple[int, int]],
+                       first_lp: dict[int, Any], modes: list, streams: list[ActionStream],
+                       leads: dict[int, str]) -> dict:
+        """Score every parked row's admissible actions; push the best one's tokens to its stream.
+
+        For each row, each action's texts (:func:`choice_texts`) are tokenized and run in
+        batched forwards over a copy of the row's cache (prompt + reasoning), at most
+        ``SCORE_ROWS`` candidate rows per forward. An action's score is its best text's
+        summed token log-probability.
+
+        Returns:
+            ``{row: (chosen index, per-action scores, stop reason)}``.
+        """
+        import torch  # deferred: heavy optional dependency (torch)
+        from transformers import DynamicCache  # deferred: heavy optional dependency
+
+        dev = self.device
+        jobs = []  # (row, batch position, admissible index, token ids, closed form?)
+        for b, r in parked:
+            for text, i in choice_texts(modes[r][1], leads[r]):
+                ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+                jobs.append((r, b, i, ids, text.endswith(CLOSE)))
+        totals: dict[int, dict[int, float]] = {r: {} for _, r in parked}
+        best_ids: dict[tuple[int, int], tuple[float, list[int], list[float]]] = {}
+        kwargs = {"logits_to_keep": 0} if self._logits_to_keep else {}
+        for k in range(0, len(jobs), SCORE_ROWS):
+            chunk = jobs[k:k + SCORE_ROWS]
+            sel = torch.tensor([job[1] for job in chunk], device=dev)
+            sub = DynamicCache(ddp_cache_data=[(layer.keys[sel], layer.values[sel]) for layer in cache.layers])
+            L = max(len(job[3]) for job in chunk)
+            inp = torch.full((len(chunk), L), self.pad_id, dtype=torch.long, device=dev)
+            for j, (_, _, _, ids, _) in enumerate(chunk):
+                inp[j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            a = torch.cat([attn[sel], torch.ones((len(chunk), L), dtype=attn.dtype, device=dev)], dim=1)
+            pos = last_pos[sel][:, None] + 1 + torch.arange(L, device=dev)[None, :]
+            out = self.model(input_ids=inp, attention_mask=a, position_ids=pos, past_key_values=sub,
+                             use_cache=True, **kwargs)
+            lps = torch.log_softmax(out.logits.float(), -1)
+            for j, (r, _, i, ids, closes) in enumerate(chunk):
+                toks = [float(first_lp[r][ids[0]])]
+                toks += [float(lps[j, t - 1, ids[t]]) for t in range(1, len(ids))]
+                total = sum(toks)
+                if total > totals[r].get(i, float("-inf")):
+                    totals[r][i] = total
+                if closes:  # the closed form is what the turn records as its JSON action
+                    best_ids[(r, i)] = (total, ids, toks)
+        result = {}
+        for _, r in parked:
+            acts = modes[r][1]
+            scores = [round(totals[r].get(i, float("-inf")), 6) for i in range(len(acts))]
+            chosen = max(totals[r], key=lambda i: (totals[r][i], -i))
+            _, ids, toks = best_ids[(r, chosen)]
+            for t, lp in zip(ids, toks):
+                streams[r].push(t, logprob=lp if self.want_logprobs else None)
+            result[r] = (chosen, scores, "json_closed" if streams[r].closed else "max_new_tokens")
+        return result
 
     def _push_tokens(self, streams: list[ActionStream], reasons: list[str | None], active: list[int],
                      next_ids: list[int], chosen_lp: list[float] | None, step: int, caps: list[int],
-                     early_stop: bool) -> list[int]:
+                     early_stop: bool, parked: list[bool] | None = None, held: list[bool] | None = None,
+                     hard_caps: list[int | None] | None = None) -> list[int]:
         """Feed each active row its new token; set the stop reason of rows that finish.
+
+        Rows marked ``parked`` (choice decoding, waiting to be scored) get no token and stay;
+        rows marked ``held`` (a JSON action under its constraint) pass ``caps`` and stop only
+        at ``hard_caps`` (the model's context).
 
         Returns:
             The batch positions (indices into ``active``) of the rows still generating.
         """
         keep = []
         for b, (r, tid) in enumerate(zip(active, next_ids)):
+            if parked and parked[b]:
+                keep.append(b)
+                continue
             closed = streams[r].push(tid, logprob=chosen_lp[b] if chosen_lp else None)
             if tid in self.eos_ids:
                 reasons[r] = "json_closed" if closed and early_stop else "eos"
             elif closed and early_stop:
                 reasons[r] = "json_closed"
-            elif step >= caps[r]:
+            elif step >= caps[r] and not (held and held[b] and not (hard_caps and hard_caps[r] is not None
+                                                                    and step >= hard_caps[r])):
                 reasons[r] = "max_new_tokens"
             else:
                 keep.append(b)
