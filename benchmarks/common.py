@@ -287,6 +287,8 @@ def synthetic_turns(num_turns: int, *, turns_per_episode: int = 10, seed: int = 
                                     .tolist(), pa.string()),
         "stop_reason": pa.array(np.array(["json_closed", "max_new_tokens"], dtype=object)[rng.choice(2, n)]
                                 .tolist(), pa.string()),
+        "decoding": pa.array(["constrained"] * n, pa.string()),
+        "action_scores": pa.nulls(n, pa.string()),  # choice decoding only
     }
     return pa.table([cols[f.name].cast(f.type) for f in TURN_SCHEMA], schema=TURN_SCHEMA)
 
