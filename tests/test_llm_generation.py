@@ -569,23 +569,25 @@ def test_openai_backend_config_errors(lm):
 # ----------------------------------------------------------------- real games, rollout, tensors
 
 
-def test_llm_agent_plays_real_games_and_tensors_check(lm, tiny_cfg, tiny_games, tmp_path):
-    """The collect loop with the llm agent: token columns filled, .pt files consistent."""
+def _play_tiny_games(lm, tiny_cfg, tiny_games, *, max_steps: int, decoding: str | None = None) -> list[dict]:
+    """The collect loop with the llm agent on the first two train quests of the tiny games, batched by 2."""
     from pipeline.agents import make_agent
     from pipeline.envs.household.env import HouseholdEnv
-    from pipeline.session.rollout import play, tasks_from_manifest
     from pipeline.envs.household.user import SimulatedUser
+    from pipeline.session.rollout import play, tasks_from_manifest
 
     cfg = copy.deepcopy(lm.cfg)
     cfg.env = tiny_cfg.env
-    cfg.env.max_steps = 3
+    cfg.env.max_steps = max_steps
     cfg.agent.batch_size = 2
+    if decoding is not None:
+        cfg.agent.decoding = decoding
     tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[:2]
     shared: dict = {"llm_backend": lm.backend}
-    records = play(
+    return play(
         tasks,
         make_env=lambda t: HouseholdEnv(str(tiny_games.root / t.game_file), scene_id=t.scene_id,
-                                        quest_id=t.quest_id, objective=t.objective, max_steps=3,
+                                        quest_id=t.quest_id, objective=t.objective, max_steps=max_steps,
                                         reward=cfg.env.reward),
         make_agent=lambda t: make_agent(cfg, seed=t.seed, shared=shared),
         make_user=lambda t: SimulatedUser(cfg.user, tiny_games.scenes[t.scene_id],
@@ -593,6 +595,11 @@ def test_llm_agent_plays_real_games_and_tensors_check(lm, tiny_cfg, tiny_games, 
                                            "expert_plan": t.expert_plan, "preferences": t.preferences}, t.seed),
         batch_size=2,
     )
+
+
+def test_llm_agent_plays_real_games_and_tensors_check(lm, tiny_cfg, tiny_games, tmp_path):
+    """The collect loop with the llm agent: token columns filled, .pt files consistent."""
+    records = _play_tiny_games(lm, tiny_cfg, tiny_games, max_steps=3)
     checked = 0
     for rec in records:
         assert rec["episode"]["generated_tokens"] > 0 and rec["episode"]["prompt_tokens"] > 0
@@ -704,28 +711,7 @@ def test_constrained_batched_equals_sequential_and_needs_a_capable_backend(lm):
 @pytest.mark.parametrize("decoding", ["constrained", "choice"])
 def test_constrained_decodings_on_a_real_game(lm, tiny_cfg, tiny_games, decoding):
     """A real TextWorld game: every turn's action is admissible; the turns record the decoding."""
-    from pipeline.agents import make_agent
-    from pipeline.envs.household.env import HouseholdEnv
-    from pipeline.envs.household.user import SimulatedUser
-    from pipeline.session.rollout import play, tasks_from_manifest
-
-    cfg = copy.deepcopy(lm.cfg)
-    cfg.env = tiny_cfg.env
-    cfg.agent.decoding = decoding
-    cfg.agent.batch_size = 2
-    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[:2]
-    shared: dict = {"llm_backend": lm.backend}
-    records = play(
-        tasks,
-        make_env=lambda t: HouseholdEnv(str(tiny_games.root / t.game_file), scene_id=t.scene_id,
-                                        quest_id=t.quest_id, objective=t.objective, max_steps=4,
-                                        reward=cfg.env.reward),
-        make_agent=lambda t: make_agent(cfg, seed=t.seed, shared=shared),
-        make_user=lambda t: SimulatedUser(cfg.user, tiny_games.scenes[t.scene_id],
-                                          {"quest_id": t.quest_id, "objective": t.objective,
-                                           "expert_plan": t.expert_plan, "preferences": t.preferences}, t.seed),
-        batch_size=2,
-    )
+    records = _play_tiny_games(lm, tiny_cfg, tiny_games, max_steps=4, decoding=decoding)
     turns = [row for rec in records for row in rec["turns"]]
     assert turns and all(row["action_valid"] for row in turns)
     assert {row["decoding"] for row in turns} == {decoding}
