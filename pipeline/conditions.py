@@ -42,7 +42,7 @@ observation and the memory defaults); a failure raises :class:`EvidenceError`:
 6. a placebo (C2_placebo), wherever its reference (the exposed, real-memory condition
    with the same grounding: C2) injects, injects as many advisories, from entries C2 did
    not inject and of other scenes than the task's, in a block within 2% of C2's length
-   (characters); where C2 injects nothing, neither does it. Where the store has too few
+   in the model's tokens (characters when no local model plays: :func:`block_length_for`); where C2 injects nothing, neither does it. Where the store has too few
    such entries (a world with one seen scene), the placebo injects nothing and the task
    is listed as ``placebo_unavailable`` in the render report, not as a violation;
 7. an oracle (C2_oracle) injects, for every task with an expert plan, a block that holds
@@ -62,14 +62,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import pyarrow as pa
 
 from pipeline import memory
-from pipeline.core.conf_schema import ConditionConfig, Config
+from pipeline.core.conf_schema import AgentName, Backend, ConditionConfig, Config
 from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError, read_parquet, sha256_text
 from pipeline.core.schemas import canonical_json
@@ -200,6 +200,48 @@ def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, 
 # --------------------------------------------------------------------------- rendering
 
 
+@dataclass(frozen=True)
+class BlockLength:
+    """The unit a memory block's length is measured in: ``measure(text)`` and its name.
+
+    Characters by default; :func:`block_length_for` gives the model's tokens when a local
+    model plays (the placebo is matched to C2 in what the model reads)."""
+
+    measure: Callable[[str], int] = len
+    unit: str = "characters"
+
+
+def block_length_for(cfg: Config, root: Path, tokenizer: Optional[Any] = None) -> BlockLength:
+    """The model's tokens when the eval agent runs a local transformers model whose
+    tokenizer is on disk (``model.name_or_path``) or given; characters otherwise (a remote
+    endpoint's tokenizer is unknown here; a non-LLM agent reads no tokens).
+
+    Raises:
+        ConfigError: the model directory exists but its tokenizer cannot be loaded.
+    """
+    m = cfg.model
+    if tokenizer is None:
+        if str(cfg.agent.name) != AgentName.llm or str(m.backend) != Backend.transformers or not m.name_or_path:
+            return BlockLength()
+        path = Path(str(m.name_or_path))
+        path = path if path.is_absolute() else root / path
+        if not path.is_dir():
+            return BlockLength()
+        from transformers import AutoTokenizer  # deferred: heavy optional dependency
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path))
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"model.name_or_path={m.name_or_path!r}: cannot load its tokenizer to measure "
+                              f"memory blocks in tokens: {exc}") from exc
+    tok = tokenizer
+
+    def measure(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"]) if text else 0
+
+    return BlockLength(measure, f"tokens ({type(tok).__name__}, {len(tok)} entries)")
+
+
 @dataclass
 class Renderer:
     """Renders one task's prompt under one condition (the stage's core, no file writes).
@@ -208,11 +250,15 @@ class Renderer:
         cfg: The composed config.
         store: The loaded episodic store (``pipeline.memory.load_store``).
         root: Project root (templates, grounding files).
+        length: How a memory block's length is measured (the placebo matches C2's in it):
+            ``BlockLength()`` counts characters; the render stage passes one that counts
+            the model's tokens (:func:`block_length_for`).
     """
 
     cfg: Config
     store: EpisodicStore
     root: Path
+    length: "BlockLength" = field(default_factory=lambda: BlockLength())
 
     def __post_init__(self) -> None:
         self.organizer = PromptOrganizer.from_config(self.cfg, root=self.root)
@@ -250,7 +296,7 @@ class Renderer:
         cond_cfg = self.cfg.condition[condition]
         # Looked up on the package at call time, so a test can substitute it.
         slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=int(self.cfg.seed),
-                                        condition_name=condition)
+                                        condition_name=condition, measure=self.length.measure)
         files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
@@ -301,16 +347,17 @@ class Renderer:
 
 
 def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Config, store: EpisodicStore,
-                     root: Path) -> tuple[list[dict], dict]:
+                     root: Path, length: Optional[BlockLength] = None) -> tuple[list[dict], dict]:
     """The stage's core: rows for ``condition`` and the evidence report.
 
     Renders every configured condition (cheap) so the checks can compare them; raises
-    :class:`EvidenceError` listing the violations when a check fails.
+    :class:`EvidenceError` listing the violations when a check fails. ``length``: the unit
+    of block lengths (default characters; the stage passes :func:`block_length_for`).
     """
     if condition not in cfg.condition:
         raise ConfigError(f"--condition {condition!r}: not a configured condition "
                           f"(condition: {', '.join(cfg.condition)})")
-    r = Renderer(cfg, store, root)
+    r = Renderer(cfg, store, root, length or BlockLength())
     tasks = sorted(tasks, key=lambda t: (str(t["scene_id"]), str(t["quest_id"])))
     rows_by = {c: [r.row(t, c) for t in tasks] for c in cfg.condition}
     exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}
@@ -328,6 +375,9 @@ def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Co
         "template": r.template_path,
         "template_sha256": r.template_sha256,
         "mean_prompt_chars": round(sum(len(row["system_prompt"]) for row in target) / max(1, len(target)), 1),
+        "block_length_unit": r.length.unit,
+        "mean_block_length": round(sum(r.length.measure(row["memory_block"]) for row in target)
+                                   / max(1, len(target)), 1),
         "label_hints": label_hint_totals(target),
         "evidence": {"checks": checks, "passed": not violations, "compared_conditions": list(cfg.condition)},
     }
@@ -391,7 +441,8 @@ def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by
         if ref is not None:
             scenes = {e["entry_id"]: str((e.get("provenance") or {}).get("scene_id"))
                       for e in r.store.table.select(["entry_id", "provenance"]).to_pylist()}
-            run("placebo_matched", check_placebo_matched(rows_by[condition], rows_by[ref], scenes))
+            run("placebo_matched", check_placebo_matched(rows_by[condition], rows_by[ref], scenes,
+                                                         measure=r.length.measure, unit=r.length.unit))
     if bool(this.oracle):
         run("oracle_content", check_oracle_content(rows_by[condition], {task_id(t): list(t.get("expert_plan") or [])
                                                                       for t in tasks}))
@@ -506,11 +557,13 @@ def placebo_unavailable(rows: Iterable[Mapping[str, Any]]) -> list[str]:
 
 
 def check_placebo_matched(placebo: Iterable[Mapping[str, Any]], reference: Iterable[Mapping[str, Any]],
-                          entry_scene: Mapping[str, str], tolerance: float = 0.02) -> list[str]:
+                          entry_scene: Mapping[str, str], tolerance: float = 0.02,
+                          measure: Callable[[str], int] = len, unit: str = "characters") -> list[str]:
     """A placebo matches its reference (C2) task by task: as many advisories, none from an
     entry the reference injected or of the task's scene, a block within ``tolerance`` of
-    the reference's length; nothing where the reference injects nothing. A task the store
-    could not supply (:func:`placebo_unavailable`) is not a violation."""
+    the reference's length (``measure``: characters, or the model's tokens); nothing where
+    the reference injects nothing. A task the store could not supply
+    (:func:`placebo_unavailable`) is not a violation."""
     placebo = list(placebo)
     unavailable = set(placebo_unavailable(placebo))
     placebo = [row for row in placebo if row["task_id"] not in unavailable]
@@ -537,9 +590,9 @@ def check_placebo_matched(placebo: Iterable[Mapping[str, Any]], reference: Itera
         same_scene = [e for e in row["injected_entry_ids"] if entry_scene.get(e) == str(row["scene_id"])]
         if same_scene:
             out.append(f"{c} {tid}: injects entries of the task's own scene: {', '.join(same_scene[:3])}")
-        a, b = len(row["memory_block"]), len(r2["memory_block"])
+        a, b = measure(row["memory_block"]), measure(r2["memory_block"])
         if abs(a - b) > tolerance * b:
-            out.append(f"{c} {tid}: block of {a} characters, {r2['condition']}'s {b} (more than {tolerance:.0%} apart)")
+            out.append(f"{c} {tid}: block of {a} {unit}, {r2['condition']}'s {b} (more than {tolerance:.0%} apart)")
     return out
 
 

@@ -9,7 +9,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline import memory as memory_pkg
-from pipeline.core.config import load_params
+from pipeline.core.config import ConfigError, load_params
 from pipeline.core.io import read_parquet, write_parquet
 from pipeline.memory import EpisodicStore, build_entry, write_store
 from pipeline.prompts import render_turn_prompt
@@ -144,11 +144,11 @@ def _leak_silent(monkeypatch):
     """A broken injection: C2_silent gets C2's slot (content exposed despite the mask)."""
     real = memory_pkg.build_memory_slot
 
-    def leaky(store, task, cond, mem, rng=0, *, condition_name="?"):
+    def leaky(store, task, cond, mem, rng=0, *, condition_name="?", measure=len):
         if condition_name == "C2_silent":
             on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
-            return real(store, task, on, mem, rng, condition_name=condition_name)
-        return real(store, task, cond, mem, rng, condition_name=condition_name)
+            return real(store, task, on, mem, rng, condition_name=condition_name, measure=measure)
+        return real(store, task, cond, mem, rng, condition_name=condition_name, measure=measure)
 
     monkeypatch.setattr(memory_pkg, "build_memory_slot", leaky)
 
@@ -329,6 +329,54 @@ def test_placebo_is_matched_and_disjoint_and_the_oracle_carries_the_plan(project
         assert ro["gate_ok"] and ro["injected"] and len(ro["advisory_ids"]) == min(len(r2["advisory_ids"]), 4)
         assert all(step in ro["memory_block"] for step in task["expert_plan"])
         assert ro["injected_entry_ids"] == [] and any(n.startswith("oracle:") for n in ro["notes"])
+
+
+def test_placebo_is_matched_in_the_models_tokens(project, store):
+    """Issue 16: the placebo's block matches C2's within 2% in the model's tokens (not
+    characters); the render report names the unit. The tokenizer is a byte-level BPE
+    trained on C2's blocks only: C2's wording costs few tokens, other text more, so equal
+    characters are far from equal tokens."""
+    from pipeline.llm.tiny import train_tokenizer
+
+    root, cfg = project
+    c2_text = [r["memory_block"] for r in R.render_condition(TASKS, "C2", cfg, store, root)[0]]
+    length = R.block_length_for(cfg, root, tokenizer=train_tokenizer(c2_text * 30, vocab_size=700))
+    assert length.unit.startswith("tokens")
+    count = length.measure
+    c2 = R.render_condition(TASKS, "C2", cfg, store, root, length)[0]
+    placebo, rep = R.render_condition(TASKS, "C2_placebo", cfg, store, root, length)
+    assert rep["block_length_unit"] == length.unit and rep["evidence"]["checks"]["placebo_matched"] == 0
+    chars_apart = 0
+    for rp, r2 in zip(placebo, c2):
+        assert rp["injected"] and r2["injected"]
+        a, b = count(rp["memory_block"]), count(r2["memory_block"])
+        assert abs(a - b) <= 0.02 * b, (rp["task_id"], a, b)
+        chars_apart += len(rp["memory_block"]) != len(r2["memory_block"])
+        assert len(rp["advisory_ids"]) == len(r2["advisory_ids"])
+        assert not set(rp["injected_entry_ids"]) & set(r2["injected_entry_ids"])
+        assert all(len(m["message"]) <= cfg.memory.max_message_chars
+                   for m in json.loads(rp["bundle_json"])["retrieved"])
+    assert chars_apart  # the unit really is tokens: character lengths differ where tokens match
+    # Matched in characters instead, the same placebo is off in tokens, and the check says so.
+    by_chars = R.render_condition(TASKS, "C2_placebo", cfg, store, root)[0]
+    found = R.check_placebo_matched(by_chars, c2, {}, measure=count, unit=length.unit)
+    assert found and all("more than 2% apart" in f and "tokens" in f for f in found)
+
+
+def test_block_length_is_characters_unless_a_local_model_plays(project):
+    root, cfg = project
+    react = OmegaConf.merge(cfg, {"agent": {"name": "react"}})
+    assert R.block_length_for(react, root).unit == "characters"
+    remote = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"backend": "openai"}})
+    assert R.block_length_for(remote, root).unit == "characters"
+    missing = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"name_or_path": "data/nowhere"}})
+    assert R.block_length_for(missing, root).unit == "characters"  # not built yet: nothing to read
+    broken = root / "data" / "broken_model"
+    broken.mkdir(parents=True)
+    (broken / "tokenizer_config.json").write_text("{not json", encoding="utf-8")
+    bad = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"name_or_path": "data/broken_model"}})
+    with pytest.raises(ConfigError, match="data/broken_model"):
+        R.block_length_for(bad, root)
 
 
 def test_placebo_and_oracle_checks_catch_violations():

@@ -24,7 +24,8 @@ The render stage calls one function per eval task::
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
+import re
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
 import numpy as np
 from omegaconf import DictConfig
@@ -253,7 +254,8 @@ def draw_placebo(
     """Advisories from entries of other scenes, one per target, each as long as its target.
 
     Each placebo advisory keeps its target's id, strength and relevance score, so the
-    injected slot differs from C2's only in content (type, message, evidence). Entries are
+    injected slot differs from C2's only in content (message, evidence; the type too when
+    no drawn entry has the target's type: entries of the target's type are used first). Entries are
     drawn without replacement from the store rows whose scene differs from the query's,
     never one of ``exclude_entry_ids`` (the entries C2 injects for the task: a held-out
     scene's C2 advisories come from other scenes too).
@@ -277,8 +279,13 @@ def draw_placebo(
     entries = [e for e in index.rows(cand.tolist()) if e["entry_id"] not in excluded]
     filler = [compose_message(e, advisory_type_for(e)) for e in entries]
     out, sources, used = [], [], set()
+    types = [advisory_type_for(e) for e in entries]
     for target in targets:
-        for j, entry in enumerate(entries):
+        # The same form: an entry whose advisory has the target's type first (the types'
+        # wording tokenizes differently), any other entry after those.
+        order = sorted(range(len(entries)), key=lambda k: types[k] != target.advisory_type)
+        for j in order:
+            entry = entries[j]
             if j in used:
                 continue
             used.add(j)
@@ -329,28 +336,64 @@ def _injected_text(controller: "InjectionController", bundle: AdvisoryBundleV1_1
 
 
 def match_block_length(controller: "InjectionController", reference: AdvisoryBundleV1_1,
-                       placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int) -> AdvisoryBundleV1_1:
+                       placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int,
+                       measure: Callable[[str], int] = len) -> AdvisoryBundleV1_1:
     """Refit the placebo's messages so its injected text is as long as the reference's.
 
-    The messages already match one by one; type names, evidence ids and risk tags differ
-    in length, and the messages absorb that difference (JSON escapes included): the last
-    one first, then the others, each within ``[1, max_chars]``.
+    Length is ``measure(text)``: characters by default, the model's tokens when the render
+    stage has the model's tokenizer (issue 16: "within 2% in the model's tokens"). Type
+    names, evidence ids and tokenization differ between the two bundles, and the messages
+    absorb the difference, the last one first: each message is a prefix (at most
+    ``max_chars``) of its own text extended with ``filler``, its length found by bisection
+    (block length grows with the prefix). In tokens, characters are not all worth the same
+    (a phrase the tokenizer learned whole is one token, an object id several): the filler is
+    split into clauses, densest first, and a message that is still too short at
+    ``max_chars`` gives up part of its own tail to that denser filler. The closest fit is
+    kept; in characters it is exact.
     """
-    target = len(_injected_text(controller, reference))
-    for _ in range(4 * max(1, len(placebo.retrieved))):
-        diff = target - len(_injected_text(controller, placebo))
-        if diff == 0 or not placebo.retrieved:
+    target = measure(_injected_text(controller, reference))
+    tokens = measure is not len
+    if tokens:
+        clauses = dict.fromkeys(c for f in filler for c in re.split(r"(?<=[.;:])\s+", f) if c.strip())
+        pool = sorted(clauses, key=lambda c: -measure(c) / len(c))
+    else:
+        pool = list(filler)
+    msgs = list(placebo.retrieved)
+
+    def fitted(i: int, text: str) -> tuple[AdvisoryBundleV1_1, int]:
+        trial = msgs[:i] + [msgs[i].model_copy(update={"message": text})] + msgs[i + 1:]
+        bundle = placebo.model_copy(update={"retrieved": trial})
+        return bundle, measure(_injected_text(controller, bundle))
+
+    best, best_diff = placebo, abs(target - measure(_injected_text(controller, placebo)))
+    for i in reversed(range(len(msgs))):
+        if best_diff == 0:
             break
-        msgs = list(placebo.retrieved)
-        for i in reversed(range(len(msgs))):
-            new_len = min(max_chars, max(1, len(msgs[i].message) + diff))
-            if new_len != len(msgs[i].message):
-                msgs[i] = msgs[i].model_copy(update={"message": fit_length(msgs[i].message, new_len, filler)})
-                break
-        else:
+        own = msgs[i].message
+        keeps = [len(own)] + ([int(len(own) * f) for f in (0.8, 0.6, 0.4, 0.2)] if tokens else [])
+        for keep in keeps:
+            full = fit_length(own[:max(1, keep)], max_chars, pool)
+            lo, hi = 1, len(full)  # the shortest prefix whose block reaches the target
+            top, top_units = fitted(i, full)
+            if top_units < target:  # too short even at max_chars
+                if abs(target - top_units) < best_diff:
+                    best, best_diff = top, abs(target - top_units)
+                continue
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if fitted(i, full[:mid])[1] >= target:
+                    hi = mid
+                else:
+                    lo = mid + 1
+            for n in (lo - 1, lo):
+                if n >= 1:
+                    bundle, units = fitted(i, full[:n])
+                    if abs(target - units) < best_diff:
+                        best, best_diff = bundle, abs(target - units)
             break
-        placebo = placebo.model_copy(update={"retrieved": msgs})
-    return placebo
+        msgs = list(best.retrieved)  # the next (earlier) message absorbs what is left
+        placebo = best
+    return best
 
 
 def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key: str) -> list[AdvisoryV1_1]:
@@ -424,6 +467,7 @@ def build_memory_slot(
     rng: int | np.random.Generator = 0,
     *,
     condition_name: str = "?",
+    measure: Callable[[str], int] = len,
 ) -> MemorySlot:
     """Signature -> retrieval -> advisories -> bundle -> gate -> context, for one eval task.
 
@@ -437,6 +481,8 @@ def build_memory_slot(
         rng: The config's seed (a per-task generator is derived from it for placebo
             draws), or a ``numpy.random.Generator`` used as is.
         condition_name: For error messages.
+        measure: The length of an injected block (a placebo's is matched to C2's in it):
+            ``len`` (characters), or a count of the model's tokens.
 
     Returns:
         A :class:`MemorySlot`.
@@ -479,12 +525,13 @@ def build_memory_slot(
         bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
         return _finish(controller, bundle, retrieved_ids, kept_ids, [], plan, gt)
     return _placebo_slot(controller, store, task, rng, builder, advisories, warnings, store_hash, retrieved_ids,
-                         kept_ids, plan, gt)
+                         kept_ids, plan, gt, measure)
 
 
 def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, Any], rng: int | np.random.Generator,
                   builder: AdvisoryBuilder, advisories: list, warnings: list, store_hash: Optional[str],
-                  retrieved_ids: list, kept_ids: list, plan: list, gt: Optional[str]) -> MemorySlot:
+                  retrieved_ids: list, kept_ids: list, plan: list, gt: Optional[str],
+                  measure: Callable[[str], int] = len) -> MemorySlot:
     """The placebo's slot: what would C2 inject? Then the same count and lengths drawn from
     other scenes (nothing when C2's gate would refuse)."""
     c2_bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
@@ -501,7 +548,7 @@ def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, A
     )
     bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
     if len(placebo) == len(c2_bundle.retrieved):
-        bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars)
+        bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars, measure)
     return _finish(controller, bundle, retrieved_ids, sources, notes, plan, gt)
 
 

@@ -25,6 +25,7 @@ import sys
 from pipeline.conditions import (
     PROMPTS_SCHEMA_VERSION,
     EvidenceError,
+    block_length_for,
     load_eval_tasks,
     prompts_table,
     render_condition,
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ArtifactError(f"missing {root / cfg.paths.grounding_merged} (run the merge stage: `dvc repro merge`)")
         tasks = load_eval_tasks(root, cfg)
         store = load_store(root / cfg.paths.store, tie_seed=int(cfg.seed))
-        rows, report = render_condition(tasks, args.condition, cfg, store, root)
+        rows, report = render_condition(tasks, args.condition, cfg, store, root, block_length_for(cfg, root))
         out = root / cfg.paths.prompts / f"{args.condition}.parquet"
         write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],
                       schema_version=PROMPTS_SCHEMA_VERSION)
