@@ -717,3 +717,129 @@ def test_constrained_decodings_on_a_real_game(lm, tiny_cfg, tiny_games, decoding
     assert {row["decoding"] for row in turns} == {decoding}
     scored = [json.loads(row["action_scores"]) for row in turns if row["action_scores"]]
     assert (len(scored) == len(turns)) if decoding == "choice" else not scored
+
+
+# --------------------------------------------------------------------------- prompt cache (issue 18)
+
+
+def _twin_backends(lm):
+    """Two backends over the same model and tokenizer: prompt cache on and off."""
+    on = TransformersBackend(lm.cfg.model, lm.cfg.sampling, model=lm.backend.model, tokenizer=lm.tok)
+    off = TransformersBackend(lm.cfg.model, lm.cfg.sampling, model=lm.backend.model, tokenizer=lm.tok)
+    on.set_prompt_cache(64)
+    off.set_prompt_cache(0)
+    return on, off
+
+
+def _turn_obs(obs: dict, step: int) -> dict:
+    """The observation of a later turn of the same episode (what changes: step, description)."""
+    return {**obs, "step": step, "description": obs["description"] + f" Step {step}."}
+
+
+def test_cached_prompts_give_the_same_logits_as_encoding_them_whole(lm):
+    on, off = _twin_backends(lm)
+    agents = [_agent(lm, e) for e, _, _ in EPISODES[:3]]
+
+    def last_logits(backend, ids):
+        inp, attn, pos, cache, hits = backend._prefill_inputs(ids)
+        with torch.inference_mode():
+            out = backend.model(input_ids=inp, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                                use_cache=True)
+        if hits is not None:
+            backend._remember_prompts(ids, hits, cache, attn)
+        return out.logits[:, -1].float()
+
+    for step in range(3):
+        # One episode starts late: its first turn is a miss in a batch of hits.
+        batch = [(a, _turn_obs(o, step)) for a, (_, o, _) in zip(agents, EPISODES[:3]) if step or a is not agents[2]]
+        ids = [on.render(a.messages(o))[1] for a, o in batch]
+        torch.testing.assert_close(last_logits(on, ids), last_logits(off, ids), atol=1e-4, rtol=1e-4)
+    stats = on.prompt_cache_stats()
+    assert stats["reused_tokens"] > stats["encoded_tokens"] > 0 and stats["entries"] >= 3
+    assert off.prompt_cache_stats()["reused_tokens"] == 0
+
+
+@pytest.mark.parametrize("decoding", ["free", "constrained", "choice"])
+def test_cached_turns_give_the_same_greedy_actions(lm, decoding):
+    """Three turns of four episodes, batched: with the cache each later turn encodes only its
+    new tokens, and every answer (text, tokens, log-probs, choice scores) matches."""
+    on, off = _twin_backends(lm)
+    cfg = copy.deepcopy(lm.cfg)
+    cfg.agent.decoding = decoding
+    from pipeline.agents.llm import LLMAgent
+
+    results = {}
+    for name, backend in (("on", on), ("off", off)):
+        agents = [_agent(lm, e, cfg=cfg, backend=backend) for e, _, _ in EPISODES[:4]]
+        steps = []
+        for step in range(3):
+            steps += LLMAgent.act_many(agents, [_turn_obs(o, step) for _, o, _ in EPISODES[:4]])
+        results[name] = steps
+    for a, b in zip(results["on"], results["off"]):
+        assert a.generated_text == b.generated_text and a.action == b.action
+        assert a.extra["generated_ids"] == b.extra["generated_ids"]
+        torch.testing.assert_close(torch.tensor(a.extra["logprobs"]), torch.tensor(b.extra["logprobs"]),
+                                   atol=1e-4, rtol=1e-4)
+        if decoding == "choice":
+            sa, sb = a.extra["action_scores"], b.extra["action_scores"]
+            assert sa.keys() == sb.keys() and all(abs(sa[k] - sb[k]) < 1e-3 for k in sa)
+    stats = on.prompt_cache_stats()
+    assert stats["reused_tokens"] > stats["encoded_tokens"] > 0, stats  # turns 2-3 encode only what changed
+
+
+def test_prompt_cache_keeps_the_shared_part_within_its_budget(lm):
+    from pipeline.llm.kvcache import PromptKVCache
+
+    pc = PromptKVCache(max_bytes=1 << 20)
+    layer = [(torch.zeros(2, 10, 4), torch.zeros(2, 10, 4))]
+    pc.remember(list(range(10)), layer, hit=None, shared=0)
+    entry, n = pc.lookup(list(range(6)) + [99, 98, 97])
+    assert entry is pc.entries[0] and n == 6
+    pc.remember(list(range(6)) + [99, 98, 97], None, hit=entry, shared=n)  # cut to what turns share
+    assert len(pc.entries) == 1 and len(entry.ids) == 6 and entry.layers[0][0].shape == (2, 6, 4)
+    assert pc.lookup(list(range(6)))[1] == 5  # the last token is always encoded
+    small = PromptKVCache(max_bytes=2 * 10 * 4 * 4 * 2)  # room for one 10-token entry
+    small.remember(list(range(10)), layer, hit=None, shared=0)
+    small.remember(list(range(50, 60)), layer, hit=None, shared=0)
+    assert [int(e.ids[0]) for e in small.entries] == [50] and small.nbytes <= small.max_bytes
+    with pytest.raises(BackendError, match="model.prompt_cache_mb=-1"):
+        TransformersBackend(OmegaConf.merge(lm.cfg.model, {"prompt_cache_mb": -1}), lm.cfg.sampling,
+                            model=lm.backend.model, tokenizer=lm.tok)
+
+
+def test_generation_cache_returns_what_the_model_returns_and_any_change_misses(lm, tmp_path):
+    """Opt-in ``model.cache_dir``: a rerun reads every turn back (what a fresh run produces);
+    a different model, prompt, seed, sampling parameter or decoding is a miss."""
+    import dataclasses
+
+    cfg = OmegaConf.merge(lm.cfg.model, {"cache_dir": str(tmp_path / "gen")})
+    msgs = [_agent(lm, e).messages(o) for e, o, _ in EPISODES[:3]]
+    adm = [o["admissible_actions"] for _, o, _ in EPISODES[:3]]
+
+    def backend(sampling=lm.cfg.sampling, model=lm.backend.model):
+        return TransformersBackend(cfg, sampling, model=model, tokenizer=lm.tok)
+
+    fresh = TransformersBackend(lm.cfg.model, lm.cfg.sampling, model=lm.backend.model, tokenizer=lm.tok)
+    want = [dataclasses.asdict(g) for g in fresh.generate(msgs, seeds=[1, 2, 3], admissible=adm, decoding="choice")]
+    first = backend()
+    got = [dataclasses.asdict(g) for g in first.generate(msgs, seeds=[1, 2, 3], admissible=adm, decoding="choice")]
+    assert got == want and first.generation_cache.misses == 3 and first.generation_cache.hits == 0
+    again = backend()
+    read = [dataclasses.asdict(g) for g in again.generate(msgs, seeds=[1, 2, 3], admissible=adm, decoding="choice")]
+    assert read == want and again.generation_cache.hits == 3
+
+    def misses(b, **kw):
+        args = {"seeds": [1, 2, 3], "admissible": adm, "decoding": "choice", **kw}
+        b.generate(kw.pop("batch", msgs), **{k: v for k, v in args.items() if k != "batch"})
+        return b.generation_cache.misses
+
+    assert misses(backend(), seeds=[1, 2, 4]) == 1  # the seed
+    assert misses(backend(), decoding="constrained") == 3
+    assert misses(backend(), admissible=[adm[0][:1], adm[1], adm[2]]) == 1
+    assert misses(backend(), batch=[msgs[0], msgs[1], msgs[2][:1] + [{"role": "user", "content": "other"}]]) == 1
+    hot = OmegaConf.merge(lm.cfg.sampling, {"do_sample": True, "temperature": 0.9})
+    assert misses(backend(sampling=hot)) == 3
+    other = copy.deepcopy(lm.backend.model)
+    with torch.no_grad():
+        next(other.parameters()).add_(1e-3)
+    assert misses(backend(model=other)) == 3

@@ -294,7 +294,8 @@ class ModelConfig:
     extra_body: Dict[str, Any] = field(default_factory=dict)  # extra request fields (openai), e.g. vLLM's top_k
     max_concurrency: int = 8  # requests in flight at once (openai backend)
     structured_output: str = "none"  # admissible-action constraint (openai): none|json_schema|choice|guided_choice|regex
-    cache_dir: Optional[str] = None  # response cache folder (openai backend), e.g. data/llm_cache; null: off
+    cache_dir: Optional[str] = None  # generation cache folder (either backend; opt-in), e.g. data/llm_cache; null: off
+    prompt_cache_mb: float = 1024.0  # keys/values of encoded prompts kept across turns (transformers); 0: off
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the pipeline-trained policy (stage `policy`)
     gguf: GgufSourceConfig = field(default_factory=GgufSourceConfig)  # a GGUF file to convert (stage `convert`)
 

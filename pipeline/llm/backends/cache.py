@@ -89,3 +89,11 @@ class ResponseCache:
             log.warning("response cache: a response contained the API key; not stored")
             return None
         return atomic_write_json(self.path(key), entry)
+
+
+def cache_root(cache_dir: str | os.PathLike) -> Path:
+    """``model.cache_dir`` as a folder: relative paths are under the project root."""
+    from pipeline.core.config import project_root  # deferred: keeps this module light
+
+    p = Path(str(cache_dir))
+    return p if p.is_absolute() else project_root() / p

@@ -65,13 +65,11 @@ import os
 import re
 import threading
 import weakref
-from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
-from pipeline.core.config import project_root
 from pipeline.core.schemas import clean_action
 from pipeline.llm.backends.base import (
     BackendConfigError,
@@ -81,7 +79,7 @@ from pipeline.llm.backends.base import (
     check_seeds,
     plain_prompt,
 )
-from pipeline.llm.backends.cache import ResponseCache
+from pipeline.llm.backends.cache import ResponseCache, cache_root
 from pipeline.llm.tracker import ActionStream, TrackedTurn, action_text_from_text
 
 log = logging.getLogger(__name__)
@@ -203,7 +201,7 @@ class OpenAIBackend:
         # text before anything is logged, recorded or cached (a proxy may echo headers).
         self._secret = key
         cache_dir = getattr(model_cfg, "cache_dir", None)
-        self.cache = ResponseCache(_cache_root(cache_dir), base_url=self.base_url, secret=key) if cache_dir else None
+        self.cache = ResponseCache(cache_root(cache_dir), base_url=self.base_url, secret=key) if cache_dir else None
         self.requests_sent = 0
         self._runner: _LoopThread | None = None
         self._client: Any = None
@@ -460,11 +458,6 @@ def _retry_after(response: Any) -> float | None:
         return max(0.0, float(value)) if value else None
     except ValueError:
         return None
-
-
-def _cache_root(cache_dir: str) -> Path:
-    p = Path(str(cache_dir))
-    return p if p.is_absolute() else project_root() / p
 
 
 def _plain(value: Any) -> dict:

@@ -13,6 +13,8 @@ dependencies): importing this module stays cheap.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import inspect
 import logging
 from pathlib import Path
@@ -20,13 +22,16 @@ from typing import Any, Sequence
 
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
 from pipeline.core.config import project_root
+from pipeline.llm.backends.cache import ResponseCache, cache_root
 from pipeline.llm.backends.base import BackendError, Generation, Messages, check_seeds, render_prompt
 from pipeline.llm.constrain import CLOSE, DECODINGS, ActionConstraint, TokenTexts, action_texts, choice_texts
+from pipeline.llm.kvcache import PromptKVCache
 from pipeline.llm.tracker import ActionStream, TrackedTurn
 
 log = logging.getLogger(__name__)
 
 DTYPES = ("float32", "float16", "bfloat16", "auto")
+GENERATION_CACHE_FORMAT = "pipeline.transformers_generation/1"  # part of every key: bump when results change
 SCORE_ROWS = 64  # candidate rows per scoring forward (choice decoding): bounds the cache copies
 
 
@@ -63,6 +68,17 @@ class TransformersBackend:
         self.context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
         self._logits_to_keep = "logits_to_keep" in inspect.signature(self.model.forward).parameters
         self._token_texts: TokenTexts | None = None
+        self.prompt_cache: PromptKVCache | None = None
+        cache_dir = getattr(model_cfg, "cache_dir", None)
+        # Opt-in (model.cache_dir): a turn already generated with the same model, prompt,
+        # sampling, seed and constraint is read back instead of generated again.
+        self.generation_cache = ResponseCache(cache_root(cache_dir), base_url="transformers") if cache_dir else None
+        self._model_sha256: str | None = None
+        budget = float(getattr(model_cfg, "prompt_cache_mb", 0) or 0)
+        if budget < 0:
+            raise BackendError(f"model.prompt_cache_mb={budget:g}: expected >= 0 (MiB of cached prompt keys and "
+                               "values; 0 turns the prompt cache off)")
+        self.set_prompt_cache(budget)
 
     def _load(self, model_cfg: ModelConfig) -> tuple[Any, Any]:
         import torch  # deferred: heavy optional dependency (torch)
@@ -128,8 +144,19 @@ class TransformersBackend:
         stop_early = bool(s.early_stop if early_stop is None else early_stop)
         prompts = [self.render(m) for m in batch]
         out: list[Generation | None] = [None] * len(batch)
+        keys = [None] * len(batch)
+        if self.generation_cache is not None:
+            for i, (text, _) in enumerate(prompts):
+                acts = admissible[i] if admissible is not None else None
+                body = self._cache_body(text, seeds[i], acts, decoding, max_new, stop_early, int(reasoning_max_tokens))
+                keys[i] = (self.generation_cache.key(body), body)
+                hit = self.generation_cache.get(keys[i][0])
+                if hit is not None:
+                    out[i] = Generation(**hit)
         rows = []
         for i, (text, ids) in enumerate(prompts):
+            if out[i] is not None:  # from the generation cache
+                continue
             cap = max_new if self.context is None else min(max_new, self.context - len(ids))
             if cap < 1:
                 out[i] = Generation.failed(text, f"prompt has {len(ids)} tokens; the model's context is "
@@ -159,7 +186,43 @@ class TransformersBackend:
                     gen = Generation.from_turn(text, len(ids), tracked)
                     gen.chosen_index, gen.action_scores, gen.decoding = chosen, scores, mode_of[i]
                     out[i] = gen
+                    if keys[i] is not None:
+                        self.generation_cache.put(keys[i][0], keys[i][1], dataclasses.asdict(gen))
         return out  # type: ignore[return-value]
+
+    # -- generation cache (model.cache_dir) ------------------------------------------------
+
+    def _cache_body(self, prompt: str, seed: int, admissible: Sequence[dict] | None, decoding: str, max_new: int,
+                    early_stop: bool, reasoning_max: int) -> dict:
+        """Everything a turn's result depends on: the model's and tokenizer's content
+        hashes, the prompt text, every sampling parameter, the seed, the decoding, the
+        admissible actions and the caps."""
+        s = self.sampling
+        return {"format": GENERATION_CACHE_FORMAT, "model_sha256": self.model_sha256(), "prompt": prompt,
+                "sampling": {"do_sample": bool(s.do_sample), "temperature": float(s.temperature),
+                             "top_p": float(s.top_p), "top_k": int(s.top_k)},
+                "seed": int(seed), "max_new_tokens": max_new, "early_stop": early_stop,
+                "decoding": decoding if admissible else "free", "admissible": list(admissible or []),
+                "reasoning_max_tokens": reasoning_max if admissible and decoding != "free" else None,
+                "logprobs": self.want_logprobs, "dtype": str(next(self.model.parameters()).dtype)}
+
+    def model_sha256(self) -> str:
+        """sha256 of the model's config, every parameter and buffer (names, shapes, bytes)
+        and the tokenizer (computed once)."""
+        if self._model_sha256 is None:
+            import torch  # deferred: heavy optional dependency (torch)
+
+            h = hashlib.sha256(self.model.config.to_json_string(use_diff=False).encode("utf-8"))
+            for name, t in sorted({**dict(self.model.named_parameters()), **dict(self.model.named_buffers())}.items()):
+                t = t.detach().to("cpu").contiguous()
+                h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode("utf-8"))
+                h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            backend_tok = getattr(self.tokenizer, "backend_tokenizer", None)
+            tok = backend_tok.to_str() if backend_tok is not None else repr(sorted(self.tokenizer.get_vocab().items()))
+            h.update(tok.encode("utf-8"))
+            h.update(str(getattr(self.tokenizer, "chat_template", "")).encode("utf-8"))
+            self._model_sha256 = h.hexdigest()
+        return self._model_sha256
 
     def token_texts(self) -> TokenTexts:
         """The tokenizer's :class:`TokenTexts` (built once, on first constrained use)."""
@@ -186,6 +249,78 @@ class TransformersBackend:
         positions = (attn.cumsum(-1) - 1).clamp(min=0)
         return input_ids, attn, positions
 
+    # -- prompt caching across turns (pipeline.llm.kvcache) ------------------------------
+
+    def set_prompt_cache(self, max_mb: float) -> None:
+        """Keep encoded prompts' keys and values (at most ``max_mb`` MiB) so a later turn
+        encodes only what its prompt does not share with one seen before; ``0`` turns it
+        off. Models whose cache is not plain per-layer keys and values (sliding-window or
+        hybrid layers) are never cached."""
+        from transformers import DynamicCache  # deferred: heavy optional dependency
+        from transformers.cache_utils import DynamicLayer  # deferred: heavy optional dependency
+
+        plain = all(type(layer) is DynamicLayer for layer in DynamicCache(config=self.model.config).layers)
+        if max_mb > 0 and not plain:
+            log.info("prompt cache off: %s has sliding-window or hybrid cache layers", self.name)
+        self.prompt_cache = PromptKVCache(int(max_mb * (1 << 20))) if max_mb > 0 and plain else None
+
+    def prompt_cache_stats(self) -> dict[str, int]:
+        """Prompt tokens reused from the cache and encoded by the model since the cache was
+        set (zeros when it is off); entries and bytes held."""
+        pc = self.prompt_cache
+        return pc.stats() if pc is not None else {"reused_tokens": 0, "encoded_tokens": 0, "entries": 0, "bytes": 0}
+
+    def _prefill_inputs(self, prompt_ids: list[list[int]]) -> tuple[Any, Any, Any, Any, list | None]:
+        """``(input_ids, attention_mask, position_ids, cache, hits)`` of the first forward.
+
+        Without a prompt cache: the left-padded prompts and an empty cache. With one: each
+        prompt's longest cached prefix (``hits``: per row ``(entry, n)``) goes into the
+        cache, right-aligned over the widest one (padding on its left, masked), and only
+        the rest of each prompt is fed, left-padded after it. Positions count real tokens,
+        so a row sees exactly the sequence it would see uncached.
+        """
+        import torch  # deferred: heavy optional dependency (torch)
+        from transformers import DynamicCache  # deferred: heavy optional dependency
+
+        pc = self.prompt_cache
+        if pc is None:
+            return (*self._left_pad(prompt_ids), DynamicCache(config=self.model.config), None)
+        hits = [pc.lookup(p) for p in prompt_ids]
+        width = max(n for _, n in hits)
+        if width == 0:
+            return (*self._left_pad(prompt_ids), DynamicCache(config=self.model.config), hits)
+        dev = self.device
+        input_ids, s_attn, _ = self._left_pad([p[n:] for p, (_, n) in zip(prompt_ids, hits)])
+        B = len(prompt_ids)
+        c_attn = torch.zeros((B, width), dtype=s_attn.dtype, device=dev)
+        some = next(e for e, n in hits if n)
+        layers = []
+        for li, (k0, v0) in enumerate(some.layers):
+            k = torch.zeros((B, k0.shape[0], width, k0.shape[2]), dtype=k0.dtype, device=dev)
+            v = torch.zeros((B, v0.shape[0], width, v0.shape[2]), dtype=v0.dtype, device=dev)
+            for b, (entry, n) in enumerate(hits):
+                if n:
+                    k[b, :, width - n:] = entry.layers[li][0][:, :n]
+                    v[b, :, width - n:] = entry.layers[li][1][:, :n]
+            layers.append((k, v))
+        for b, (_, n) in enumerate(hits):
+            c_attn[b, width - n:] = 1
+        shared = torch.tensor([n for _, n in hits], device=dev)[:, None]
+        positions = (shared + s_attn.cumsum(-1) - 1).clamp(min=0)
+        return input_ids, torch.cat([c_attn, s_attn], dim=1), positions, DynamicCache(ddp_cache_data=layers), hits
+
+    def _remember_prompts(self, prompt_ids: list[list[int]], hits: list, cache: Any, attn: Any) -> None:
+        """After the first forward: give the prompt cache each prompt (its keys and values,
+        copied out of the batch cache, where it keeps the prompt whole)."""
+        pc = self.prompt_cache
+        for b, ids in enumerate(prompt_ids):
+            entry, n = hits[b]
+            layers = None
+            if pc.wants(entry, n):
+                cols = attn[b].nonzero()[:, 0]
+                layers = [(layer.keys[b][:, cols], layer.values[b][:, cols]) for layer in cache.layers]
+            pc.remember(ids, layers, hit=entry, shared=n)
+
     def _decode_loop(self, prompt_ids: list[list[int]], seeds: list[int], caps: list[int], early_stop: bool,
                      modes: list[tuple[str, list | None]] | None = None, reasoning_max: int = 32,
                      hard_caps: list[int | None] | None = None) -> list[tuple[TrackedTurn, int | None, list[float] | None]]:
@@ -200,13 +335,12 @@ class TransformersBackend:
         (:meth:`_score_choices`), every candidate starting with that line end.
         """
         import torch  # deferred: heavy optional dependency (torch)
-        from transformers import DynamicCache  # deferred: heavy optional dependency
 
         s = self.sampling
         B = len(prompt_ids)
         modes = modes or [("free", None)] * B
         dev = self.device
-        input_ids, attn, positions = self._left_pad(prompt_ids)
+        input_ids, attn, positions, cache, hits = self._prefill_inputs(prompt_ids)
         generators = [torch.Generator(device=dev).manual_seed(int(seed)) for seed in seeds]
         warpers = self._warpers() if s.do_sample else None  # None: greedy
         streams = [ActionStream(self.tokenizer) for _ in range(B)]
@@ -235,11 +369,12 @@ class TransformersBackend:
                     mask[torch.tensor(ok, device=dev)] = True
                 line_masks[r] = mask
         active = list(range(B))  # original row of each batch row still generating (or parked)
-        cache = DynamicCache(config=self.model.config)
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         with torch.inference_mode():
             out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
                              past_key_values=cache, use_cache=True, **kwargs)
+            if hits is not None:
+                self._remember_prompts(prompt_ids, hits, cache, attn)
             last_pos = positions[:, -1]
             step = 0
             while True:
