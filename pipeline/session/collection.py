@@ -97,6 +97,7 @@ def make_factories(cfg: Config, root: Path, scenes: dict, *,
     def user_for(task: Task) -> User:
         return make_user(cfg, scenes, task, feedback_source)
 
+    agent_for.shared = shared  # type: ignore[attr-defined]  # the loaded backend, for its cache statistics
     return env_for, agent_for, user_for
 
 
@@ -207,6 +208,9 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     wall = time.perf_counter() - t0
     episodes, turns = write_collection(out_dir, records)
     stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
+    backend = getattr(factories[1], "shared", {}).get("llm_backend")
+    if hasattr(backend, "prompt_cache_stats"):  # prompt tokens reused across turns vs encoded (this run's)
+        stats["prompt_cache"] = backend.prompt_cache_stats()
     shutil.rmtree(ckpt_root, ignore_errors=True)
     return records, stats
 
