@@ -679,6 +679,16 @@ def bench_constrain(variant: str, quick: bool) -> dict[str, Any]:
     return {"rows": rows, "details": res}
 
 
+def bench_engines(variant: str, quick: bool) -> dict[str, Any]:
+    """Issue 18: the machine's matmul limit, MFU of prompt encoding, and inference engines on a
+    collect-like multi-turn workload (naive generate, the backend with its prompt cache off / on,
+    transformers' continuous batching), one process per variant."""
+    from benchmarks import bench_engines as be
+
+    res = be.run(variant, quick)
+    return {"rows": [row(**f) for f in res["figures"]], "details": res["details"]}
+
+
 BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], str]] = {
     "pipeline": (bench_pipeline, [""], [""], "cold default `dvc repro` per stage; warm no-op `dvc repro`, `dvc status`"),
     "startup": (bench_startup, [""], [""], "per-process costs: imports, load_params before/after its stamp"),
@@ -699,6 +709,10 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "openai_serve": (bench_openai_serve, [""], [""],
                      "issue 21: requests/s, tokens/s at concurrency 1/4/16: openai backend -> transformers serve "
                      "vs in process"),
+    "engines": (bench_engines, ["limit", "prefill-1", "prefill-8", "prefill-32", "engines"],
+                ["limit", "prefill-1", "prefill-2", "engines"],
+                "issue 18: matmul limit, MFU of prompt encoding at batch 1/8/32, multi-turn engines (naive, "
+                "backend prompt cache off/on, continuous batching)"),
 }
 
 
