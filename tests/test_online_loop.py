@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from omegaconf import OmegaConf
 
 from pipeline.session.online import play_online, rounds
@@ -68,3 +69,53 @@ def test_rule_agents_and_the_switch_leave_collection_unchanged(tiny_cfg):
     assert online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"}}))
     assert not online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"}, "grounding": {"online": False}}))
     assert not online_loop(tiny_cfg)  # react reads no prompt
+
+
+def test_tasks_with_a_rendered_prompt_are_refused(tiny_cfg, tmp_path):
+    cfg = OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"}})
+    tasks = [_task("s0", "0"), _task("s0", "1")]
+    tasks[1].system_prompt = "rendered for C2"
+    with pytest.raises(ValueError, match="ep_s0_1.*would replace it"):
+        play_online(cfg, ROOT, tasks, lambda batch: [_record(t) for t in batch], tmp_path)
+
+
+def test_evaluation_plays_every_task_with_its_rendered_prompt(tiny_games, tmp_path, monkeypatch):
+    """The online loop is collect's: under it (``grounding.online``, the default for the llm
+    agent), a scene's 2nd eval task would get a prompt of earlier episodes' grounding and
+    lose its condition's memory block. Each task must reach the model as ``render`` wrote it."""
+    import pyarrow as pa
+
+    from pipeline.core.config import compose_text, validate
+    from pipeline.core.io import read_parquet, write_parquet
+    from pipeline.memory.store import STORE_HASH
+    from pipeline.session.evaluation import evaluate_condition
+    from reliability.helpers import FakeOpenAI
+
+    monkeypatch.setenv("ONLINE_TEST_KEY", "k")
+    root = tmp_path / "project"  # the shared games, and the real conf/ (templates) the online loop would use
+    games_rel = tiny_games.games_dir.relative_to(tiny_games.root)
+    (root / games_rel).parent.mkdir(parents=True)
+    (root / games_rel).symlink_to(tiny_games.games_dir)
+    (root / "conf").symlink_to(ROOT / "conf")
+    with FakeOpenAI() as server:
+        cfg = validate(OmegaConf.create(compose_text(ROOT, [
+            "env.num_scenes=2", "env.heldout_scenes=1", "env.rooms_per_scene=2", "env.containers_per_scene=2",
+            "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=2",
+            "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env.max_steps=2",
+            "agent=llm", "model=openai", "sampling=greedy", f"model.base_url={server.url}",
+            "model.api_model=fake-model", "model.api_key_env=ONLINE_TEST_KEY", "experiment.eval_split=train",  # 2 tasks in scene_00
+            f"paths.prompts={tmp_path / 'prompts'}", f"paths.store={tmp_path / 'store'}",
+            f"paths.eval={tmp_path / 'eval'}"])))
+        assert cfg.grounding.online  # the switch collect uses is on
+        rows = [r for r in tiny_games.rows if r["split"] == "train"]
+        assert len({r["scene_id"] for r in rows}) < len(rows)  # a scene with 2 tasks: the loop's 2nd round
+        (tmp_path / "store").mkdir()
+        (tmp_path / "store" / STORE_HASH).write_text("h0\n")
+        prompts = [{"scene_id": r["scene_id"], "quest_id": r["quest_id"], "store_hash": "h0", "gate_ok": True,
+                    "system_prompt": f"MARKER {r['scene_id']}/{r['quest_id']}: {r['objective']}"} for r in rows]
+        write_parquet(pa.Table.from_pylist(prompts), tmp_path / "prompts" / "C2.parquet")
+        _, _, out_dir = evaluate_condition(cfg, root, "C2")
+    systems = [body["messages"][0]["content"] for _, body in server.requests]
+    assert len(systems) >= len(rows) and all(s.startswith("MARKER ") for s in systems)
+    assert {s.split(":")[0] for s in systems} == {f"MARKER {p['scene_id']}/{p['quest_id']}" for p in prompts}
+    assert read_parquet(out_dir / "episodes.parquet").num_rows == len(rows)

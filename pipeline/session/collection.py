@@ -184,8 +184,14 @@ def sigint_flag() -> Iterator[threading.Event]:
 
 
 def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *, scenes: dict,
-                   ckpt_name: str, desc: str, feedback_source: Any = None) -> tuple[list[dict], dict]:
+                   ckpt_name: str, desc: str, feedback_source: Any = None,
+                   online: bool = False) -> tuple[list[dict], dict]:
     """Play ``tasks`` with checkpoints, write the collection to ``out_dir``; return (records, stats).
+
+    ``online=True`` (the ``collect`` stage, with :func:`online_loop`) plays seed 000's online
+    loop: a scene's k-th episode is prompted with the grounding of its k-1 earlier ones.
+    Evaluation never does: every eval task is played with the prompt ``render`` wrote for
+    it, verbatim (:func:`pipeline.session.online.play_online` refuses tasks that carry one).
 
     Finished episodes are checkpointed one file each as they complete; a rerun after a
     crash, SIGKILL or Ctrl-C replays only the others and writes the same bytes as an
@@ -202,9 +208,8 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
               file=sys.stderr)
     factories = make_factories(cfg, root, scenes, feedback_source=feedback_source)
     t0 = time.perf_counter()
-    online = online_loop(cfg) and root is not None
     records = _play_checkpointed(cfg, tasks, factories, ckpts, desc,
-                                 online=(root, ckpt_root) if online else None)
+                                 online=(root, ckpt_root) if online and root is not None else None)
     wall = time.perf_counter() - t0
     episodes, turns = write_collection(out_dir, records)
     stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
@@ -318,7 +323,8 @@ def collect_shard(cfg: Config, root: Path, tasks: list[Task], k: int, n: int, ou
     if not part:
         raise ConfigError(f"--shard {k}/{n}: no train task falls in this shard ({len(tasks)} tasks)")
     _, stats = run_collection(cfg, root, part, out_dir, scenes=scenes, ckpt_name=f"collect_shard_{k}of{n}",
-                              desc=f"collect [{cfg.agent.name}] shard {k}/{n}", feedback_source=feedback_source)
+                              desc=f"collect [{cfg.agent.name}] shard {k}/{n}", feedback_source=feedback_source,
+                              online=online_loop(cfg))
     atomic_write_json(out_dir / SHARD_FILE, {
         "shard": k, "num_shards": n, "config_hash": config_hash(cfg, *CHECKPOINT_KEYS),
         "episode_ids": sorted(t.episode_id for t in part), "wall_time_s": stats["wall_time_s"]})

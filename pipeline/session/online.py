@@ -55,6 +55,10 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
     Returns:
         The records in the order of ``tasks``.
     """
+    rendered = [t.episode_id for t in tasks if t.system_prompt]
+    if rendered:  # e.g. eval tasks: their prompt is the condition's, and must reach the model as rendered
+        raise ValueError(f"play_online: {len(rendered)} task(s) already carry a rendered system prompt "
+                         f"(e.g. {rendered[0]}); the online loop would replace it")
     g = cfg.grounding
     organizer = PromptOrganizer.from_config(cfg, root=root)
     configured = split_grounding_paths(g.files if isinstance(g.files, str) else list(g.files or []))

@@ -23,7 +23,8 @@ from typing import Any
 from pipeline.agents import plays_with_model
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import atomic_write_json
-from pipeline.session.collection import collect_shard, load_games, merge_shards, parse_shard, run_collection
+from pipeline.session.collection import (collect_shard, load_games, merge_shards, online_loop, parse_shard,
+                                         run_collection)
 from pipeline.session.rollout import tasks_from_manifest
 from pipeline.stages.common import pin_numerics, stage_error
 from pipeline.users.file import FileFeedback
@@ -70,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"shard {k}/{n}: {stats['num_episodes']} episodes ({stats['num_turns']} turns) -> {out_dir}")
             return 0
         _, stats = run_collection(cfg, root, tasks, out_dir, scenes=scenes, ckpt_name="collect",
-                                  desc=f"collect [{cfg.agent.name}]", feedback_source=feedback_source)
+                                  desc=f"collect [{cfg.agent.name}]", feedback_source=feedback_source,
+                                  online=online_loop(cfg))
         atomic_write_json(root / cfg.paths.metrics / "collect.json", stats)
         print(f"collected {stats['num_episodes']} episodes ({stats['num_turns']} turns) -> {out_dir}; "
               f"success {stats['success_rate']:.2f}, repeated-action rate {stats['repeated_action_rate']:.2f}")
