@@ -500,6 +500,31 @@ def test_placebo_matches_c2_in_count_and_length_with_other_scenes_content(store)
     assert pl.bundle.meta.retrieval_executed and pl.retrieved_entry_ids == c2.retrieved_entry_ids
 
 
+def test_a_refitted_placebo_message_is_never_cut_to_a_stub(store):
+    """A reference block much shorter than the placebo's (another tokenizer, say): the
+    messages shrink, last first, but none below MIN_FITTED_CHARS; once all are there, the
+    closest fit is kept. Before the floor, a message could be cut to "P", which the render
+    checks then found in every prompt."""
+    from pipeline.memory.injection import MIN_FITTED_CHARS, InjectionController, block_text, match_block_length
+
+    c2 = build_memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
+    pl = build_memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
+    controller = InjectionController.from_config(load_condition("C2_placebo"), MEMORY, "C2_placebo")
+    filler = ["Cabinet_4 was empty in the Garage; go south to reach the Hall."]
+    for short in ("Open it.", "Open Fridge_0 before you take the Apple_2 inside it, then close it again."):
+        ref = c2.bundle.model_copy(update={"retrieved": [a.model_copy(update={"message": short})
+                                                         for a in c2.bundle.retrieved]})
+        fitted = match_block_length(controller, ref, pl.bundle, filler, 800)
+        lengths = [len(a.message) for a in fitted.retrieved]
+        assert len(lengths) == len(ref.retrieved) and min(lengths) >= MIN_FITTED_CHARS
+        target = len(block_text(controller.merge_into_context({}, ref, True)))
+        got = len(block_text(controller.merge_into_context({}, fitted, True)))
+        if len(short) >= MIN_FITTED_CHARS:
+            assert got == target  # reachable: exact in characters
+        else:
+            assert got > target and all(n == MIN_FITTED_CHARS for n in lengths)  # every message at the floor
+
+
 def test_placebo_is_seeded(store):
     cond = load_condition("C2_placebo")
     runs = [build_memory_slot(store, TASK, cond, MEMORY, rng=s).injected_entry_ids for s in (0, 0, 1, 2, 3)]

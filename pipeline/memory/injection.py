@@ -335,6 +335,9 @@ def _injected_text(controller: "InjectionController", bundle: AdvisoryBundleV1_1
     return block_text(controller.merge_into_context({}, gated, True))
 
 
+MIN_FITTED_CHARS = 40  # the shortest a refitted placebo message gets (a few letters would read as no advice)
+
+
 def match_block_length(controller: "InjectionController", reference: AdvisoryBundleV1_1,
                        placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int,
                        measure: Callable[[str], int] = len) -> AdvisoryBundleV1_1:
@@ -349,7 +352,8 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
     (a phrase the tokenizer learned whole is one token, an object id several): the filler is
     split into clauses, densest first, and a message that is still too short at
     ``max_chars`` gives up part of its own tail to that denser filler. The closest fit is
-    kept; in characters it is exact.
+    kept; in characters it is exact. No message is cut below ``MIN_FITTED_CHARS`` (when the
+    reference is that much shorter, the earlier messages shrink instead).
     """
     target = measure(_injected_text(controller, reference))
     tokens = measure is not len
@@ -373,7 +377,8 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
         keeps = [len(own)] + ([int(len(own) * f) for f in (0.8, 0.6, 0.4, 0.2)] if tokens else [])
         for keep in keeps:
             full = fit_length(own[:max(1, keep)], max_chars, pool)
-            lo, hi = 1, len(full)  # the shortest prefix whose block reaches the target
+            floor = min(len(full), MIN_FITTED_CHARS)  # never a stub like "P": an earlier message absorbs the rest
+            lo, hi = floor, len(full)  # the shortest prefix whose block reaches the target
             top, top_units = fitted(i, full)
             if top_units < target:  # too short even at max_chars
                 if abs(target - top_units) < best_diff:
@@ -386,7 +391,7 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
                 else:
                     lo = mid + 1
             for n in (lo - 1, lo):
-                if n >= 1:
+                if n >= floor:
                     bundle, units = fitted(i, full[:n])
                     if abs(target - units) < best_diff:
                         best, best_diff = bundle, abs(target - units)
