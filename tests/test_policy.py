@@ -120,6 +120,33 @@ def test_renamed_demos_rename_prompts_and_answers_consistently(demos, tiny_games
             assert new in text and f"{old}," not in text and f"{old}." not in text
 
 
+def test_plan_drills_are_first_turns_copying_a_new_verified_plan(cfg, tiny_games, memory):
+    """Each drill is the first turn under the oracle variant in a newly renamed house: the
+    expert takes the plan's first step and writes the rest into its memory; a quest's
+    drills are one training unit."""
+    import re
+
+    from pipeline.policy.demos import DRILL_PREFIX, play_demos, render_demos, training_unit
+
+    drilled = OmegaConf.merge(cfg, {"model": {"policy": {"plan_drills": 3, "demos_per_quest": 1}}})
+    demos = play_demos(drilled, tiny_games.root, tiny_games.rows, tiny_games.scenes, memory)
+    drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
+    n_train = sum(r["split"] == "train" for r in tiny_games.rows)
+    assert len(drills) == 3 * n_train and len(demos) == 4 * n_train
+    assert all(len(d.episode.turns) == 1 and d.mapping and d.variant.source == "C2_oracle" for d in drills)
+    assert len({tuple(sorted(d.mapping.items())) for d in drills}) > 1  # a new house each time
+    turns = [t for t in render_demos(drilled, drills)]
+    for t in turns:
+        steps = [s.strip() for part in re.findall(r"that solve this exact task: (.*?)\.\n", t.messages[0]["content"])
+                 for s in part.split(";")]
+        answer = json.loads(t.response.partition("\n")[2])
+        assert steps and t.response.startswith(f"Plan: {steps[0]}.")
+        assert answer["memory"]["plan"] == "; ".join(steps[1:])
+    assert {training_unit(d.demo_id) for d in drills} == {f"{DRILL_PREFIX}{r['scene_id']}_{r['quest_id']}"
+                                                         for r in tiny_games.rows if r["split"] == "train"}
+    assert training_unit("demo_scene_00_q01_03") == "demo_scene_00_q01_03"
+
+
 def test_scene_grounding_is_what_the_ground_and_merge_stages_write(cfg, memory, tmp_path):
     """The demos' grounding text equals the merge stage's output for the same episodes."""
     from pipeline.grounding.episodes import ground, write_ground_outputs

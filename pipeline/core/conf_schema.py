@@ -230,6 +230,9 @@ class PolicyConfig:
     """Its random-action rate (mistakes draw the feedback the grounding is made of)."""
     demos_per_quest: int = 12
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
+    plan_drills: int = 0
+    """Extra first turns per train quest under an ``oracle`` advisory variant, each in a newly
+    renamed house: the turn that copies the verified plan into the memory (0: none)."""
     slip_prob: float = 0.15
     """Per-turn probability of a wrong action the expert then recovers from (renamed demos only)."""
     explore_cap: int = 12

@@ -33,8 +33,8 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core import conf_schema
-from pipeline.core.conf_schema import (AgentConfig, Config, EnvConfig, MemoryConfig, NumericsConfig, SamplingConfig,
-                                       UserConfig)
+from pipeline.core.conf_schema import (AgentConfig, Config, EnvConfig, MemoryConfig, NumericsConfig, PolicyConfig,
+                                       SamplingConfig, UserConfig)
 from pipeline.core import overrides as recorded
 from pipeline.core.io import atomic_write_text
 from pipeline.core.numerics import CPU_CAPABILITIES, MKL_BRANCHES, NATIVE
@@ -263,6 +263,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_env(typed.env)
     _check_user(typed.user)
     _check_agent(typed.agent)
+    _check_policy(typed.model.policy)
     _check_memory(typed.memory)
     _check_conditions(typed)
     _check_numerics(typed.numerics)
@@ -293,6 +294,12 @@ def _check_user(u: UserConfig) -> None:
     _require(0 <= u.noise <= 1, "user.noise", u.noise, "in [0, 1]")
     _require(u.source != "file" or bool(u.feedback_file), "user.feedback_file", u.feedback_file,
              "a JSONL path when user.source=file")
+
+
+def _check_policy(p: PolicyConfig) -> None:
+    _require(p.demos_per_quest >= 1, "model.policy.demos_per_quest", p.demos_per_quest, ">= 1")
+    _require(p.plan_drills >= 0, "model.policy.plan_drills", p.plan_drills, ">= 0 (0: none)")
+    _require(p.epochs >= 1, "model.policy.epochs", p.epochs, ">= 1")
 
 
 def _check_agent(a: AgentConfig) -> None:

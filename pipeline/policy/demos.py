@@ -297,7 +297,55 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
             demos.append(Demo(demo_id, dict(row), variants[vi], mapping, episode, k))
             if progress is not None:
                 progress(1)
+        demos += plan_drills(cfg, root, scenes, row, variants, frozen, eval_objectives, progress=progress)
     return demos
+
+
+def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any],
+                variants: Sequence[Variant], frozen: Sequence[str], eval_objectives: set[str], *,
+                progress: Callable[[int], None] | None = None) -> list[Demo]:
+    """``policy.plan_drills`` first turns of ``row`` under its ``oracle`` advisory variants.
+
+    The turn where the expert, reading a verified plan, takes its first step and writes
+    the rest into its memory is the one a small model fails at: in a full demonstration
+    it is one turn in eight, and the train quests are few, so the model learns their plans
+    by heart instead of copying the one in its prompt. Each drill is that turn in a newly
+    renamed house (other names, places, directions), so the plan to copy is new every
+    time. The drills of a quest are one training unit (:func:`training_unit`).
+    """
+    n = int(cfg.model.policy.plan_drills)
+    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
+    picks = [i for i, v in enumerate(variants) if v.source in oracle_names]
+    if n <= 0 or not picks:
+        return []
+    out = []
+    for k in range(n):
+        vi = picks[k % len(picks)]
+        rng = crc_rng(int(cfg.seed), "drill", row["scene_id"], row["quest_id"], k)
+        mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
+        env = make_env(cfg, root, scenes, row)
+        try:
+            env.reset()
+            know = read_knowledge(frozen[vi], env.world, _scene_prefs(scenes, row))
+            episode = expert_episode(env, know, rng=rng, explore_cap=int(cfg.model.policy.explore_cap))
+        finally:
+            env.close()
+        first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
+        out.append(Demo(f"{DRILL_PREFIX}{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row), variants[vi],
+                        mapping, first, k))
+        if progress is not None:
+            progress(1)
+    return out
+
+
+DRILL_PREFIX = "drill_"
+
+
+def training_unit(demo_id: str) -> str:
+    """The training unit a demonstration's turns belong to: its own episode, or for plan
+    drills (:func:`plan_drills`) all the drills of its quest (one optimizer step runs them
+    together, as it runs an episode's turns)."""
+    return demo_id.rsplit("_", 1)[0] if demo_id.startswith(DRILL_PREFIX) else demo_id
 
 
 class _NoBackend:
@@ -347,6 +395,8 @@ def render_demos(cfg: Config, demos: Sequence[Demo]) -> list[RenderedTurn]:
 
 def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
     """Counts for ``metrics/policy.json``: episodes, turns, expert success per variant kind."""
+    drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
+    demos = [d for d in demos if not d.demo_id.startswith(DRILL_PREFIX)]
     by: dict[str, list[Demo]] = {}
     for d in demos:
         by.setdefault(d.variant.name.split("+")[0] + ("+memory" if d.variant.block else ""), []).append(d)
@@ -359,6 +409,7 @@ def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
         "turns": len(turns),
         "train_turns": sum(t.train for t in turns),
         "renamed_episodes": sum(bool(d.mapping) for d in demos),
+        "plan_drills": len(drills),
         "slips": sum(not t.train for t in turns),
         "by_variant": {k: {"episodes": len(v), "expert_won": rate(v, lambda d: d.episode.won),
                            "expert_success": rate(v, lambda d: d.episode.won and d.episode.preferences_ok),

@@ -31,7 +31,7 @@ from pipeline.core.conf_schema import Config, GroundingGenerator, PolicyConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_dir, atomic_write_json, write_parquet
 from pipeline.llm.backends import TransformersBackend, is_local
-from pipeline.policy.demos import RenderedTurn, demo_rows
+from pipeline.policy.demos import RenderedTurn, demo_rows, training_unit
 from pipeline.policy.demoset import DemoSet
 from pipeline.policy.model import (
     IM_END,
@@ -103,8 +103,8 @@ class Tokenized:
     Attributes:
         tokenizer, model: the trained tokenizer and the freshly initialised model.
         prompts: every turn's prompt text (chat template applied), in turn order.
-        by_demo: demo_id -> its train turns' samples.
-        units: one training unit per demonstration, in demo_id order.
+        by_demo: training unit (a demo_id, or a quest's plan drills) -> its train turns' samples.
+        units: one training unit per demonstration (a quest's plan drills: one), in key order.
     """
 
     tokenizer: Any
@@ -131,7 +131,7 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
         prompts.append(text)
         if tr.train:
             answer = list(tokenizer(tr.response, add_special_tokens=False)["input_ids"]) + [eos]
-            by_demo.setdefault(tr.demo_id, []).append(Sample(list(ids), answer))
+            by_demo.setdefault(training_unit(tr.demo_id), []).append(Sample(list(ids), answer))
     units = [make_unit(v) for _, v in sorted(by_demo.items())]
     return Tokenized(tokenizer, model, prompts, by_demo, units)
 
