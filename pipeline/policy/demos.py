@@ -285,20 +285,27 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
             mapping: dict[str, str] = {}
             if k >= len(variants):
                 mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
-            env = make_env(cfg, root, scenes, row)
-            try:
-                env.reset()
-                know = read_knowledge(frozen[vi], env.world, _scene_prefs(scenes, row))
-                episode = expert_episode(env, know, slip_prob=float(pol.slip_prob) if mapping else 0.0,
-                                         rng=rng, explore_cap=int(pol.explore_cap))
-            finally:
-                env.close()
+            episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng,
+                                  slip_prob=float(pol.slip_prob) if mapping else 0.0)
             demo_id = f"demo_{row['scene_id']}_{row['quest_id']}_{k:02d}"
             demos.append(Demo(demo_id, dict(row), variants[vi], mapping, episode, k))
             if progress is not None:
                 progress(1)
         demos += plan_drills(cfg, root, scenes, row, variants, frozen, eval_objectives, progress=progress)
     return demos
+
+
+def play_expert(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], prompt: str, *,
+                rng: Any, slip_prob: float) -> DemoEpisode:
+    """One :func:`pipeline.policy.expert.expert_episode` of ``row``'s quest, the expert
+    knowing what ``prompt`` (a frozen system prompt) tells, in a freshly reset env."""
+    env = make_env(cfg, root, scenes, row)
+    try:
+        env.reset()
+        know = read_knowledge(prompt, env.world, _scene_prefs(scenes, row))
+        return expert_episode(env, know, slip_prob=slip_prob, rng=rng, explore_cap=int(cfg.model.policy.explore_cap))
+    finally:
+        env.close()
 
 
 def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any],
@@ -323,13 +330,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
         vi = picks[k % len(picks)]
         rng = crc_rng(int(cfg.seed), "drill", row["scene_id"], row["quest_id"], k)
         mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
-        env = make_env(cfg, root, scenes, row)
-        try:
-            env.reset()
-            know = read_knowledge(frozen[vi], env.world, _scene_prefs(scenes, row))
-            episode = expert_episode(env, know, rng=rng, explore_cap=int(cfg.model.policy.explore_cap))
-        finally:
-            env.close()
+        episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng, slip_prob=0.0)
         first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
         out.append(Demo(f"{DRILL_PREFIX}{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row), variants[vi],
                         mapping, first, k))
