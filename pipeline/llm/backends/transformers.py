@@ -277,8 +277,7 @@ class TransformersBackend:
     def prompt_cache_stats(self) -> dict[str, int]:
         """Prompt tokens reused from the cache and encoded by the model since the cache was
         set (zeros when it is off); entries and bytes held."""
-        pc = self.prompt_cache
-        return pc.stats() if pc is not None else {"reused_tokens": 0, "encoded_tokens": 0, "entries": 0, "bytes": 0}
+        return (self.prompt_cache or PromptKVCache(0)).stats()
 
     def _prefill_inputs(self, prompt_ids: list[list[int]]) -> tuple[Any, Any, Any, Any, list | None]:
         """``(input_ids, attention_mask, position_ids, cache, hits)`` of the first forward.
