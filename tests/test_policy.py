@@ -135,7 +135,7 @@ def test_plan_drills_are_first_turns_copying_a_new_verified_plan(cfg, tiny_games
     assert len(drills) == 3 * n_train and len(demos) == 4 * n_train
     assert all(len(d.episode.turns) == 1 and d.mapping and d.variant.source == "C2_oracle" for d in drills)
     assert len({tuple(sorted(d.mapping.items())) for d in drills}) > 1  # a new house each time
-    turns = [t for t in render_demos(drilled, drills)]
+    turns = render_demos(drilled, drills)
     for t in turns:
         steps = [s.strip() for part in re.findall(r"that solve this exact task: (.*?)\.\n", t.messages[0]["content"])
                  for s in part.split(";")]
