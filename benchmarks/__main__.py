@@ -270,13 +270,14 @@ def bench_parquet(variant: str, quick: bool) -> dict[str, Any]:
 def _store_build(num_episodes: int) -> dict[str, float]:
     from benchmarks.common import synthetic_episodes
     from pipeline.core.io import atomic_dir
+    from pipeline.envs.household.reader import HouseholdFactReader
     from pipeline.memory.store import build_entries, EpisodicStore, write_store
     from pipeline.memory.build import store_metrics
 
     episodes, turns = synthetic_episodes(num_episodes, seed=0)
     out: dict[str, float] = {}
     t0 = time.perf_counter()
-    entries = build_entries(episodes, turns, splits=["train"], config_hash="bench")
+    entries = build_entries(episodes, turns, reader=HouseholdFactReader(), splits=["train"], config_hash="bench")
     out["build_entries_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     store = EpisodicStore.from_entries(entries)

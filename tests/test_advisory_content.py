@@ -11,17 +11,25 @@ import pytest
 from pipeline import conditions as R
 from pipeline.analysis.report import label_hint_counts, markdown_tables
 from pipeline.core.schemas import FEEDBACK_TYPES, episodes_table, turns_table
+from pipeline.envs.household.reader import HouseholdFactReader
 from pipeline.memory import AdvisoryBuilder, EpisodicStore, build_entries, build_entry, find_label_hints
 from pipeline.memory.schemas import MAX_MESSAGE_CHARS
-from pipeline.memory.store import (
+from pipeline.memory.scene import (
     FACT_SEPARATOR,
     MAX_SUMMARY_CHARS,
     SCENE_FACTS_MARKER,
     join_facts,
-    scene_facts,
     split_scene_facts,
     with_scene_facts,
 )
+from pipeline.memory.scene import scene_facts as scene_facts_of
+
+READER = HouseholdFactReader()
+
+
+def scene_facts(turns: list[dict]) -> list[str]:
+    """The scene facts of household turn rows, read the way the store stage reads them."""
+    return scene_facts_of([(t, READER.read_turn(t)) for t in turns])
 
 OBJECTIVE = "Put Book_3 in Chest_2"
 # The expert plan of an eval task of the same scene: what the past episode did, as commands.
@@ -115,8 +123,8 @@ def test_scene_facts_read_lowercase_commands_and_routes_walked_without_descripti
 
 def test_entry_carries_the_facts_deterministically():
     turns = successful_turns()
-    entry = build_entry(episode(), turns)
-    shuffled = build_entry(episode(), random.Random(3).sample(turns, len(turns)))
+    entry = build_entry(episode(), turns, reader=READER)
+    shuffled = build_entry(episode(), random.Random(3).sample(turns, len(turns)), reader=READER)
     assert entry == shuffled
     rationale, facts = split_scene_facts(entry.case_summary.rationale_summary)
     assert facts == scene_facts(turns) and rationale.startswith("feedback applied (spatial: ")
@@ -128,17 +136,18 @@ def test_entry_carries_the_facts_deterministically():
 
 def test_entries_built_from_the_tables_carry_the_facts():
     turns = successful_turns()
-    entries = build_entries(episodes_table([episode()]), turns_table(turns), splits=["train"])
+    entries = build_entries(episodes_table([episode()]), turns_table(turns), splits=["train"], reader=READER)
     assert split_scene_facts(entries[0].case_summary.rationale_summary)[1] == scene_facts(turns)
 
 
 def test_an_episode_without_scene_facts_keeps_its_old_rationale():
     turns = [{**t, "observation": "{}", "env_feedback": "", "command": "look"} for t in successful_turns()]
-    entry = build_entry(episode(), turns)
+    entry = build_entry(episode(), turns, reader=READER)
     assert SCENE_FACTS_MARKER not in entry.case_summary.rationale_summary
     assert split_scene_facts(entry.case_summary.rationale_summary) == (entry.case_summary.rationale_summary, [])
     # Without observations, the commands alone still say where the key was and what it opened.
-    blind = build_entry(episode(), [{**t, "observation": None, "env_feedback": ""} for t in successful_turns()])
+    blind = build_entry(episode(), [{**t, "observation": None, "env_feedback": ""} for t in successful_turns()],
+                        reader=READER)
     assert split_scene_facts(blind.case_summary.rationale_summary)[1] == [
         "Key_2 was in Drawer_0", "Chest_2 is locked (Key_2 unlocks it)"]
 
@@ -159,7 +168,7 @@ def test_facts_are_cut_whole_and_the_summary_stays_in_bounds():
 
 
 def test_successful_override_advisory_says_where_the_key_was_and_what_is_locked():
-    entry = build_entry(episode(won=True), successful_turns())
+    entry = build_entry(episode(won=True), successful_turns(), reader=READER)
     adv = AdvisoryBuilder().build(entry, 0.9)
     assert adv.advisory_type == "successful_override"
     msg = adv.message
@@ -175,12 +184,13 @@ def test_successful_override_advisory_says_where_the_key_was_and_what_is_locked(
 
 def test_plain_success_and_failure_carry_the_scene_too():
     turns = successful_turns()
-    anchor = build_entry(episode(won=True), [{**t, "feedback_spatial": None, "feedback_lines": []} for t in turns])
+    anchor = build_entry(episode(won=True), [{**t, "feedback_spatial": None, "feedback_lines": []} for t in turns],
+                         reader=READER)
     adv = AdvisoryBuilder().build(anchor, 0.9)
     assert adv.advisory_type == "consistency_anchor" and "Key_2 was in Drawer_0 in the Bedroom" in adv.message
     failed_turns = [turn(0, "Bedroom", bedroom(), "open Drawer_4"),
                     turn(1, "Bedroom", bedroom(drawer4="open, empty"), "open Chest_2", valid=False, status="Failure")]
-    failed = build_entry(episode(won=False, turns=failed_turns), failed_turns)
+    failed = build_entry(episode(won=False, turns=failed_turns), failed_turns, reader=READER)
     adv = AdvisoryBuilder().build(failed, 0.9)
     assert adv.advisory_type == "failed_override_warning" and adv.message.startswith("Warning: ")
     assert ("Observed in that case's scene (scene_01): Chest_2 in the Bedroom is locked; "
@@ -199,7 +209,7 @@ def test_many_facts_stay_within_800_characters_cut_at_whole_facts():
         turns.append(turn(2 * i + 1, room, desc, f"unlock Chest_{i} with Key_{i}"))
     facts = scene_facts(turns)
     assert len(facts) > 40
-    entry = build_entry(episode(turns=turns), turns)
+    entry = build_entry(episode(turns=turns), turns, reader=READER)
     stored = split_scene_facts(entry.case_summary.rationale_summary)[1]
     assert stored == facts[:len(stored)] and len(entry.case_summary.rationale_summary) <= MAX_SUMMARY_CHARS
     for limit in (800, 500, 300):
@@ -211,11 +221,11 @@ def test_many_facts_stay_within_800_characters_cut_at_whole_facts():
 
 
 def test_a_fact_that_spells_the_eval_plan_is_still_a_label_hint():
-    leaky = build_entry(episode(), successful_turns())
+    leaky = build_entry(episode(), successful_turns(), reader=READER)
     data = leaky.model_dump()
     data["case_summary"]["rationale_summary"] = with_scene_facts(
         "a direct plan reached the goal in 6 turns", ["take Key_2 from Drawer_0", "unlock Chest_2 with Key_2"])
-    clean = build_entry(episode(), successful_turns())
+    clean = build_entry(episode(), successful_turns(), reader=READER)
     advs, warnings = AdvisoryBuilder().build_many([(data, 0.9), (clean, 0.8)], query_expert_plan=EVAL_PLAN)
     assert [a.advisory_id for a in advs] == ["adv_000002"]
     assert len(warnings) == 1 and warnings[0].startswith("label_hint: adv_000001")
@@ -290,5 +300,6 @@ def test_store_metrics_count_the_scene_facts():
     blind = [{**t, "episode_id": "ep_train_scene_01_q04_0", "observation": "{}", "env_feedback": "",
               "command": "look"} for t in turns]
     eps = [episode(), {**episode(), "episode_id": "ep_train_scene_01_q04_0", "quest_id": "q04"}]
-    m = store_metrics(build_store(episodes_table(eps), turns_table(turns + blind), splits=["train"], config_hash=None))
+    m = store_metrics(build_store(episodes_table(eps), turns_table(turns + blind), splits=["train"], config_hash=None,
+                                  reader=READER))
     assert m["scene_facts_rate"] == 0.5 and m["mean_scene_facts"] == len(scene_facts(turns)) / 2

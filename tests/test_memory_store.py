@@ -14,7 +14,10 @@ from pipeline.core.io import ArtifactError, atomic_write_text, read_parquet, wri
 from pipeline.memory import EpisodicMemoryEntryV1_1, advisory_type_for, build_entries, load_store, write_store
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET
 from pipeline.core.schemas import FEEDBACK_TYPES, episodes_table, turns_table
+from pipeline.envs.household.reader import HouseholdFactReader
 from pipeline.memory.build import build_store, store_metrics
+
+READER = HouseholdFactReader()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,7 +74,7 @@ def tables(specs=SPECS):
 
 def test_one_entry_per_train_episode_with_every_part():
     eps, turns = tables()
-    entries = build_entries(eps, turns, config_hash="cfg123")
+    entries = build_entries(eps, turns, config_hash="cfg123", reader=READER)
     assert [e.entry_id for e in entries] == ["mem_ep_train_s0_q0_0", "mem_ep_train_s0_q1_0",
                                              "mem_ep_train_s1_q0_0", "mem_ep_train_s1_q1_0"]
     fix, loop, anchor, ko = (e.model_dump() for e in entries)
@@ -106,7 +109,7 @@ def test_feedback_on_a_wip_step_is_a_correction_and_on_a_success_step_is_not():
     specs = [("ep_w", "s0", "q0", "Put Bowl_0 on Desk_0", True, [
         dict(a="open", t="Cabinet_1", status="WiP", fb={"spatial": "Bowl_0 is in the Bathroom."}),
         dict(a="pick_up", t="Bowl_0", status="Success", fb={"general": "Good."})])]
-    (entry,) = build_entries(*tables(specs))
+    (entry,) = build_entries(*tables(specs), reader=READER)
     assert entry.correction.corrected is True and entry.correction.first_correction_turn == 0
     assert advisory_type_for(entry.model_dump()) == "successful_override"
     assert "spatial: Bowl_0 is in the Bathroom." in entry.case_summary.rationale_summary
@@ -117,7 +120,7 @@ def test_feedback_on_a_wip_step_is_a_correction_and_on_a_success_step_is_not():
 
 def test_raw_objective_is_never_stored():
     eps, turns = tables()
-    store = build_store(eps, turns, splits=["train"], config_hash="c")
+    store = build_store(eps, turns, splits=["train"], config_hash="c", reader=READER)
     text = store.jsonl()
     for objective in (OBJ_FIX, OBJ_ANCHOR, "Put Mug_0 in Cabinet_0"):
         assert objective not in text
@@ -128,19 +131,19 @@ def test_split_filter_and_config_hash_from_metadata():
     specs = [*SPECS[:1], ("ep_x", "s2", "q0", "Take Apple_2", True, [dict(a="look")], "train",
                           json.dumps({"config_hash": "from_collect"}))]
     eps, turns = tables(specs)
-    entries = build_entries(eps, turns, splits=None, config_hash="fallback")
+    entries = build_entries(eps, turns, splits=None, config_hash="fallback", reader=READER)
     assert {e.provenance.config_hash for e in entries} == {"fallback", "from_collect"}
-    assert len(build_entries(*tables(), splits=None)) == 5
-    assert len(build_entries(*tables(), splits=["eval"])) == 1
+    assert len(build_entries(*tables(), splits=None, reader=READER)) == 5
+    assert len(build_entries(*tables(), splits=["eval"], reader=READER)) == 1
 
 
 def test_store_stage_outputs_are_byte_identical_and_order_independent(tmp_path):
     eps, turns = tables()
-    write_store(build_store(eps, turns, splits=["train"], config_hash="c"), tmp_path / "a")
-    write_store(build_store(eps, turns, splits=["train"], config_hash="c"), tmp_path / "b")
+    write_store(build_store(eps, turns, splits=["train"], config_hash="c", reader=READER), tmp_path / "a")
+    write_store(build_store(eps, turns, splits=["train"], config_hash="c", reader=READER), tmp_path / "b")
     rev = eps.take(pa.array(list(reversed(range(eps.num_rows)))))
     write_store(build_store(rev, turns.take(pa.array(list(reversed(range(turns.num_rows))))),
-                            splits=["train"], config_hash="c"), tmp_path / "c")
+                            splits=["train"], config_hash="c", reader=READER), tmp_path / "c")
     for name in (STORE_PARQUET, STORE_JSONL, STORE_HASH):
         data = (tmp_path / "a" / name).read_bytes()
         assert data == (tmp_path / "b" / name).read_bytes() == (tmp_path / "c" / name).read_bytes(), name
@@ -151,7 +154,7 @@ def test_store_stage_outputs_are_byte_identical_and_order_independent(tmp_path):
 
 
 def test_jsonl_is_the_seed_entry_shape_and_load_round_trips(tmp_path):
-    store = build_store(*tables(), splits=["train"], config_hash="c")
+    store = build_store(*tables(), splits=["train"], config_hash="c", reader=READER)
     write_store(store, tmp_path)
     lines = (tmp_path / STORE_JSONL).read_text(encoding="utf-8").splitlines()
     assert len(lines) == 4
@@ -165,7 +168,7 @@ def test_jsonl_is_the_seed_entry_shape_and_load_round_trips(tmp_path):
 
 
 def test_tampered_store_is_refused(tmp_path):
-    write_store(build_store(*tables(), splits=["train"], config_hash="c"), tmp_path)
+    write_store(build_store(*tables(), splits=["train"], config_hash="c", reader=READER), tmp_path)
     atomic_write_text(tmp_path / STORE_JSONL, (tmp_path / STORE_JSONL).read_text() + "\n")
     with pytest.raises(ArtifactError, match="modified outside the store stage"):
         load_store(tmp_path)
@@ -177,13 +180,13 @@ def test_tampered_store_is_refused(tmp_path):
 def test_missing_column_is_a_clear_error():
     eps, turns = tables()
     with pytest.raises(ArtifactError, match=r"turns\.parquet: missing column\(s\) \['action_valid'\]"):
-        build_entries(eps, turns.drop_columns(["action_valid"]), turns_name="turns.parquet")
+        build_entries(eps, turns.drop_columns(["action_valid"]), turns_name="turns.parquet", reader=READER)
     with pytest.raises(ArtifactError, match="no turns for episode 'ep_train_s0_q0_0'"):
-        build_entries(eps, turns.filter(pa.compute.not_equal(turns["episode_id"], "ep_train_s0_q0_0")))
+        build_entries(eps, turns.filter(pa.compute.not_equal(turns["episode_id"], "ep_train_s0_q0_0")), reader=READER)
 
 
 def test_metrics():
-    m = store_metrics(build_store(*tables(), splits=["train"], config_hash="c"))
+    m = store_metrics(build_store(*tables(), splits=["train"], config_hash="c", reader=READER))
     assert m["num_entries"] == 4 and m["num_scenes"] == 2
     assert m["advisory_types"] == {"consistency_anchor": 1, "failed_override_warning": 2, "successful_override": 1}
     assert m["languages"] == {"en": 3, "ko": 1}

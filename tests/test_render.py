@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 from pipeline import memory as memory_pkg
 from pipeline.core.config import ConfigError, load_params
 from pipeline.core.io import read_parquet, write_parquet
+from pipeline.envs.household.reader import HouseholdFactReader
 from pipeline.memory import EpisodicStore, build_entry, write_store
 from pipeline.prompts import render_turn_prompt
 from pipeline.core.schemas import manifest_table
@@ -44,7 +45,7 @@ def _episode(scene: str, quest: str, *, won: bool, objective: str = OBJECTIVE) -
 
 @pytest.fixture(scope="module")
 def store():
-    entries = [build_entry(*_episode(s, q, won=w)) for s, q, w in
+    entries = [build_entry(*_episode(s, q, won=w), reader=HouseholdFactReader()) for s, q, w in
                [("s0", "q0", True), ("s0", "q1", False), ("s1", "q0", True), ("s1", "q1", True),
                 ("s3", "q0", False), ("s3", "q1", True), ("s4", "q0", True), ("s4", "q1", False)]]
     return EpisodicStore.from_entries(entries, tie_seed=0)

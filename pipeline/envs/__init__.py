@@ -3,14 +3,19 @@
     games = build_games(cfg, root)               # the `games` stage: data/games of cfg.env.name's world
     env = make_env(cfg, task, root, scenes)     # the world named by cfg.env.name
     obs = env.reset()                            # the observation dict
+    env.facts()                                  # what it shows, as typed facts (pipeline.core.facts)
     obs, reward, done, info = env.step({"action": "open", "target": "Fridge_0"})
     env.admissible                               # the commands admissible now
     env.close()
+    reader = fact_reader(cfg)                    # a recorded turn of this world, as typed facts
+    reader.read_turn(turn_row).seen
 
-Every environment satisfies the :class:`Env` protocol; :func:`make_env` and
-:func:`build_games` are the only places that look at ``env.name``. The household world lives in :mod:`pipeline.envs.household`
-(``env``: the game adapter, ``world``: the state read from facts, ``planner``: the expert
-plan, ``user``: its simulated user, ``games``: building the games).
+Every environment satisfies the :class:`Env` protocol; :func:`make_env`,
+:func:`build_games` and :func:`fact_reader` are the only places that look at
+``env.name``. The household world lives in :mod:`pipeline.envs.household` (``env``: the
+game adapter, ``world``: the state read from facts and the typed facts of an observation,
+``reader``: a recorded turn read as typed facts, ``text``: every sentence that is read back, ``planner``: the expert plan,
+``user``: its simulated user, ``games``: building the games).
 """
 
 from __future__ import annotations
@@ -19,13 +24,15 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from pipeline.core.conf_schema import Config
+from pipeline.core.facts import Fact, FactReader
 from pipeline.envs.household import build as household_build
 from pipeline.envs.household.env import HouseholdEnv
+from pipeline.envs.household.reader import HouseholdFactReader
 
 # conf/env/*.yaml `name:` values of the household world (`tiny` is it shrunk for smoke runs).
 HOUSEHOLD_ENVS = ("household", "tiny")
 
-__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "build_games", "make_env", "scene_preferences"]
+__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "build_games", "fact_reader", "make_env", "scene_preferences"]
 
 
 class EnvTask(Protocol):
@@ -53,6 +60,12 @@ class Env(Protocol):
         ``admissible_commands``, ``admissible_actions``, ``step``, ``max_steps``, ...)."""
         ...
 
+    def facts(self) -> tuple[Fact, ...]:
+        """What the current observation shows, as typed facts (:mod:`pipeline.core.facts`):
+        the room, the things in it and their states, what holds what, the exits, what is
+        carried. The observation's text is rendered from the same facts."""
+        ...
+
     def step(self, action: Mapping[str, Any]) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Play one action dict (``{"action": verb, "target": ...}``); returns
         ``(observation, reward, done, info)``. An invalid action is a recorded failed
@@ -62,6 +75,14 @@ class Env(Protocol):
     def close(self) -> None:
         """Release the game (the env can be reset again later)."""
         ...
+
+
+def _family(cfg: Config) -> str:
+    """The environment family ``cfg.env.name`` belongs to (``household``); raises for an unknown name."""
+    name = str(cfg.env.name)
+    if name in HOUSEHOLD_ENVS:
+        return "household"
+    raise ValueError(f"env.name={name!r}: unknown environment, expected one of {', '.join(HOUSEHOLD_ENVS)}")
 
 
 def scene_preferences(scene: Mapping[str, Any], ids: list[str]) -> list[dict]:
@@ -82,12 +103,10 @@ def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mappin
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    name = str(cfg.env.name)
-    if name in HOUSEHOLD_ENVS:
-        return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
-                            objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
-                            preferences=scene_preferences(scenes[task.scene_id], task.preferences))
-    raise ValueError(f"env.name={name!r}: unknown environment, expected one of {', '.join(HOUSEHOLD_ENVS)}")
+    _family(cfg)  # household: the only family today (a second one adds a branch on it)
+    return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
+                        objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
+                        preferences=scene_preferences(scenes[task.scene_id], task.preferences))
 
 
 def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_build.GamesResult:
@@ -98,7 +117,16 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    name = str(cfg.env.name)
-    if name in HOUSEHOLD_ENVS:
-        return household_build.build_games(cfg, root, progress=progress)
-    raise ValueError(f"env.name={name!r}: unknown environment, expected one of {', '.join(HOUSEHOLD_ENVS)}")
+    _family(cfg)
+    return household_build.build_games(cfg, root, progress=progress)
+
+
+def fact_reader(cfg: Config) -> FactReader:
+    """The reader of a recorded turn of the world ``cfg.env`` names, as typed facts (what
+    the ``store`` stage builds the memory's scene facts from).
+
+    Raises:
+        ValueError: ``env.name`` names no known environment.
+    """
+    _family(cfg)
+    return HouseholdFactReader()

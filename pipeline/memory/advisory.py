@@ -10,7 +10,7 @@ consistency_anchor         succeeded without correction
 =========================  ===============================================
 
 A message carries, after the principle and the past case, the facts that case saw of its
-scene (:func:`pipeline.memory.store.scene_facts`: where objects and keys were, locked
+scene (:func:`pipeline.memory.scene.scene_facts`: where objects and keys were, locked
 containers and their keys, routes, containers found empty), stated as facts of that
 scene, never as commands; as many whole facts as fit in the message bound.
 
@@ -32,7 +32,7 @@ from pipeline.memory.schemas import (
     EpisodicMemoryEntryV1_1,
     EvidenceV1_1,
 )
-from pipeline.memory.store import clip, join_facts, split_scene_facts
+from pipeline.memory.scene import clip, join_facts, split_scene_facts
 
 # Principle stated for each kind of failure (first tag found wins the principle_id).
 PRINCIPLES = {

@@ -3,7 +3,7 @@
 The library behind :mod:`pipeline.stages.store`::
 
     store = build_store(read_parquet(episodes_path), read_parquet(turns_path),
-                        splits=["train"], config_hash=h)
+                        reader=fact_reader(cfg), splits=["train"], config_hash=h)
     write_store(store, out_dir)            # pipeline.memory.store
     metrics = store_metrics(store)
 """
@@ -17,20 +17,22 @@ import pyarrow as pa
 
 from pipeline.memory.advisory import advisory_type_for
 from pipeline.memory.schemas import table_to_entries
-from pipeline.memory.store import EpisodicStore, build_entries, split_scene_facts
+from pipeline.core.facts import FactReader
+from pipeline.memory.scene import split_scene_facts
+from pipeline.memory.store import EpisodicStore, build_entries
 
 
-def build_store(episodes: pa.Table, turns: pa.Table, *, splits: list[str] | None, config_hash: str | None,
-                episodes_name: str = "episodes", turns_name: str = "turns") -> EpisodicStore:
+def build_store(episodes: pa.Table, turns: pa.Table, *, reader: FactReader, splits: list[str] | None,
+                config_hash: str | None, episodes_name: str = "episodes", turns_name: str = "turns") -> EpisodicStore:
     """The pure core: collected episodes -> store (no files touched).
 
     Each entry carries the scene facts its episode's turns show (where objects and keys
-    were, locked containers and their keys, routes, containers found empty), read from the
-    turns' ``observation`` / ``env_feedback`` / ``command`` columns
-    (:func:`pipeline.memory.store.scene_facts`), in a fixed order: the same tables always
+    were, locked containers and their keys, routes, containers found empty), from the
+    typed facts the world's ``reader`` gives of each turn
+    (:func:`pipeline.memory.scene.scene_facts`), in a fixed order: the same tables always
     give the same store hash.
     """
-    entries = build_entries(episodes, turns, splits=splits, config_hash=config_hash,
+    entries = build_entries(episodes, turns, reader=reader, splits=splits, config_hash=config_hash,
                             episodes_name=episodes_name, turns_name=turns_name)
     return EpisodicStore.from_entries(entries)
 

@@ -3,7 +3,7 @@
 Build entries from the collect stage's tables, keep them as a canonical Parquet (rows
 sorted by ``entry_id``) and export the seed's ``episodic_store.jsonl``::
 
-    entries = build_entries(episodes, turns, config_hash="ab12...")
+    entries = build_entries(episodes, turns, reader=fact_reader(cfg), config_hash="ab12...")
     store = EpisodicStore.from_entries(entries)
     write_store(store, "data/store")          # parquet + jsonl + store_hash.txt
     store = load_store("data/store", tie_seed=0)
@@ -12,11 +12,14 @@ The store's content hash is the sha256 of its canonical JSONL export (one key-so
 JSON object per line, rows sorted by ``entry_id``): it does not depend on Parquet
 encoding details, and ``sha256sum data/store/episodic_store.jsonl`` checks it.
 
-Every entry also carries what its episode saw of the scene (:func:`scene_facts`: where
-objects and keys were, which containers are locked and which key opens them, routes
-between rooms, containers found empty), read from the turns' observations and appended
-to ``case_summary.rationale_summary`` after :data:`SCENE_FACTS_MARKER` (whole facts, in a
-fixed order); :func:`split_scene_facts` gives them back::
+Every entry also carries what its episode saw of the scene
+(:func:`pipeline.memory.scene.scene_facts`: where objects and keys were, which containers
+are locked and which key opens them, routes between rooms, containers found empty), from
+the typed facts its world's reader gives of each turn (``reader``: a
+:class:`pipeline.core.facts.FactReader`, :func:`pipeline.envs.fact_reader`), appended to
+``case_summary.rationale_summary`` after :data:`~pipeline.memory.scene.SCENE_FACTS_MARKER`
+(whole facts, in a fixed order); :func:`~pipeline.memory.scene.split_scene_facts` gives
+them back::
 
     rationale, facts = split_scene_facts(entry["case_summary"]["rationale_summary"])
     # facts == ["Key_1 was in Drawer_0 in the Bedroom", "Chest_2 in the Bedroom is locked (Key_1 unlocks it)",
@@ -27,13 +30,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import pyarrow as pa
 
+from pipeline.core.facts import FactReader, StepFacts
 from pipeline.core.io import ArtifactError, atomic_write_chunks, atomic_write_text, read_parquet, sha256_file, write_parquet
 from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
 from pipeline.memory.schemas import (
@@ -50,6 +53,7 @@ from pipeline.memory.schemas import (
     table_to_entries,
 )
 from pipeline.memory.retrieval import RetrievalIndex
+from pipeline.memory.scene import MAX_SUMMARY_CHARS, clip, scene_facts, with_scene_facts
 from pipeline.memory.signature import SignatureBuilder
 
 STORE_PARQUET = "episodic_store.parquet"
@@ -58,28 +62,14 @@ STORE_HASH = "store_hash.txt"
 
 EPISODE_COLUMNS = ("episode_id", "scene_id", "quest_id", "objective", "won", "final_reward", "num_turns", "num_invalid")
 TURN_COLUMNS = ("episode_id", "turn_index", "action", "command", "action_valid", "status")
+# What a world's fact reader reads of a turn row (all optional), and where build_entries
+# keeps each row's reading instead of the row's (large) observation.
+FACT_COLUMNS = ("observation", "env_feedback", "command")
+STEP_FACTS = "step_facts"
 
 MAX_FEEDBACK_PER_TYPE = 5
 MAX_FEEDBACK_CHARS = 160
-MAX_SUMMARY_CHARS = 600
 FIRST_ACTIONS = 3
-# Scene facts ride in ``rationale_summary`` after this marker, separated by FACT_SEPARATOR
-# (a fact never contains ";"). The rationale before them keeps at least
-# RATIONALE_CHARS_WITH_FACTS characters when the facts need the room.
-SCENE_FACTS_MARKER = ". Scene facts: "
-FACT_SEPARATOR = "; "
-RATIONALE_CHARS_WITH_FACTS = 240
-
-
-def clip(text: str, limit: int) -> str:
-    """``text`` cut to at most ``limit`` characters, at a word boundary, ending in an ellipsis."""
-    if len(text) <= limit:
-        return text
-    cut = text[: limit - 1]
-    space = cut.rfind(" ")
-    if space > limit // 2:
-        cut = cut[:space]
-    return cut.rstrip(" ,;:") + "…"
 
 
 def _redact(text: Optional[str], objective: str) -> Optional[str]:
@@ -203,239 +193,11 @@ def _rationale(feedback: _FeedbackSummary, *, corrected: bool, won: bool, num_tu
     return rationale
 
 
-# --------------------------------------------------------------------------- scene facts
-# Read from the household world's deterministic description (pipeline.envs.household.world
-# World.describe): "You are in the Kitchen. You see Drawer_0 (locked), Cabinet_1 (open,
-# empty), Table_0, Apple_2. On Table_0: Key_1. Exits: south to Bathroom. You are carrying
-# nothing." Entity and room names are single words.
-
-_ROOM_RE = re.compile(r"You are in the (\w+)\.")
-_SEE_RE = re.compile(r"You see ([^.]*)\.")
-_STATED_RE = re.compile(r"(\w+) \(([^)]*)\)")
-_HOLDS_RE = re.compile(r"\b(In|On) (\w+): ([^.]*)\.")
-_EXITS_RE = re.compile(r"Exits: ([^.]*)\.")
-_EXIT_RE = re.compile(r"(\w+) to (\w+)")
-_NAME_RE = re.compile(r"\w+")
-_TAKE_FROM_RE = re.compile(r"^take (\S+) from (\S+)$", re.IGNORECASE)
-_TAKE_RE = re.compile(r"^take (\S+)$", re.IGNORECASE)
-_UNLOCK_RE = re.compile(r"^unlock (\S+) with (\S+)$", re.IGNORECASE)
-_GO_RE = re.compile(r"^go (\w+)$", re.IGNORECASE)
-
-
-@dataclass
-class _View:
-    """One parsed description: the room, the containers' states, what holders hold, the exits."""
-
-    room: Optional[str] = None
-    containers: dict[str, str] = field(default_factory=dict)  # name -> "locked" | "closed" | "open" | "open, empty"
-    holds: list[tuple[str, str, list[str]]] = field(default_factory=list)  # (in | on, holder, items)
-    exits: dict[str, str] = field(default_factory=dict)  # direction -> room
-
-
-def _observation(raw: Any) -> dict[str, Any]:
-    """The observation dict of a turn row (its JSON text, a dict, or nothing)."""
-    if isinstance(raw, dict):
-        return raw
-    if not raw or not isinstance(raw, str):
-        return {}
-    try:
-        obs = json.loads(raw)
-    except json.JSONDecodeError:
-        return {}
-    return obs if isinstance(obs, dict) else {}
-
-
-def compact_observation(raw: Any) -> Optional[dict[str, Any]]:
-    """Only what :func:`scene_facts` reads of an observation (location and description), or None."""
-    obs = _observation(raw)
-    out = {k: obs[k] for k in ("agent_location", "description") if isinstance(obs.get(k), str) and obs[k]}
-    return out or None
-
-
-def parse_description(text: Any) -> _View:
-    """A household description (see above) as a :class:`_View`; unknown text gives an empty view."""
-    view = _View()
-    if not isinstance(text, str) or not text:
-        return view
-    m = _ROOM_RE.search(text)
-    view.room = m[1] if m else None
-    m = _SEE_RE.search(text)
-    if m:
-        view.containers = {name: state.strip() for name, state in _STATED_RE.findall(m[1])}
-    for prep, holder, items in _HOLDS_RE.findall(text):
-        view.holds.append((prep.lower(), holder, _NAME_RE.findall(items)))
-    m = _EXITS_RE.search(text)
-    if m:
-        view.exits = {d: r for d, r in _EXIT_RE.findall(m[1])}
-    return view
-
-
-@dataclass
-class _SceneLog:
-    """What an episode saw of its scene, first sightings first (the state before the agent acted)."""
-
-    place: dict[str, tuple[str, Optional[str], Optional[str]]] = field(default_factory=dict)  # item -> (prep, holder, room)
-    room_of: dict[str, str] = field(default_factory=dict)  # container / holder -> room
-    prep_of: dict[str, str] = field(default_factory=dict)  # holder -> "in" | "on"
-    locked: set[str] = field(default_factory=set)
-    key_of: dict[str, str] = field(default_factory=dict)  # container -> the key that unlocked it
-    first_open: dict[str, bool] = field(default_factory=dict)  # container -> empty when first seen open
-    routes: set[tuple[str, str, str]] = field(default_factory=set)
-    taken: set[str] = field(default_factory=set)
-    names: dict[str, str] = field(default_factory=dict)  # lower-case -> name as the world spells it
-
-    def see(self, view: _View) -> None:
-        room = view.room
-        for c, state in view.containers.items():
-            self._name(c)
-            if room:
-                self.room_of.setdefault(c, room)
-            self.prep_of.setdefault(c, "in")
-            if state.startswith("locked"):
-                self.locked.add(c)
-            elif state.startswith("open"):
-                self.first_open.setdefault(c, "empty" in state)
-        for prep, holder, items in view.holds:
-            self._name(holder)
-            self.prep_of.setdefault(holder, prep)
-            if room:
-                self.room_of.setdefault(holder, room)
-            for item in items:
-                self._name(item)
-                self.place.setdefault(item, (prep, holder, room))
-        if room:
-            self._name(room)
-            for d, r in view.exits.items():
-                self._name(r)
-                self.routes.add((room, d.lower(), r))
-
-    def _name(self, name: str) -> None:
-        self.names.setdefault(name.lower(), name)
-
-    def canon(self, name: str) -> str:
-        """``name`` as the world spells it (commands may be lower-cased)."""
-        return self.names.get(name.lower(), name)
-
-    def facts(self) -> list[str]:
-        """Every fact, in a fixed order: groups by priority, each group sorted."""
-        def where(item: str) -> str:
-            prep, holder, room = self.place[item]
-            if holder is None:
-                return f"{item} was on the floor of the {room}"
-            return f"{item} was {prep} {holder}" + (f" in the {room}" if room else "")
-
-        def at(c: str) -> str:
-            return f"{c} in the {self.room_of[c]}" if c in self.room_of else c
-
-        taken = sorted(where(i) for i in self.taken if i in self.place)
-        locked = sorted(f"{at(c)} is locked" + (f" ({self.key_of[c]} unlocks it)" if c in self.key_of else "")
-                        for c in self.locked)
-        routes = sorted(f"{a} -> {d} -> {b}" for a, d, b in self.routes)
-        seen = sorted(where(i) for i in self.place if i not in self.taken)
-        empty = sorted(f"{at(c)} was empty" for c, was_empty in self.first_open.items() if was_empty)
-        return taken + locked + routes + seen + empty
-
-
-def scene_facts(turns: Sequence[dict[str, Any]]) -> list[str]:
-    """What an episode's turns show of its scene, as sentences of the scene (never commands).
-
-    Read from each turn's observation (``agent_location``, ``description``), its
-    ``env_feedback`` when that is a room description, and its valid commands (``take X
-    [from Y]``, ``unlock C with K``, ``go <direction>``). In priority order, each group
-    sorted: where the items the agent took were found ("Key_1 was in Drawer_0 in the
-    Bedroom"), locked containers and the key that opened them ("Chest_2 in the Bedroom is
-    locked (Key_1 unlocks it)"), routes between rooms ("Kitchen -> south -> Bathroom"),
-    where the other items seen were, containers found empty ("Drawer_1 in the Kitchen was
-    empty"). An item's place is its first sighting (before the agent moved it).
-
-    Args:
-        turns: Turn rows, sorted by ``turn_index`` (``observation`` as JSON text, a dict,
-            or :func:`compact_observation`'s dict; missing or null fields give no facts).
-
-    Returns:
-        Distinct facts; none contains ``;``.
-    """
-    log = _SceneLog()
-    views = []
-    for t in turns:
-        obs = _observation(t.get("observation"))
-        view = parse_description(obs.get("description"))
-        loc = obs.get("agent_location")
-        view.room = view.room or (loc if isinstance(loc, str) and _NAME_RE.fullmatch(loc) else None)
-        views.append(view)
-    for i, (t, view) in enumerate(zip(turns, views)):
-        log.see(view)
-        feedback = t.get("env_feedback")
-        after = parse_description(feedback) if isinstance(feedback, str) and feedback.startswith("You are in the") \
-            else _View()
-        command = str(t.get("command") or "").strip()
-        if t.get("action_valid") is True and t.get("changed") is not False and command:
-            _apply_command(log, command, view.room, after.room or (views[i + 1].room if i + 1 < len(views) else None))
-        log.see(after)
-    return [f for f in dict.fromkeys(log.facts()) if ";" not in f]
-
-
-def _apply_command(log: _SceneLog, command: str, here: Optional[str], there: Optional[str]) -> None:
-    """What a valid command shows: where a taken item was, which key opens what, a route."""
-    if m := _TAKE_FROM_RE.match(command):
-        item, holder = log.canon(m[1]), log.canon(m[2])
-        log.taken.add(item)
-        log.place.setdefault(item, (log.prep_of.get(holder, "in"), holder, log.room_of.get(holder, here)))
-    elif m := _TAKE_RE.match(command):
-        item = log.canon(m[1])
-        log.taken.add(item)
-        if here:
-            log.place.setdefault(item, ("on", None, here))
-    elif m := _UNLOCK_RE.match(command):
-        container, key = log.canon(m[1]), log.canon(m[2])
-        log.locked.add(container)
-        log.key_of.setdefault(container, key)
-        if here:
-            log.room_of.setdefault(container, here)
-    elif (m := _GO_RE.match(command)) and here and there and here != there:
-        log.routes.add((here, m[1].lower(), there))
-
-
-def join_facts(facts: Sequence[str], limit: int) -> str:
-    """The leading facts joined by :data:`FACT_SEPARATOR`, whole facts only, at most ``limit`` characters."""
-    out: list[str] = []
-    size = 0
-    for f in facts:
-        extra = len(f) + (len(FACT_SEPARATOR) if out else 0)
-        if size + extra > limit:
-            break
-        out.append(f)
-        size += extra
-    return FACT_SEPARATOR.join(out)
-
-
-def with_scene_facts(rationale: str, facts: Sequence[str], limit: int = MAX_SUMMARY_CHARS) -> str:
-    """``rationale`` (clipped) then :data:`SCENE_FACTS_MARKER` and as many whole facts as fit in ``limit``.
-
-    The rationale gives way to the facts down to :data:`RATIONALE_CHARS_WITH_FACTS`
-    characters; without facts (or when none fits) it is the rationale clipped to ``limit``.
-    """
-    if not facts:
-        return clip(rationale, limit)
-    wanted = len(SCENE_FACTS_MARKER) + len(FACT_SEPARATOR.join(facts)) + 1
-    head = clip(rationale, max(min(RATIONALE_CHARS_WITH_FACTS, limit), limit - wanted))
-    text = join_facts(facts, limit - len(head) - len(SCENE_FACTS_MARKER) - 1)
-    return f"{head}{SCENE_FACTS_MARKER}{text}." if text else clip(rationale, limit)
-
-
-def split_scene_facts(text: str) -> tuple[str, list[str]]:
-    """``(rationale, facts)`` of a ``rationale_summary`` written by :func:`with_scene_facts`."""
-    if SCENE_FACTS_MARKER not in text:
-        return text, []
-    head, _, tail = text.rpartition(SCENE_FACTS_MARKER)
-    tail = tail[:-1] if tail.endswith(".") else tail
-    return head, [f for f in tail.split(FACT_SEPARATOR) if f.strip()]
-
-
 def build_entry(
     episode: dict[str, Any],
     turns: Sequence[dict[str, Any]],
     *,
+    reader: Optional[FactReader],
     config_hash: Optional[str] = None,
     signature_builder: Optional[SignatureBuilder] = None,
 ) -> EpisodicMemoryEntryV1_1:
@@ -444,13 +206,19 @@ def build_entry(
     Args:
         episode: A row of ``episodes.parquet`` (``pipeline.core.schemas.EPISODE_SCHEMA``).
         turns: Its rows of ``turns.parquet`` (``observation``, ``env_feedback`` and
-            ``changed`` are optional: they give the scene facts, :func:`scene_facts`).
+            ``changed`` are optional: they give the scene facts).
+        reader: The world's reader of a turn's typed facts (:func:`pipeline.envs.fact_reader`).
+            ``None`` only when every row already carries its reading under
+            :data:`STEP_FACTS` (what :func:`build_entries` does).
         config_hash: Hash of the collect config, used when the episode's metadata has none.
         signature_builder: Builder for the objective's signature.
 
     Returns:
-        The validated entry; the objective text itself is not in it. Its scene facts end
-        its ``rationale_summary`` (:func:`split_scene_facts`).
+        The validated entry; the objective text itself is not in it. Its scene facts
+        (:func:`pipeline.memory.scene.scene_facts`) end its ``rationale_summary``.
+
+    Raises:
+        ValueError: no ``reader`` and a row without its reading.
     """
     builder = signature_builder or SignatureBuilder()
     objective = episode.get("objective") or episode.get("question") or ""
@@ -466,7 +234,7 @@ def build_entry(
     symptom, tags = _symptom(turns, corrected=corrected, won=won, num_turns=num_turns)
     tags.extend(f"feedback_{k}" for k in FEEDBACK_TYPES if feedback.by_type[k])
     rationale = _rationale(feedback, corrected=corrected, won=won, num_turns=num_turns)
-    facts = [_redact(f, objective) for f in scene_facts(turns)]
+    facts = [_redact(f, objective) for f in scene_facts([(t, _step_facts(t, reader)) for t in turns])]
 
     reasoning = next((t.get("reasoning") for t in turns if t.get("reasoning")), None)
     ep_id = str(episode["episode_id"])
@@ -509,6 +277,16 @@ def build_entry(
     )
 
 
+def _step_facts(turn: dict[str, Any], reader: Optional[FactReader]) -> StepFacts:
+    step = turn.get(STEP_FACTS)
+    if isinstance(step, StepFacts):
+        return step
+    if reader is None:
+        raise ValueError(f"turn {turn.get('turn_index')!r} of {turn.get('episode_id')!r}: no fact reader to read "
+                         "its scene facts with (pass reader=pipeline.envs.fact_reader(cfg))")
+    return reader.read_turn(turn)
+
+
 def _metadata(raw: Any) -> dict[str, Any]:
     if isinstance(raw, dict):
         return raw
@@ -531,6 +309,7 @@ def build_entries(
     episodes: pa.Table,
     turns: pa.Table,
     *,
+    reader: FactReader,
     splits: Optional[Sequence[str]] = ("train",),
     config_hash: Optional[str] = None,
     episodes_name: str = "episodes table",
@@ -541,6 +320,7 @@ def build_entries(
     Args:
         episodes: ``episodes.parquet`` contents.
         turns: ``turns.parquet`` contents.
+        reader: The world's reader of a turn's typed facts (:func:`pipeline.envs.fact_reader`).
         splits: Episode splits kept (None: all).
         config_hash: Fallback provenance config hash.
         episodes_name: Name used in error messages (the file path).
@@ -550,19 +330,17 @@ def build_entries(
     _require_columns(turns, TURN_COLUMNS, turns_name)
     # env_feedback, changed and observation are optional: they give the scene facts.
     turn_cols = [c for c in turns.column_names if c in (
-        *TURN_COLUMNS, "repeated", "reasoning", "feedback_lines", "env_feedback", "changed",
+        *TURN_COLUMNS, "repeated", "reasoning", "feedback_lines", "changed",
         *(f"feedback_{k}" for k in FEEDBACK_TYPES))]
-    # Observations are large (every admissible command): only their location and
-    # description are kept, read in slices.
-    observations: list[Optional[dict]] = []
-    if "observation" in turns.column_names:
-        column = turns.column("observation")
-        for start in range(0, turns.num_rows, 8192):
-            observations.extend(compact_observation(o) for o in column.slice(start, 8192).to_pylist())
+    # Observations are large (every admissible command): each row's typed facts are read
+    # in slices and kept instead.
+    steps: list[StepFacts] = []
+    fact_cols = [c for c in FACT_COLUMNS if c in turns.column_names]
+    for start in range(0, turns.num_rows, 8192):
+        steps.extend(reader.read_turn(t) for t in turns.select(fact_cols).slice(start, 8192).to_pylist())
     by_episode: dict[str, list[dict]] = {}
-    for i, row in enumerate(turns.select(turn_cols).to_pylist()):
-        if observations:
-            row["observation"] = observations[i]
+    for row, step in zip(turns.select(turn_cols).to_pylist(), steps):
+        row[STEP_FACTS] = step
         by_episode.setdefault(row["episode_id"], []).append(row)
     builder = SignatureBuilder()
     entries = []
@@ -574,7 +352,7 @@ def build_entries(
             raise ArtifactError(
                 f"{turns_name}: no turns for episode {ep['episode_id']!r} (episodes say num_turns={ep['num_turns']})"
             )
-        entries.append(build_entry(ep, ep_turns, config_hash=config_hash, signature_builder=builder))
+        entries.append(build_entry(ep, ep_turns, reader=None, config_hash=config_hash, signature_builder=builder))
     entries.sort(key=lambda e: e.entry_id)
     ids = [e.entry_id for e in entries]
     if len(set(ids)) != len(ids):

@@ -42,7 +42,7 @@ from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng
-from pipeline.envs import scene_preferences
+from pipeline.envs import fact_reader, scene_preferences
 from pipeline.envs.household.env import HouseholdEnv
 from pipeline.grounding import TEXT_JOINER, merge_grounding_docs, render_grounding_to_markdown
 from pipeline.grounding.episodes import ground
@@ -176,7 +176,8 @@ def build_scene_memory(cfg: Config, root: Path, manifest: Sequence[Mapping[str, 
     episodes, turns = rule_agent_episodes(cfg, root, manifest, scenes, progress=progress)
     grounding = scene_groundings(cfg.grounding, episodes, turns)
     splits = list(cfg.memory.store_splits) or None
-    entries = build_entries(episodes_table(episodes), turns_table(turns), splits=splits, config_hash=None)
+    entries = build_entries(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg), splits=splits,
+                            config_hash=None)
     store = EpisodicStore.from_entries(entries, tie_seed=int(cfg.seed))
     return SceneMemory(grounding=grounding, store=store, episodes=episodes, turns=turns)
 

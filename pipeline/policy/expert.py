@@ -45,16 +45,12 @@ from pipeline.agents.llm import render_response
 from pipeline.envs.household.env import is_household_command
 from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NAMES, SUPPORTER_KINDS
 from pipeline.envs.household.planner import breadth_first, shortest_plan
-from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference, preference_text
+from pipeline.envs.household.text import preference_text, read_locations, things_in_commands
+from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference
 
-# "Cup_3 is in the Bathroom." / "Cup_3 is in Cabinet_2 in the Bathroom." / "... on Table_0 in the Kitchen."
-# / "Key_1 was in Drawer_0 in the Bedroom" (a scene fact of a memory advisory: the scene starts the same way).
-_STATEMENT = re.compile(
-    r"\b(?P<e>[A-Za-z]+_\d+) (?:is|was) (?:(?P<rel>in|on) (?P<h>[A-Za-z]+_\d+) in the |in the )(?P<room>[A-Za-z]+)\b")
-# A command of a verified plan (the positive control's advisories, C2_oracle): "take Cup_3 from Cabinet_2",
-# "unlock Cabinet_2 with Key_1", "open Fridge_0", "put Cup_3 in Fridge_0".
-_PLAN_COMMAND = re.compile(
-    r"\b(?:take|open|unlock|put|insert|close|lock) (?P<a>[A-Za-z]+_\d+)(?: (?:from|with|in|on|into) (?P<b>[A-Za-z]+_\d+))?")
+# The positive control's advisories (C2_oracle, pipeline.memory.injection) say their steps
+# "solve this exact task"; the commands they write name where the task's objects are.
+VERIFIED_PLAN = "solve this exact task"
 _ENTITY_TYPES = frozenset({"c", "s", "o", "k", "f"})  # containers, supporters, portable things
 DIRECTIONS_CYCLE = ("north", "east", "south", "west")  # clockwise
 
@@ -81,21 +77,17 @@ def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, A
         preferences: the scene preferences (spec dicts with ``id``, ``kind``, ``target``).
     """
     located = set()
-    for m in _STATEMENT.finditer(text or ""):
-        e, h, room = m.group("e"), m.group("h"), m.group("room")
-        if world.room_of(e) != room:
+    for loc in read_locations(text):
+        if world.room_of(loc.thing) != loc.room:
             continue  # false here (another scene's advisory, a noisy user): ignored
-        if h is not None:
-            rel, holder = world.location.get(e, (None, None))
-            if holder != h:
+        if loc.holder is not None:
+            _, holder = world.location.get(loc.thing, (None, None))
+            if holder != loc.holder:
                 continue
-            located.add(h)
-        located.add(e)
-    if "solve this exact task" in (text or ""):  # a verified plan names where its objects are
-        for m in _PLAN_COMMAND.finditer(text):
-            for name in (m.group("a"), m.group("b")):
-                if name and world.room_of(name) is not None:
-                    located.add(name)
+            located.add(loc.holder)
+        located.add(loc.thing)
+    if VERIFIED_PLAN in (text or ""):  # a verified plan names where its objects are
+        located.update(name for name in things_in_commands(text) if world.room_of(name) is not None)
     prefs = []
     for p in preferences:
         _, kind, target = parse_preference(p)

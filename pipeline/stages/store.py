@@ -18,6 +18,7 @@ from pathlib import Path
 
 from pipeline.core.config import ConfigError, config_hash, load_params, project_root
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_parquet
+from pipeline.envs import fact_reader
 from pipeline.memory.build import build_store, store_metrics
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET, write_store
 from pipeline.session.collection import CHECKPOINT_KEYS
@@ -33,7 +34,7 @@ def main() -> int:
         # config_hash: of the subtrees that produced the episodes (collect's checkpoint key),
         # recorded for episodes whose metadata has none.
         store = build_store(
-            read_parquet(episodes_path), read_parquet(turns_path),
+            read_parquet(episodes_path), read_parquet(turns_path), reader=fact_reader(cfg),
             splits=splits, config_hash=config_hash(cfg, *CHECKPOINT_KEYS),
             episodes_name=str(episodes_path), turns_name=str(turns_path),
         )

@@ -9,6 +9,7 @@ import random
 def synthetic_store(n: int, seed: int = 0):
     """An :class:`~pipeline.memory.store.EpisodicStore` of ``n`` entries built the real way
     (:func:`~pipeline.memory.store.build_entry` on made-up episode and turn rows)."""
+    from pipeline.envs.household.reader import HouseholdFactReader
     from pipeline.memory.store import EpisodicStore, build_entry
 
     rng = random.Random(seed)
@@ -27,7 +28,7 @@ def synthetic_store(n: int, seed: int = 0):
                    "objective": f"Put Apple_{i % 4} in Fridge_0 and close it", "won": rng.random() < 0.5,
                    "final_reward": round(rng.random(), 3), "num_turns": len(turns),
                    "num_invalid": sum(not t["action_valid"] for t in turns), "split": "train"}
-        entries.append(build_entry(episode, turns, config_hash="synthetic"))
+        entries.append(build_entry(episode, turns, reader=HouseholdFactReader(), config_hash="synthetic"))
     return EpisodicStore.from_entries(entries)
 
 

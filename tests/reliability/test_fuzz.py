@@ -470,6 +470,7 @@ def test_signature_builder_on_a_hundred_thousand_characters(unit):
 @fuzz(300)
 @given(objective=MIXED_TEXT, feedback=MIXED_TEXT)
 def test_a_store_entry_never_keeps_the_objective_text(objective, feedback):
+    from pipeline.envs.household.reader import HouseholdFactReader
     from pipeline.memory.store import build_entry
 
     count("store entry: random objectives")
@@ -479,5 +480,5 @@ def test_a_store_entry_never_keeps_the_objective_text(objective, feedback):
               "feedback_lines": [f"feedback : general: you were asked to {secret} {feedback}".strip()],
               "feedback_general": f"you were asked to {secret} {feedback}".strip(), "reasoning": secret}]
     entry = build_entry({"episode_id": "e", "scene_id": "s", "quest_id": "q", "objective": secret, "won": False,
-                         "final_reward": 0.0, "num_turns": 1, "num_invalid": 0}, turns)
+                         "final_reward": 0.0, "num_turns": 1, "num_invalid": 0}, turns, reader=HouseholdFactReader())
     assert secret not in entry.model_dump_json()

@@ -31,7 +31,9 @@ from typing import Any, Iterable, Mapping, Sequence
 from pipeline.core.conf_schema import RewardConfig
 from pipeline.core.config import project_root, section
 from pipeline.core.io import ArtifactError
+from pipeline.core.facts import Fact
 from pipeline.envs.household.planner import shortest_plan
+from pipeline.envs.household.text import describe
 from pipeline.envs.household.world import (DIRECTIONS, World, check_preferences, fact_str, parse_preference,
                                            typed_facts)
 
@@ -324,7 +326,7 @@ class HouseholdEnv:
             "agent_inventory": w.inventory(),
             "visible_entities": w.visible_entities(),
             "available_actions": available_verbs(self.admissible),
-            "description": w.describe(),
+            "description": describe(w.observation_facts()),
             "objective": self.objective,
             "admissible_commands": list(self.admissible),
             "admissible_actions": [dict(command_to_action(c, exits), command=c) for c in self.admissible
@@ -332,6 +334,10 @@ class HouseholdEnv:
             "step": self.steps,
             "max_steps": self.max_steps,
         }
+
+    def facts(self) -> tuple[Fact, ...]:
+        """What the current observation shows, as typed facts (the description renders them)."""
+        return self.world.observation_facts()
 
     def expert_plan(self) -> list[str] | None:
         """Shortest remaining plan from the current state (``None`` if none exists)."""
@@ -399,7 +405,7 @@ class HouseholdEnv:
         self.lost = self.lost or bool(state.get("lost"))
         feedback = clean_feedback(state.get("feedback"))
         if command in ("look",) or feedback.startswith("-="):
-            feedback = self.world.describe()  # room text is flavour; say it from facts
+            feedback = describe(self.world.observation_facts())  # room text is flavour; say it from facts
         return command, valid, error, feedback, command
 
     def _track_containers(self, before: World, after: World) -> None:

@@ -36,8 +36,8 @@ from pipeline.core.schemas import canonical_json
 from pipeline.core.seeding import derive_seed
 from pipeline.envs.household.env import HouseholdEnv, check_game_file, command_to_action
 from pipeline.envs.household.planner import shortest_plan
-from pipeline.envs.household.world import (DIRECTIONS, OPPOSITE, World, fact_str, parse_fact, preference_text,
-                                           typed_facts)
+from pipeline.envs.household.text import preference_text
+from pipeline.envs.household.world import DIRECTIONS, OPPOSITE, World, fact_str, parse_fact, typed_facts
 
 ROOM_NAMES = ("Kitchen", "Bedroom", "Bathroom", "LivingRoom", "DiningRoom", "Office")
 # Which containers / supporters a room may hold (a fridge only in the kitchen, ...).

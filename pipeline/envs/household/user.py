@@ -48,8 +48,9 @@ import numpy as np
 
 from pipeline.core.conf_schema import UserConfig
 from pipeline.envs.household.planner import room_route
+from pipeline.envs.household.text import exits_sentence, location_sentence, preference_text, route_sentence
 from pipeline.envs.household.world import (OPPOSITE, World, check_preferences, parse_preference, plain_fact,
-                                           preference_text, scene_kinds)
+                                           scene_kinds)
 from pipeline.grounding.feedback import format_feedback_line
 
 UNHELPFUL = (
@@ -195,11 +196,7 @@ class SceneView:
         w = self.where(entity)
         if w is None or w[1] == "I":
             return None
-        if w[0] == "at":
-            return f"{entity} is in the {w[1]}."
-        room = self.room_of(w[1])
-        tail = f" in the {room}" if room else ""
-        return f"{entity} is {w[0]} {w[1]}{tail}."
+        return location_sentence(entity, w, None if w[0] == "at" else self.room_of(w[1]))
 
     def exits(self, room: str) -> dict[str, str]:
         """``{direction: neighbour}`` from the scene's connections (or the facts)."""
@@ -363,9 +360,7 @@ class SimulatedUser:
             hops = world.route(here, there)
             if hops:
                 d, nxt = hops[0]
-                lines.append(format_feedback_line(
-                    "spatial", f"From the {here}, go {d} to reach the {nxt}"
-                    + (f" (on the way to the {there})." if nxt != there else ".")))
+                lines.append(format_feedback_line("spatial", route_sentence(here, d, nxt, there)))
         return lines
 
     # -- an action the game refused ------------------------------------------------------
@@ -396,8 +391,7 @@ class SimulatedUser:
         elif verb == "go_to" and here:
             exits = world.exits(here)
             if exits:
-                ways = ", ".join(f"{d} to the {r}" for d, r in sorted(exits.items()))
-                found = [format_feedback_line("spatial", f"From the {here} you can go {ways}.")]
+                found = [format_feedback_line("spatial", exits_sentence(here, sorted(exits.items())))]
         elif verb == "examine" and target:
             found = away(target) or None
         if found is not None:
@@ -469,7 +463,7 @@ class SimulatedUser:
             holder = choices[int(self.rng.integers(len(choices)))]
             room = rooms[int(self.rng.integers(len(rooms)))]
             prep = "in" if holder in self._world.containers else "on"
-            return format_feedback_line("spatial", f"{obj} is {prep} {holder} in the {room}.")
+            return format_feedback_line("spatial", location_sentence(obj, (prep, holder), room))
         return format_feedback_line("general", UNHELPFUL[int(self.rng.integers(len(UNHELPFUL)))])
 
     # -- one step ------------------------------------------------------------------------

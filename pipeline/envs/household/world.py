@@ -8,6 +8,7 @@ games stage, the simulated user (:mod:`pipeline.envs.household.user`, which read
     world = World.from_facts(typed_facts(state["facts"]))     # TextWorld propositions
     world = World.from_strings(info["facts"], kinds)           # the env's fact strings
     world.player, world.room_exits(), world.where("Apple_2"), world.room_of("Key_1")
+    world.observation_facts()                                  # what the player sees, typed (HouseholdEnv.facts())
     parse_fact("in(Apple_2, Fridge_0)")                        # ("in", ("Apple_2", "Fridge_0"))
     check_preferences(["close_containers"], info["facts"])     # {"close_containers": True}
 
@@ -20,6 +21,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from pipeline.core.facts import Fact, fact
 
 DIRECTIONS = ("north", "south", "east", "west")  # the compass of the generated scenes
 # Opposite directions; up / down only ever come from a hand-written scene's connections.
@@ -250,27 +253,28 @@ class World:
         return (v["containers"] + v["supporters"] + v["floor"] + v["inside"]
                 + list(self.room_exits().values()))
 
-    def describe(self) -> str:
-        """Concise deterministic description of the player's surroundings (no flavour text)."""
-        v = self.room_view()
-        parts = [f"You are in the {self.player}."]
-        seen = []
-        for c in v["containers"]:
+    def observation_facts(self) -> tuple[Fact, ...]:
+        """What the player sees, as typed facts (:mod:`pipeline.core.facts`), in the order the
+        description states them (:func:`pipeline.envs.household.text.describe`).
+
+        ``here``; each container of the room (``at``, its state, ``empty`` when open and
+        holding nothing), each supporter, each thing on the floor; what supporters and open
+        containers hold; the exits (N/S/E/W); what the player carries.
+        """
+        room = self.player
+        view = self.room_view(room)
+        out = [fact("here", room)]
+        for c in view["containers"]:
             state = self.container_state.get(c, "closed")
-            empty = state == "open" and not self.contents(c)
-            seen.append(f"{c} ({state}{', empty' if empty else ''})")
-        seen += v["supporters"] + v["floor"]
-        parts.append(f"You see {', '.join(seen)}." if seen else "You see nothing here.")
-        for holder, prep in [(s, "On") for s in v["supporters"]] + [
-                (c, "In") for c in v["containers"] if self.container_state.get(c) == "open"]:
-            items = self.contents(holder)
-            if items:
-                parts.append(f"{prep} {holder}: {', '.join(items)}.")
-        ex = self.room_exits()
-        parts.append("Exits: " + ", ".join(f"{d} to {r}" for d, r in ex.items()) + "." if ex else "No exits.")
-        inv = self.inventory()
-        parts.append(f"You are carrying: {', '.join(inv)}." if inv else "You are carrying nothing.")
-        return " ".join(parts)
+            out += [fact("at", c, room), fact(state, c)]
+            if state == "open" and not self.contents(c):
+                out.append(fact("empty", c))
+        out += [fact("at", thing, room) for thing in view["supporters"] + view["floor"]]
+        for holder in view["supporters"] + [c for c in view["containers"] if self.container_state.get(c) == "open"]:
+            out += [fact(self.location[item][0], item, holder) for item in self.contents(holder)]
+        out += [fact("exit", room, d, to) for d, to in self.room_exits().items()]
+        out += [fact("carried", thing) for thing in self.inventory()]
+        return tuple(out)
 
 
 # --------------------------------------------------------------------------- preferences
@@ -291,13 +295,6 @@ def parse_preference(pref: str | Mapping[str, Any]) -> tuple[str, str, str | Non
     if kind != "close_containers" and not target:
         raise ValueError(f"preference {pref!r} of kind {kind} needs a target container")
     return pid or (kind if target is None else f"{kind}:{target}"), kind, target
-
-
-def preference_text(kind: str, target: str | None = None) -> str:
-    """The sentence a user says for a preference (what the simulated user enforces)."""
-    return {"close_containers": "Close containers after use.",
-            "keep_closed": f"Always leave {target} closed.",
-            "lock_after_use": f"Lock {target} again after you unlock it."}[kind]
 
 
 def check_preferences(preferences: Iterable[str | Mapping[str, Any]], facts: Iterable[str],

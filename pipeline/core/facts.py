@@ -1,0 +1,88 @@
+"""Typed facts: what a world tells the rest of the house, beside its text.
+
+An environment states what an observation shows, and what a step did, as :class:`Fact`
+records (a predicate over names, like TextWorld's logic facts). Readers that must not
+depend on a world's wording (the episodic memory's scene facts, a rule agent that reads
+its prompt) take these facts and never parse prose::
+
+    facts = env.facts()                                  # the live observation, typed
+    # (Fact("here", ("Kitchen",)), Fact("at", ("Fridge_0", "Kitchen")), Fact("closed", ("Fridge_0",)), ...)
+    step = reader.read_turn(turn_row)                    # a recorded turn, typed (StepFacts)
+    step.seen, step.did, step.after
+
+The shared vocabulary (an environment may add predicates of its own; a reader keeps what
+it understands and passes the rest on unchanged, see :mod:`pipeline.memory.scene`):
+
+=====================  ==========================================================
+``here(room)``         the agent is in ``room``
+``at(thing, room)``    a thing stands in a room (a fixture, or a thing on the floor)
+``in(thing, holder)``  ``thing`` is inside ``holder``; ``on(thing, holder)``: on it
+``open(c)``            a container is open; ``closed(c)``, ``locked(c)`` likewise
+``empty(c)``           an open container holds nothing
+``exit(room, d, to)``  going ``d`` from ``room`` leads to ``to``
+``carried(thing)``     the agent holds ``thing``
+=====================  ==========================================================
+
+What a step did (``StepFacts.did``): ``took(thing)`` / ``took(thing, holder)``,
+``unlocked(c, key)``, ``went(direction)``.
+
+The order of an observation's facts is the order the world presents things in (its
+text follows the same order), so a tuple of facts is compared as a sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Protocol
+
+
+@dataclass(frozen=True, order=True)
+class Fact:
+    """One relation a world states: ``pred(arg, ...)`` over entity, room or direction names."""
+
+    pred: str
+    args: tuple[str, ...] = ()
+
+    def __str__(self) -> str:
+        return f"{self.pred}({', '.join(self.args)})"
+
+
+def fact(pred: str, *args: str) -> Fact:
+    """``fact("in", "Key_1", "Drawer_0")`` -> ``Fact("in", ("Key_1", "Drawer_0"))``."""
+    return Fact(pred, tuple(args))
+
+
+def first(facts: Iterable[Fact], pred: str) -> Fact | None:
+    """The first fact of ``facts`` with predicate ``pred`` (None: there is none)."""
+    return next((f for f in facts if f.pred == pred), None)
+
+
+@dataclass(frozen=True)
+class StepFacts:
+    """What one recorded turn shows of its world, as an environment reads it.
+
+    Attributes:
+        seen: the facts of the observation the agent acted on.
+        did: what the turn's command does when it is carried out (``took``, ``unlocked``,
+            ``went``), whether or not it was: the reader decides what a turn that failed
+            or changed nothing counts for.
+        after: the facts the step's response showed (a room described after it), if any.
+    """
+
+    seen: tuple[Fact, ...] = ()
+    did: tuple[Fact, ...] = ()
+    after: tuple[Fact, ...] = ()
+
+
+class FactReader(Protocol):
+    """Reads a recorded turn (a row of ``turns.parquet``) as typed facts.
+
+    Each environment family supplies one (:func:`pipeline.envs.fact_reader`): a recorded
+    observation is the dict the agent saw, in its world's own shape, so only its world
+    can read it.
+    """
+
+    def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
+        """The typed facts of one turn row (its ``observation``, ``command`` and
+        ``env_feedback``; a missing or empty field gives no facts)."""
+        ...

@@ -1,0 +1,79 @@
+"""A recorded household turn, read as typed facts (the household's :class:`~pipeline.core.facts.FactReader`).
+
+The live env hands the rest of the house the facts of what the player sees
+(``HouseholdEnv.facts()``, :meth:`pipeline.envs.household.world.World.observation_facts`),
+and its description is rendered from the same facts
+(:func:`pipeline.envs.household.text.describe`). A recorded turn keeps the observation as
+the agent saw it, so :class:`HouseholdFactReader` reads the facts back from it (the
+description's inverse, :func:`pipeline.envs.household.text.read_description`) and the
+command's effect from the one command grammar
+(:func:`pipeline.envs.household.env.command_to_action`)::
+
+    step = HouseholdFactReader().read_turn(turn_row)
+    step.seen      # (here(Kitchen), at(Fridge_0, Kitchen), closed(Fridge_0), ...)
+    step.did       # (took(Key_1, Drawer_0),)
+    step.after     # the facts of a room described after the step
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Mapping
+
+from pipeline.core.facts import Fact, StepFacts, fact
+from pipeline.envs.household.env import command_to_action
+from pipeline.envs.household.text import is_description, read_description
+
+
+def command_facts(command: str | None) -> tuple[Fact, ...]:
+    """What a household command does when it is carried out: ``took``, ``unlocked``, ``went``.
+
+    ``"take Key_1 from Drawer_0"`` -> ``(took(Key_1, Drawer_0),)``; ``"unlock Chest_2 with
+    Key_1"`` -> ``(unlocked(Chest_2, Key_1),)``; ``"go south"`` -> ``(went(south),)``; other
+    commands (and text that is no household command) show nothing of the scene.
+    """
+    try:
+        action = command_to_action((command or "").strip()) if command and command.strip() else None
+    except ValueError:
+        return ()
+    if action is None:
+        return ()
+    verb, target = action["action"], action.get("target")
+    if verb == "pick_up":
+        return (fact("took", target, action["receptacle"]) if action.get("receptacle") else fact("took", target),)
+    if verb == "unlock":
+        return (fact("unlocked", target, action["key"]),)
+    if verb == "go_to":
+        return (fact("went", target),)
+    return ()
+
+
+def _observation(raw: Any) -> dict[str, Any]:
+    """The observation dict of a turn row (its JSON text, a dict, or nothing)."""
+    if isinstance(raw, dict):
+        return raw
+    if not raw or not isinstance(raw, str):
+        return {}
+    try:
+        obs = json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+    return obs if isinstance(obs, dict) else {}
+
+
+class HouseholdFactReader:
+    """Reads a recorded household turn as :class:`~pipeline.core.facts.StepFacts`.
+
+    ``seen``: the facts of the observation's description (its ``agent_location`` when the
+    description names no room); ``after``: the facts of the step's response when it is a
+    room description (after ``look`` or a move); ``did``: :func:`command_facts` of the
+    turn's command.
+    """
+
+    def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
+        obs = _observation(turn.get("observation"))
+        location = obs.get("agent_location")
+        seen = read_description(obs.get("description"), room=location if isinstance(location, str) else None)
+        feedback = turn.get("env_feedback")
+        after = read_description(feedback) if is_description(feedback) else ()
+        return StepFacts(seen=seen, did=command_facts(turn.get("command")), after=after)
