@@ -134,8 +134,9 @@ def play(cfg, backend, turns, *, batched: bool, batch: int, early_stop: bool) ->
     else:
         steps = [a.act(o) for a, o in zip(agents, observations)]
     wall = time.perf_counter() - t0
-    return _summary(wall, [s.extra for s in steps], [s.action for s in steps],
-                    expert=[t[2] for t in turns])
+    extras = [{"generated_tokens": s.model.generation.generated_tokens, "stop_reason": s.model.generation.stop_reason,
+               "action_valid": s.model.action_valid, "prompt_tokens": s.model.generation.prompt_tokens} for s in steps]
+    return _summary(wall, extras, [s.action for s in steps], expert=[t[2] for t in turns])
 
 
 def generate_short(backend, turns, *, batched: bool, batch: int, max_new_tokens: int) -> dict:

@@ -10,6 +10,7 @@ against a real HTTP server on 127.0.0.1 that serves the same model.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import threading
@@ -22,6 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from pipeline.agents.base import AgentStep
+from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import SamplingConfig
 from pipeline.core.config import section
 from pipeline.llm.backends import (
@@ -273,34 +275,34 @@ def test_agent_valid_action_with_tracking_extras(lm):
     assert isinstance(step, AgentStep)
     assert step.action == {"action": "pick_up", "target": "Apple_2"}
     assert step.reasoning == "Take Apple_2." and step.generated_text.startswith("Take Apple_2.\n{")
-    x = step.extra
-    assert x["action_valid"] and x["parse_error"] is None
-    assert x["tracking_method"] == "stream" and x["stop_reason"] == "json_closed"
-    assert x["prompt"].startswith("### System:\nGoal: Take Apple_2.\nAt: Kitchen\nNotes: None")
-    assert x["prompt_tokens"] > 0 and x["generated_tokens"] == len(x["generated_ids"]) == len(x["action_token_mask"])
-    assert x["action_token_end_index"] == len(x["generated_ids"])
-    check_consistency(lm.tok, x, x["action_text"])
+    turn, x = step.model, step.model.generation
+    assert turn.action_valid and turn.parse_error is None
+    assert x.tracking_method == "stream" and x.stop_reason == "json_closed"
+    assert x.prompt.startswith("### System:\nGoal: Take Apple_2.\nAt: Kitchen\nNotes: None")
+    assert x.prompt_tokens > 0 and x.generated_tokens == len(x.generated_ids) == len(x.action_token_mask)
+    assert x.action_token_end_index == len(x.generated_ids)
+    check_consistency(lm.tok, dataclasses.asdict(x), x.action_text)
     # The memory object becomes the memory dict of the next prompt (seed 002).
-    assert x["memory"]["notes"] == "got Apple_2"
+    assert turn.memory["notes"] == "got Apple_2"
     nxt = agent.messages({**obs, "step": 1})
     assert "Notes: got Apple_2" in nxt[0]["content"]
 
 
 def test_agent_maps_a_direction_to_the_admissible_room(lm):
     step = _agent(lm, "ep_c").act(EPISODES[2][1])
-    assert step.action == {"action": "go_to", "target": "Kitchen"} and step.extra["action_valid"]
+    assert step.action == {"action": "go_to", "target": "Kitchen"} and step.model.action_valid
 
 
 def test_agent_inadmissible_and_unparseable_output_take_the_fallback(lm):
     step = _agent(lm, "ep_d").act(EPISODES[3][1])
     assert step.action == {"action": "look", "target": None}  # agent.fallback_action
-    assert step.extra["action_valid"] is False and "inadmissible" in step.extra["parse_error"]
+    assert step.model.action_valid is False and "inadmissible" in step.model.parse_error
     assert '"Fridge_9"' in step.generated_text
     step = _agent(lm, "ep_e").act(EPISODES[4][1])
-    assert step.action == {"action": "look", "target": None} and step.extra["action_valid"] is False
-    assert step.extra["parse_error"] == "no complete JSON object in the output"
+    assert step.action == {"action": "look", "target": None} and step.model.action_valid is False
+    assert step.model.parse_error == "no complete JSON object in the output"
     assert step.generated_text == "I do not know what to do here" + TAIL
-    assert step.extra["stop_reason"] == "eos" and step.extra["tracking_method"] == "none"
+    assert step.model.generation.stop_reason == "eos" and step.model.generation.tracking_method == "none"
 
 
 class ScriptedBackend:
@@ -338,7 +340,7 @@ def test_agent_invalid_outputs_never_crash(lm, text, error):
     agent = _agent(lm, "ep_a", backend=ScriptedBackend([text]))
     step = agent.act(EPISODES[0][1])
     assert step.action == {"action": "look", "target": None}
-    assert step.extra["action_valid"] is False and error in step.extra["parse_error"]
+    assert step.model.action_valid is False and error in step.model.parse_error
     assert step.generated_text == text
 
 
@@ -352,8 +354,8 @@ def test_agent_wait_and_unique_completion(lm):
 def test_agent_backend_error_record_or_fail(lm):
     agent = _agent(lm, "ep_a", backend=ScriptedBackend([None]))
     step = agent.act(EPISODES[0][1])
-    assert step.extra["stop_reason"] == "error" and step.extra["action_valid"] is False
-    assert step.extra["parse_error"].startswith("backend error: POST") and step.action["action"] == "look"
+    assert step.model.generation.stop_reason == "error" and step.model.action_valid is False
+    assert step.model.parse_error.startswith("backend error: POST") and step.action["action"] == "look"
     cfg = copy.deepcopy(lm.cfg)
     cfg.agent.on_backend_error = "fail"
     agent = _agent(lm, "ep_a", cfg=cfg, backend=ScriptedBackend([None]))
@@ -369,8 +371,8 @@ def test_batched_and_sequential_agents_agree(lm):
     steps = LLMAgent.act_many(batch, obs)
     seq = [_agent(lm, eid).act(o) for eid, o, _ in EPISODES]
     assert [s.action for s in steps] == [s.action for s in seq]
-    assert [s.extra["generated_ids"] for s in steps] == [s.extra["generated_ids"] for s in seq]
-    assert [s.extra["seed"] for s in steps] == [s.extra["seed"] for s in seq]
+    assert [s.model.generation.generated_ids for s in steps] == [s.model.generation.generated_ids for s in seq]
+    assert [s.model.seed for s in steps] == [s.model.seed for s in seq]
     assert [s.action["action"] for s in steps] == ["pick_up", "open", "go_to", "look", "look"]
 
 
@@ -378,10 +380,13 @@ def test_make_agent_shares_one_backend(lm):
     from pipeline.agents import make_agent
     from pipeline.agents.llm import LLMAgent
 
-    shared: dict = {}
+    shared = SharedBackend()
     a = make_agent(lm.cfg, seed=1, shared=shared)
     b = make_agent(lm.cfg, seed=2, shared=shared)
-    assert isinstance(a, LLMAgent) and a.backend is b.backend is shared["llm_backend"]
+    assert isinstance(a, LLMAgent) and a.backend is b.backend is shared.backend
+    # the run reads the loaded backend's prompt-cache statistics through it (none before one is loaded)
+    assert SharedBackend().prompt_cache_stats() is None
+    assert set(shared.prompt_cache_stats()) == set(lm.backend.prompt_cache_stats()) >= {"reused_tokens"}
 
 
 # ----------------------------------------------------------------- OpenAI-compatible backend
@@ -522,7 +527,7 @@ def test_openai_backend_without_token_data(lm, server):
     assert gen.action_text == '{"action": "open", "target": "Drawer_1"}'
     step_backend = make_backend(cfg.model, cfg.sampling)
     step = _agent(lm, "ep_b", backend=step_backend).act(EPISODES[1][1])
-    assert step.action == {"action": "open", "target": "Drawer_1"} and step.extra["action_valid"]
+    assert step.action == {"action": "open", "target": "Drawer_1"} and step.model.action_valid
 
 
 def test_openai_backend_retries_after_a_server_error(lm, server):
@@ -583,7 +588,7 @@ def _play_tiny_games(lm, tiny_cfg, tiny_games, *, max_steps: int, decoding: str 
     if decoding is not None:
         cfg.agent.decoding = decoding
     tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[:2]
-    shared: dict = {"llm_backend": lm.backend}
+    shared = SharedBackend(lm.backend)
     return play(
         tasks,
         make_env=lambda t: HouseholdEnv(str(tiny_games.root / t.game_file), scene_id=t.scene_id,
@@ -659,7 +664,7 @@ def test_constrained_decodings_choose_only_admissible_actions(lm, decoding):
     choice take an admissible action; the tracked JSON text names it; choice stores every score."""
     cfg = copy.deepcopy(lm.cfg)
     eid, obs, _ = EPISODES[3]
-    assert not _agent(lm, eid).act(obs).extra["action_valid"]  # free: inadmissible
+    assert not _agent(lm, eid).act(obs).model.action_valid  # free: inadmissible
     cfg.agent.decoding = decoding
     for eid, obs, _ in EPISODES[:4] + [("ep_p", _obs("Kitchen", "Take Apple_12.", [
             (a["action"], a["target"], a["command"]) for a in PREFIX_ACTIONS]), "")]:
@@ -668,26 +673,26 @@ def test_constrained_decodings_choose_only_admissible_actions(lm, decoding):
         agent = _agent(lm, "ep_a", cfg=cfg)
         agent.reset(_meta(eid, obs))
         step = agent.act(obs)
-        assert step.extra["action_valid"], step.extra["parse_error"]
-        assert step.extra["decoding"] == decoding
+        assert step.model.action_valid, step.model.parse_error
+        assert step.model.generation.decoding == decoding
         adm = [{k: v for k, v in a.items() if k != "command"} for a in obs["admissible_actions"]]
         assert step.action in adm
-        parsed = json.loads(step.extra["action_text"])
+        parsed = json.loads(step.model.generation.action_text)
         again = {k: parsed.get(k) for k in step.action}
         if step.action["action"] == "go_to":  # the JSON may name the direction of the command
             assert again["target"] in (step.action["target"], "west", "east")
         else:
             assert again == step.action
-        ids, mask = step.extra["generated_ids"], step.extra["action_token_mask"]
-        assert step.extra["action_text"] in lm.tok.decode([i for i, m in zip(ids, mask) if m])
+        ids, mask = step.model.generation.generated_ids, step.model.generation.action_token_mask
+        assert step.model.generation.action_text in lm.tok.decode([i for i, m in zip(ids, mask) if m])
         if decoding == "choice":
-            assert "action_scores" in step.extra, (sorted(step.extra), eid)
-            scores = step.extra["action_scores"]
+            assert step.model.action_scores is not None, eid
+            scores = step.model.action_scores
             assert set(scores) == {a["command"] for a in obs["admissible_actions"]}
             best = max(scores, key=lambda k: scores[k])
             assert next(a for a in obs["admissible_actions"] if a["command"] == best)["target"] == step.action["target"]
         else:
-            assert "action_scores" not in step.extra
+            assert step.model.action_scores is None
 
 
 def test_constrained_batched_equals_sequential_and_needs_a_capable_backend(lm):
@@ -777,11 +782,11 @@ def test_cached_turns_give_the_same_greedy_actions(lm, decoding):
         results[name] = steps
     for a, b in zip(results["on"], results["off"]):
         assert a.generated_text == b.generated_text and a.action == b.action
-        assert a.extra["generated_ids"] == b.extra["generated_ids"]
-        torch.testing.assert_close(torch.tensor(a.extra["logprobs"]), torch.tensor(b.extra["logprobs"]),
+        assert a.model.generation.generated_ids == b.model.generation.generated_ids
+        torch.testing.assert_close(torch.tensor(a.model.generation.logprobs), torch.tensor(b.model.generation.logprobs),
                                    atol=1e-4, rtol=1e-4)
         if decoding == "choice":
-            sa, sb = a.extra["action_scores"], b.extra["action_scores"]
+            sa, sb = a.model.action_scores, b.model.action_scores
             assert sa.keys() == sb.keys() and all(abs(sa[k] - sb[k]) < 1e-3 for k in sa)
     stats = on.prompt_cache_stats()
     assert stats["reused_tokens"] > stats["encoded_tokens"] > 0, stats  # turns 2-3 encode only what changed

@@ -112,7 +112,7 @@ def test_the_agent_sends_the_admissible_actions_as_the_constraint(mode, field, l
         step = agent.act(OBS)
         free = backend.generate([MESSAGES])[0]  # a caller without admissible actions: no constraint
     (_, body), (_, free_body) = server.requests
-    assert step.extra["action_valid"] and step.action == {"action": "look", "target": None} and free.error is None
+    assert step.model.action_valid and step.action == {"action": "look", "target": None} and free.error is None
     assert backend.constrains_actions is (mode != "none")
     if field is None:
         assert body == free_body | {"messages": body["messages"], "seed": body["seed"]}

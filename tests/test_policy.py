@@ -265,7 +265,7 @@ def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_p
         parsed = 0
         for _ in range(4):
             step = agent.act(obs)
-            action, obj, err = parse_action(step.extra["action_text"], obs)
+            action, obj, err = parse_action(step.model.generation.action_text, obs)
             parsed += obj is not None
             obs, _, done, info = env.step(step.action)
             if done:

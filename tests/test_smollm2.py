@@ -128,17 +128,17 @@ def test_smollm2_plays_an_admissible_turn_through_its_chat_template(smol_cfg, ba
     agent = LLMAgent(cfg, seed=1, backend=backend)
     agent.reset({"episode_id": "ep_smol", "objective": obs["objective"], "scene_id": "s0", "seed": 7})
     step = agent.act(obs)
-    prompt = step.extra["prompt"]
+    prompt = step.model.generation.prompt
     assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
     assert "<|im_start|>user\n" in prompt and "Apple_2" in prompt
-    assert step.extra["action_valid"], step.extra["parse_error"]
-    assert step.extra["decoding"] == decoding
+    assert step.model.action_valid, step.model.parse_error
+    assert step.model.generation.decoding == decoding
     assert step.action in [{k: v for k, v in a.items() if k != "command"} for a in obs["admissible_actions"]]
     if decoding == "choice":
-        scores = step.extra["action_scores"]
+        scores = step.model.action_scores
         assert set(scores) == set(obs["admissible_commands"])
         best = max(scores, key=lambda c: scores[c] if scores[c] is not None else float("-inf"))
         assert next(a for a in obs["admissible_actions"] if a["command"] == best)["target"] == step.action["target"]
     else:
-        assert "action_scores" not in step.extra
-        assert f'"action": "{step.action["action"]}"' in (step.extra["action_text"] or "")
+        assert step.model.action_scores is None
+        assert f'"action": "{step.action["action"]}"' in (step.model.generation.action_text or "")

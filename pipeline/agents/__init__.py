@@ -2,7 +2,7 @@
 
     agent = make_agent(cfg, seed=task.seed)   # cfg: the composed config (or its `agent` group)
     agent.reset({"episode_id": ..., "objective": ..., "seed": ...})
-    step = agent.act(obs)                     # AgentStep(action, reasoning, generated_text, extra)
+    step = agent.act(obs)                     # AgentStep(action, reasoning, generated_text, model)
 
 Every agent satisfies the :class:`Agent` protocol; an agent class that can act for many
 episodes in one call (the ``llm`` agent's batched generation) also has
@@ -60,7 +60,8 @@ def make_agent(cfg: Config | AgentConfig, seed: int = 0, **kwargs: Any) -> Agent
         cfg: the composed config (``cfg.agent`` is used) or the ``agent`` group itself
             (the ``llm`` agent needs the composed config).
         seed: base seed of the agent's random draws.
-        **kwargs: passed to the llm agent only (e.g. ``shared`` to reuse a loaded model).
+        **kwargs: passed to the llm agent only (e.g. ``shared``, a
+            :class:`pipeline.agents.llm.SharedBackend`, to reuse a loaded model).
 
     Raises:
         ValueError: ``agent.name`` is not one of :data:`AGENT_NAMES`.

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import re
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from pipeline.core.conf_schema import AgentConfig
 from pipeline.core.schemas import clean_action  # noqa: F401 - the agents' name for it
 from pipeline.core.seeding import crc_rng
+from pipeline.llm.backends.base import Generation
 
 ROOM_WORDS = ("kitchen", "bedroom", "bathroom", "living", "dining", "office", "hallway", "pantry", "garage",
               "study", "cellar", "attic", "laundry")
@@ -34,8 +35,32 @@ ENTITY_RE = r"([A-Za-z]+_\d+|[A-Z][A-Za-z]*)"
 
 
 @dataclass
+class ModelTurn:
+    """What a model-backed agent's step adds: the backend's generation and what the agent made of it.
+
+    Attributes:
+        generation: the backend's typed turn (prompt, token ids, tracked action, stop
+            reason, decoding, ...): :class:`pipeline.llm.backends.Generation`.
+        seed: the turn's sampling seed.
+        action_valid: the output gave an admissible action (otherwise the agent's
+            fallback action was sent).
+        parse_error: why it did not (None when it did).
+        memory: the agent's memory dict after this turn (seed 002), None if it keeps none.
+        action_scores: ``choice`` decoding: every admissible command's summed
+            log-probability (None for ``-inf``); None under other decodings.
+    """
+
+    generation: Generation
+    seed: int
+    action_valid: bool
+    parse_error: str | None = None
+    memory: dict | None = None
+    action_scores: dict[str, float | None] | None = None
+
+
+@dataclass
 class AgentStep:
-    """One decision of an agent.
+    """One decision of an agent (the rollout turns it into a :class:`~pipeline.core.schemas.TurnRecord`).
 
     Attributes:
         action: the action dict sent to the env (``{"action", "target"}`` plus optional
@@ -43,14 +68,13 @@ class AgentStep:
         reasoning: the agent's thought or retrieval summary (stored in the turn row).
         generated_text: the raw text the agent produced (for the llm agent, the decoded
             output; for rule agents, a readable trace of the decision).
-        extra: optional fields (token tracking of the llm agent: ``prompt_tokens``,
-            ``generated_tokens``, ``generated_ids``, ``action_token_start_index``, ...).
+        model: the model turn behind the step (the llm agent); None for rule agents.
     """
 
     action: dict
     reasoning: str = ""
     generated_text: str = ""
-    extra: dict = field(default_factory=dict)
+    model: ModelTurn | None = None
 
 
 @dataclass

@@ -7,17 +7,18 @@ grounding, memory dict and the full observation; the model writes a short reason
 and one JSON action, which is tracked token by token while it is generated (early stop
 when it closes), parsed, and matched against the admissible actions::
 
-    agent = build_llm_agent(cfg, seed=task.seed)       # or make_agent(cfg, seed, shared=...)
+    agent = build_llm_agent(cfg, seed=task.seed)       # or make_agent(cfg, seed, shared=SharedBackend())
     agent.reset({"episode_id": ..., "objective": ..., "seed": ..., "system_prompt": None})
-    step = agent.act(obs)                              # AgentStep(action, reasoning, generated_text, extra)
+    step = agent.act(obs)                              # AgentStep(action, reasoning, generated_text, model)
+    step.model.generation.generated_ids, step.model.action_valid   # the typed model turn (ModelTurn)
     steps = LLMAgent.act_many(agents, observations)    # one batched generation for N episodes
 
 One agent plays one episode at a time (its memory dict and turn counter are per
-episode); agents built with the same ``shared`` dict share one loaded backend, and
+episode); agents built with the same :class:`SharedBackend` share one loaded backend, and
 :meth:`LLMAgent.act_many` generates for all of them in one batched call.
 
 Unparseable or inadmissible output never crashes: the turn records
-``extra["action_valid"] = False``, the reason (``parse_error``) and the raw text, and the
+``step.model.action_valid = False``, the reason (``parse_error``) and the raw text, and the
 configured ``agent.fallback_action`` is taken. A failed backend call does the same when
 ``agent.on_backend_error=record`` and raises when it is ``fail``.
 """
@@ -28,11 +29,11 @@ import copy
 import json
 from typing import Any, Mapping, Sequence
 
-from pipeline.agents.base import AgentStep, candidate_actions, clean_action
+from pipeline.agents.base import AgentStep, ModelTurn, candidate_actions, clean_action
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.seeding import turn_seed
-from pipeline.llm.backends import Backend, BackendError, Generation, make_backend
+from pipeline.llm.backends import Backend, BackendError, CachesPrompts, Generation, make_backend
 from pipeline.prompts import TURN_VARIABLES, PromptOrganizer, observation_variables, template_slots
 
 # The user turn when the system template already shows the observation (the compact and
@@ -156,6 +157,32 @@ def _reasoning(text: str, action_text: str | None) -> str:
     return text.strip()
 
 
+class SharedBackend:
+    """The one backend the ``llm`` agents of a run share, loaded by the first that needs it.
+
+    The collection keeps it to read the backend's statistics once the run is over::
+
+        shared = SharedBackend()
+        agents = [make_agent(cfg, seed=t.seed, shared=shared) for t in tasks]
+        ...
+        shared.prompt_cache_stats()      # None: no backend loaded, or one without a prompt cache
+    """
+
+    def __init__(self, backend: Backend | None = None):
+        self.backend = backend
+
+    def get(self, cfg: Config) -> Backend:
+        """The shared backend (built from ``cfg.model`` and ``cfg.sampling`` on first use)."""
+        if self.backend is None:
+            self.backend = make_backend(cfg.model, cfg.sampling)
+        return self.backend
+
+    def prompt_cache_stats(self) -> dict[str, int] | None:
+        """Prompt tokens reused across turns vs encoded, this run's (a local model's prompt
+        cache, :class:`pipeline.llm.backends.CachesPrompts`); None without one."""
+        return self.backend.prompt_cache_stats() if isinstance(self.backend, CachesPrompts) else None
+
+
 class LLMAgent:
     """A language model choosing household actions (``agent.name=llm``).
 
@@ -164,14 +191,15 @@ class LLMAgent:
             ``grounding``, ``memory`` groups are read).
         seed: base seed of this agent (the task seed); each turn samples with a seed
             derived from (``sampling.seed``, this seed, episode id, turn index).
-        shared: a dict shared by the agents of one run; the backend is loaded once and
-            kept under ``"llm_backend"``.
+        shared: the :class:`SharedBackend` of the agents of one run: the backend is
+            loaded once, by the first agent that needs it.
         backend: an already built backend (tests, benchmarks).
     """
 
     name = "llm"
 
-    def __init__(self, cfg: Config, seed: int = 0, *, shared: dict | None = None, backend: Backend | None = None):
+    def __init__(self, cfg: Config, seed: int = 0, *, shared: SharedBackend | None = None,
+                 backend: Backend | None = None):
         self.cfg = cfg
         self.seed = int(seed)
         self.sampling_seed = int(cfg.sampling.seed)
@@ -183,12 +211,7 @@ class LLMAgent:
         self.decoding = str(agent_cfg.decoding)
         self.reasoning_max_tokens = int(agent_cfg.reasoning_max_tokens)
         if backend is None:
-            if shared is not None:
-                if "llm_backend" not in shared:
-                    shared["llm_backend"] = make_backend(cfg.model, cfg.sampling)
-                backend = shared["llm_backend"]
-            else:
-                backend = make_backend(cfg.model, cfg.sampling)
+            backend = shared.get(cfg) if shared is not None else make_backend(cfg.model, cfg.sampling)
         self.backend = backend
         offered = getattr(backend, "decodings", None)  # None: a stand-in that declares nothing (prompt building)
         if self.decoding == "auto":  # the strongest the backend offers
@@ -279,20 +302,7 @@ class LLMAgent:
 
     def finish_turn(self, obs: Mapping[str, Any], gen: Generation) -> AgentStep:
         """Turn a backend :class:`~pipeline.llm.backends.Generation` into this turn's step."""
-        extra: dict[str, Any] = {
-            "prompt": gen.prompt,
-            "prompt_tokens": gen.prompt_tokens,
-            "generated_tokens": gen.generated_tokens,
-            "generated_ids": gen.generated_ids,
-            "action_token_mask": gen.action_token_mask,
-            "action_token_start_index": gen.action_token_start_index,
-            "action_token_end_index": gen.action_token_end_index,
-            "tracking_method": gen.tracking_method,
-            "stop_reason": gen.stop_reason,
-            "logprobs": gen.logprobs,
-            "action_text": gen.action_text,
-            "seed": self.current_seed(),
-        }
+        seed = self.current_seed()
         if gen.error:
             if self.on_backend_error == "fail":
                 raise BackendError(f"episode {self.episode_id} turn {self.turn}: {gen.error}")
@@ -305,25 +315,22 @@ class LLMAgent:
                 action, error = clean_action(candidate_actions(obs)[gen.chosen_index]), None
             elif error and gen.stop_reason == "max_new_tokens" and parsed is None:
                 error += " (cut off at max_new_tokens)"
-        if gen.decoding != "free":
-            extra["decoding"] = gen.decoding
-            if gen.action_scores is not None:
-                acts = candidate_actions(obs)
-                extra["action_scores"] = {str(a.get("command") or json.dumps(clean_action(a))):
-                                          (sc if sc != float("-inf") else None) for a, sc in zip(acts, gen.action_scores)}
+        scores = None
+        if gen.decoding != "free" and gen.action_scores is not None:
+            scores = {str(a.get("command") or json.dumps(clean_action(a))): (sc if sc != float("-inf") else None)
+                      for a, sc in zip(candidate_actions(obs), gen.action_scores)}
         if parsed is not None:
             self.organizer.update_memory_from_response(parsed)
-        extra.update(action_valid=action is not None, parse_error=error,
-                     memory=copy.deepcopy(self.organizer.memory_dict))
         self.turn += 1
         return AgentStep(
             action=action if action is not None else dict(self.fallback),
             reasoning=_reasoning(gen.text, gen.action_text),
             generated_text=gen.text,
-            extra=extra,
+            model=ModelTurn(generation=gen, seed=seed, action_valid=action is not None, parse_error=error,
+                            memory=copy.deepcopy(self.organizer.memory_dict), action_scores=scores),
         )
 
 
 def build_llm_agent(cfg: Config, seed: int = 0, **kwargs: Any) -> LLMAgent:
-    """The ``llm`` agent for ``cfg`` (``kwargs``: ``shared`` or ``backend``)."""
+    """The ``llm`` agent for ``cfg`` (``kwargs``: ``shared``, a :class:`SharedBackend`, or ``backend``)."""
     return LLMAgent(cfg, seed=seed, **kwargs)

@@ -150,4 +150,4 @@ class RAGAgent(RuleAgent):
         summary = f"retrieved {', '.join(sorted(knowledge)) or 'nothing'}; {rationale}"
         text = f"Knowledge: {json.dumps(knowledge, ensure_ascii=False, sort_keys=True)}\n" \
                f"Action: {json.dumps(action, ensure_ascii=False, sort_keys=True)}"
-        return AgentStep(action=action, reasoning=summary, generated_text=text, extra={})
+        return AgentStep(action=action, reasoning=summary, generated_text=text)

@@ -54,4 +54,4 @@ class ReActAgent(RuleAgent):
                                      "observation": obs.get("description", "")})
         self.finish_step(action)
         text = f"Thought: {thought}\nAction: {json.dumps(action, ensure_ascii=False, sort_keys=True)}"
-        return AgentStep(action=action, reasoning=thought, generated_text=text, extra={})
+        return AgentStep(action=action, reasoning=thought, generated_text=text)

@@ -1,10 +1,17 @@
 """Records shared by the stages, with their Arrow schemas (one place, validated).
 
-Episodes and turns are plain dicts in memory (cheap to build in the collection loop) and
-become Arrow tables through :func:`episodes_table` / :func:`turns_table`, which enforce
-these schemas: a missing or mistyped field is an error naming it. Nested values
-(observation, action, metadata) are stored as canonical JSON strings so that the schema
-stays flat and stable; only nullable columns are ever added when it evolves.
+An episode and a turn are typed records (:class:`EpisodeRecord`, :class:`TurnRecord`):
+the collection loop builds them field by field, so a renamed field fails where it is
+built, and their Arrow schemas (:data:`EPISODE_SCHEMA`, :data:`TURN_SCHEMA`) are derived
+from them (:func:`arrow_schema`), never written beside them. As rows (``record.row()``,
+what checkpoints keep) they become Arrow tables through :func:`episodes_table` /
+:func:`turns_table`, which enforce the schemas: a missing or mistyped field is an error
+naming it. Nested values (observation, action, metadata) are stored as canonical JSON
+strings so that the schema stays flat and stable; only nullable columns are ever added
+when it evolves::
+
+    row = TurnRecord(episode_id=..., turn_index=0, observation=canonical_json(obs), ...).row()
+    table = turns_table([row])               # schema TURN_SCHEMA
 
 The memory/advisory models of seed 001 live in :mod:`pipeline.memory.schemas`.
 """
@@ -12,7 +19,8 @@ The memory/advisory models of seed 001 live in :mod:`pipeline.memory.schemas`.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, fields
+from typing import Annotated, Any, Iterable, Mapping, Optional, Union, get_args, get_origin, get_type_hints
 
 import pyarrow as pa
 
@@ -48,71 +56,122 @@ MANIFEST_SCHEMA = pa.schema(
     ]
 )
 
-EPISODE_SCHEMA = pa.schema(
-    [
-        ("episode_id", pa.string()),
-        ("scene_id", pa.string()),
-        ("quest_id", pa.string()),
-        ("split", pa.string()),
-        ("condition", pa.string()),  # "" in collect; C1 / C2 / ... in evaluate
-        ("objective", pa.string()),
-        ("question", pa.string()),  # seed 003 name: same as objective
-        ("choices", pa.list_(pa.string())),  # admissible commands at the start
-        ("ground_truth", pa.string()),  # expert plan, commands joined by " ; "
-        ("final_answer", pa.string()),  # last command taken
-        ("final_reward", pa.float64()),  # sum of rewards
-        ("won", pa.bool_()),  # TextWorld's `won` (never `done`)
-        ("preferences_ok", pa.bool_()),  # scene preferences held at the end
-        ("is_correct", pa.bool_()),  # won (and preferences_ok when configured)
-        ("num_turns", pa.int32()),
-        ("num_invalid", pa.int32()),
-        ("num_repeated", pa.int32()),
-        ("prompt_tokens", pa.int64()),
-        ("generated_tokens", pa.int64()),
-        ("agent", pa.string()),
-        ("model", pa.string()),
-        ("seed", pa.int64()),
-        ("metadata", pa.string()),  # JSON
-    ]
-)
+# Arrow types of record fields whose Python type alone does not say it (plain int is int64).
+Int32 = Annotated[int, pa.int32()]
+Json = str  # canonical JSON text (:func:`canonical_json`) of a nested value
 
-TURN_SCHEMA = pa.schema(
-    [
-        ("episode_id", pa.string()),
-        ("turn_index", pa.int32()),
-        ("observation", pa.string()),  # JSON of the observation dict the agent saw
-        ("prompt_hash", pa.string()),  # sha256 of the prompt text (null for rule agents)
-        ("prompt", pa.string()),  # the prompt text (null when stored by hash elsewhere)
-        ("generated_text", pa.string()),  # raw model / agent output
-        ("reasoning", pa.string()),  # thought / retrieval summary / model reasoning
-        ("action", pa.string()),  # JSON {"action":..., "target":..., ...}
-        ("command", pa.string()),  # TextWorld command executed
-        ("action_valid", pa.bool_()),  # parseable and admissible
-        ("env_feedback", pa.string()),  # the game's text response
-        ("reward", pa.float64()),
-        ("changed", pa.bool_()),  # did the step change the world state / location?
-        ("repeated", pa.bool_()),  # same command as an earlier one that changed nothing
-        ("done", pa.bool_()),
-        ("won", pa.bool_()),
-        ("status", pa.string()),  # Success | Failure | WiP (seed 000)
-        ("feedback_lines", pa.list_(pa.string())),  # raw `feedback : <type>: <text>` lines
-        ("feedback_user_preference", pa.string()),
-        ("feedback_spatial", pa.string()),
-        ("feedback_procedural", pa.string()),
-        ("feedback_general", pa.string()),
-        ("memory", pa.string()),  # JSON memory dict after this turn (seed 002), null if none
-        # Token tracking (filled by the llm agent; null for rule agents).
-        ("prompt_tokens", pa.int32()),
-        ("generated_tokens", pa.int32()),
-        ("generated_ids_length", pa.int32()),
-        ("action_token_start_index", pa.int32()),
-        ("action_token_end_index", pa.int32()),  # exclusive
-        ("tracking_method", pa.string()),  # stream | fallback | none
-        ("stop_reason", pa.string()),  # json_closed | max_new_tokens | eos | error
-        ("decoding", pa.string()),  # free | constrained | choice (agent.decoding; null for rule agents)
-        ("action_scores", pa.string()),  # choice decoding: JSON {command: summed log-prob} of every admissible action
-    ]
-)
+
+@dataclass
+class EpisodeRecord:
+    """One played episode: a row of ``episodes.parquet`` (:data:`EPISODE_SCHEMA` is derived from it)."""
+
+    episode_id: str
+    scene_id: str
+    quest_id: str
+    split: str
+    condition: str  # "" in collect; C1 / C2 / ... in evaluate
+    objective: str
+    question: str  # seed 003 name: same as objective
+    choices: list[str]  # admissible commands at the start
+    ground_truth: str  # expert plan, commands joined by " ; "
+    final_answer: str  # last command taken
+    final_reward: float  # sum of rewards
+    won: bool  # TextWorld's `won` (never `done`)
+    preferences_ok: bool  # scene preferences held at the end
+    is_correct: bool  # won (and preferences_ok when configured)
+    num_turns: Int32
+    num_invalid: Int32
+    num_repeated: Int32
+    prompt_tokens: int
+    generated_tokens: int
+    agent: str
+    model: str
+    seed: int
+    metadata: Json
+
+    def row(self) -> dict[str, Any]:
+        """The record as a row dict (what checkpoints keep and :func:`episodes_table` takes)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class TurnRecord:
+    """One turn of an episode: a row of ``turns.parquet`` (:data:`TURN_SCHEMA` is derived from it).
+
+    Built by the rollout (:mod:`pipeline.session.rollout`) from the observation, the
+    agent's :class:`~pipeline.agents.base.AgentStep` (its typed model turn, if any), the
+    env's step info and the user's feedback.
+    """
+
+    episode_id: str
+    turn_index: Int32
+    observation: Json  # the observation dict the agent saw
+    prompt_hash: Optional[str]  # sha256 of the prompt text (null for rule agents)
+    prompt: Optional[str]  # the prompt text (null when stored by hash elsewhere)
+    generated_text: str  # raw model / agent output
+    reasoning: str  # thought / retrieval summary / model reasoning
+    action: Json  # {"action":..., "target":..., ...}
+    command: Optional[str]  # TextWorld command executed
+    action_valid: bool  # parseable and admissible
+    env_feedback: str  # the game's text response
+    reward: float
+    changed: bool  # did the step change the world state / location?
+    repeated: bool  # same command as an earlier one that changed nothing
+    done: bool
+    won: bool
+    status: str  # Success | Failure | WiP (seed 000)
+    feedback_lines: list[str]  # raw `feedback : <type>: <text>` lines
+    feedback_user_preference: Optional[str]
+    feedback_spatial: Optional[str]
+    feedback_procedural: Optional[str]
+    feedback_general: Optional[str]
+    memory: Optional[Json]  # the memory dict after this turn (seed 002), null if none
+    # Token tracking (filled by the llm agent; null for rule agents).
+    prompt_tokens: Optional[Int32]
+    generated_tokens: Optional[Int32]
+    generated_ids_length: Optional[Int32]
+    action_token_start_index: Optional[Int32]
+    action_token_end_index: Optional[Int32]  # exclusive
+    tracking_method: Optional[str]  # stream | fallback | none
+    stop_reason: Optional[str]  # json_closed | max_new_tokens | eos | error
+    decoding: Optional[str]  # free | constrained | choice (agent.decoding; null for rule agents and free)
+    action_scores: Optional[Json]  # choice decoding: {command: summed log-prob} of every admissible action
+
+    def row(self) -> dict[str, Any]:
+        """The record as a row dict (what checkpoints keep and :func:`turns_table` takes)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def arrow_schema(record: type) -> pa.Schema:
+    """The Arrow schema of a record dataclass, field by field, every column nullable.
+
+    ``str`` -> string, ``bool`` -> bool, ``float`` -> float64, ``int`` -> int64,
+    ``Annotated[int, pa.int32()]`` (:data:`Int32`) -> int32, ``list[str]`` -> list of
+    strings; ``Optional[X]`` is ``X`` (Arrow columns are nullable anyway).
+    """
+    hints = get_type_hints(record, include_extras=True)
+    return pa.schema([(f.name, _arrow_type(hints[f.name], f"{record.__name__}.{f.name}")) for f in fields(record)])
+
+
+_ARROW = {str: pa.string(), bool: pa.bool_(), float: pa.float64(), int: pa.int64()}
+
+
+def _arrow_type(hint: Any, where: str) -> pa.DataType:
+    if get_origin(hint) is Annotated:
+        return get_args(hint)[1]
+    if get_origin(hint) is Union:  # Optional[X]
+        inner = [a for a in get_args(hint) if a is not type(None)]
+        if len(inner) == 1:
+            return _arrow_type(inner[0], where)
+    if get_origin(hint) is list:
+        return pa.list_(_arrow_type(get_args(hint)[0], where))
+    if hint in _ARROW:
+        return _ARROW[hint]
+    raise TypeError(f"{where}: no Arrow type for {hint!r}")
+
+
+EPISODE_SCHEMA = arrow_schema(EpisodeRecord)
+TURN_SCHEMA = arrow_schema(TurnRecord)
 
 
 def canonical_json(obj: Any) -> str:

@@ -31,6 +31,7 @@ from tqdm import tqdm
 
 import pipeline
 from pipeline.agents import Agent, make_agent, plays_with_model
+from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
@@ -77,16 +78,16 @@ def load_games(root: Path, cfg: Config) -> tuple[list[dict], dict]:
     return manifest, scenes
 
 
-def make_factories(cfg: Config, root: Path, scenes: dict, *,
-                   feedback_source: FileFeedback | None = None) -> tuple[Callable[[Task], Env],
-                                                                          Callable[[Task], Agent],
-                                                                          Callable[[Task], User]]:
+def make_factories(cfg: Config, root: Path, scenes: dict, *, feedback_source: FileFeedback | None = None,
+                   shared: SharedBackend | None = None) -> tuple[Callable[[Task], Env], Callable[[Task], Agent],
+                                                                 Callable[[Task], User]]:
     """Environment, agent and user constructors for one task each.
 
-    The agents share one loaded model (``shared``); ``feedback_source``, when given,
-    answers for every episode instead of the simulated user.
+    The agents share one loaded model (``shared``: pass one to read its statistics after
+    the run); ``feedback_source``, when given, answers for every episode instead of the
+    simulated user.
     """
-    shared: dict = {}
+    shared = shared if shared is not None else SharedBackend()
 
     def env_for(task: Task) -> Env:
         return make_env(cfg, task, root, scenes)
@@ -97,7 +98,6 @@ def make_factories(cfg: Config, root: Path, scenes: dict, *,
     def user_for(task: Task) -> User:
         return make_user(cfg, scenes, task, feedback_source)
 
-    agent_for.shared = shared  # type: ignore[attr-defined]  # the loaded backend, for its cache statistics
     return env_for, agent_for, user_for
 
 
@@ -206,16 +206,17 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     if resumed:
         print(f"resuming: {resumed} of {len(tasks)} episodes already finished (checkpoints in {ckpt_root})",
               file=sys.stderr)
-    factories = make_factories(cfg, root, scenes, feedback_source=feedback_source)
+    shared = SharedBackend()
+    factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
     t0 = time.perf_counter()
     records = _play_checkpointed(cfg, tasks, factories, ckpts, desc,
                                  online=(root, ckpt_root) if online and root is not None else None)
     wall = time.perf_counter() - t0
     episodes, turns = write_collection(out_dir, records)
     stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
-    backend = getattr(factories[1], "shared", {}).get("llm_backend")
-    if hasattr(backend, "prompt_cache_stats"):  # prompt tokens reused across turns vs encoded (this run's)
-        stats["prompt_cache"] = backend.prompt_cache_stats()
+    cache = shared.prompt_cache_stats()
+    if cache is not None:  # prompt tokens reused across turns vs encoded (this run's)
+        stats["prompt_cache"] = cache
     shutil.rmtree(ckpt_root, ignore_errors=True)
     return records, stats
 

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from pipeline.agents.base import AgentStep
 from pipeline.core.io import atomic_write_text, read_json
-from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
+from pipeline.core.schemas import FEEDBACK_TYPES, EpisodeRecord, TurnRecord, canonical_json
 from pipeline.core.seeding import task_seed
 from pipeline.grounding.feedback import classify_feedback_lines
 
@@ -111,45 +112,49 @@ def _feedback_columns(lines: list[str], unknown: str = "keep") -> dict:
     return {f"feedback_{t}": by_type.get(t) for t in FEEDBACK_TYPES}
 
 
-def _turn_row(task: Task, turn_index: int, obs: dict, step: Any, info: dict, reward: float, done: bool,
+def _turn_row(task: Task, turn_index: int, obs: dict, step: AgentStep, info: dict, reward: float, done: bool,
               fb_lines: list[str], status: str, unknown: str) -> tuple[dict, dict | None]:
-    extra = dict(step.extra or {})
-    prompt = extra.get("prompt")
-    row = {
-        "episode_id": task.episode_id,
-        "turn_index": turn_index,
-        "observation": canonical_json(obs),
-        "prompt_hash": hashlib.sha256(prompt.encode()).hexdigest() if prompt is not None else None,
-        "prompt": prompt,
-        "generated_text": step.generated_text,
-        "reasoning": step.reasoning,
-        "action": canonical_json(step.action),
-        "command": info.get("command"),
-        "action_valid": bool(info.get("valid", False)) and bool(extra.get("action_valid", True)),
-        "env_feedback": info.get("env_feedback", ""),
-        "reward": float(reward),
-        "changed": bool(info.get("changed", False)),
-        "repeated": bool(info.get("repeated", False)),
-        "done": bool(done),
-        "won": bool(info.get("won", False)),
-        "status": status,
-        "feedback_lines": list(fb_lines),
+    """The turn's :class:`~pipeline.core.schemas.TurnRecord` (as a row) and its tensors, if any."""
+    turn = step.model
+    gen = turn.generation if turn is not None else None
+    prompt = gen.prompt if gen is not None else None
+    record = TurnRecord(
+        episode_id=task.episode_id,
+        turn_index=turn_index,
+        observation=canonical_json(obs),
+        prompt_hash=hashlib.sha256(prompt.encode()).hexdigest() if prompt is not None else None,
+        prompt=prompt,
+        generated_text=step.generated_text,
+        reasoning=step.reasoning,
+        action=canonical_json(step.action),
+        command=info.get("command"),
+        action_valid=bool(info.get("valid", False)) and (turn is None or turn.action_valid),
+        env_feedback=info.get("env_feedback", ""),
+        reward=float(reward),
+        changed=bool(info.get("changed", False)),
+        repeated=bool(info.get("repeated", False)),
+        done=bool(done),
+        won=bool(info.get("won", False)),
+        status=status,
+        feedback_lines=list(fb_lines),
         **_feedback_columns(fb_lines, unknown),
-        "memory": canonical_json(extra["memory"]) if extra.get("memory") is not None else None,
-        "prompt_tokens": extra.get("prompt_tokens"),
-        "generated_tokens": extra.get("generated_tokens"),
-        "generated_ids_length": len(extra["generated_ids"]) if extra.get("generated_ids") is not None else None,
-        "action_token_start_index": extra.get("action_token_start_index"),
-        "action_token_end_index": extra.get("action_token_end_index"),
-        "tracking_method": extra.get("tracking_method"),
-        "stop_reason": extra.get("stop_reason"),
-        "decoding": extra.get("decoding"),
-        "action_scores": canonical_json(extra["action_scores"]) if extra.get("action_scores") is not None else None,
-    }
+        memory=canonical_json(turn.memory) if turn is not None and turn.memory is not None else None,
+        prompt_tokens=gen.prompt_tokens if gen is not None else None,
+        generated_tokens=gen.generated_tokens if gen is not None else None,
+        generated_ids_length=len(gen.generated_ids) if gen is not None and gen.generated_ids is not None else None,
+        action_token_start_index=gen.action_token_start_index if gen is not None else None,
+        action_token_end_index=gen.action_token_end_index if gen is not None else None,
+        tracking_method=gen.tracking_method if gen is not None else None,
+        stop_reason=gen.stop_reason if gen is not None else None,
+        # Free decoding is recorded as null: the column says which constraint fixed the action.
+        decoding=gen.decoding if gen is not None and gen.decoding != "free" else None,
+        action_scores=canonical_json(turn.action_scores) if turn is not None and turn.action_scores is not None
+        else None,
+    )
     tensors = None
-    if extra.get("generated_ids") is not None:
-        tensors = {"turn_index": turn_index, **{k: extra.get(k) for k in TENSOR_KEYS if extra.get(k) is not None}}
-    return row, tensors
+    if gen is not None and gen.generated_ids is not None:
+        tensors = {"turn_index": turn_index, **{k: getattr(gen, k) for k in TENSOR_KEYS if getattr(gen, k) is not None}}
+    return record.row(), tensors
 
 
 @dataclass
@@ -210,24 +215,24 @@ def _episode_record(slot: _Slot, info: dict, *, agent_name: str, model_name: str
         last.update(_feedback_columns(last["feedback_lines"], unknown_feedback))
     t = slot.task
     won = bool(info.get("won", False))
-    ep = {
-        "episode_id": t.episode_id, "scene_id": t.scene_id, "quest_id": t.quest_id, "split": t.split,
-        "condition": t.condition, "objective": t.objective, "question": t.objective,
-        "choices": list(slot.first_obs.get("admissible_commands", [])),
-        "ground_truth": " ; ".join(t.expert_plan),
-        "final_answer": slot.turns[-1]["command"] or "" if slot.turns else "",
-        "final_reward": float(sum(x["reward"] for x in slot.turns)),
-        "won": won, "preferences_ok": bool(pref_ok),
-        "is_correct": won and (bool(pref_ok) or not preference_in_success),
-        "num_turns": len(slot.turns),
-        "num_invalid": sum(not x["action_valid"] for x in slot.turns),
-        "num_repeated": sum(bool(x["repeated"]) for x in slot.turns),
-        "prompt_tokens": sum(x["prompt_tokens"] or 0 for x in slot.turns),
-        "generated_tokens": sum(x["generated_tokens"] or 0 for x in slot.turns),
-        "agent": agent_name, "model": model_name, "seed": t.seed,
-        "metadata": canonical_json({"lost": bool(info.get("lost", False)), **t.metadata}),
-    }
-    return {"episode": ep, "turns": slot.turns, "tensors": slot.tensors}
+    ep = EpisodeRecord(
+        episode_id=t.episode_id, scene_id=t.scene_id, quest_id=t.quest_id, split=t.split,
+        condition=t.condition, objective=t.objective, question=t.objective,
+        choices=list(slot.first_obs.get("admissible_commands", [])),
+        ground_truth=" ; ".join(t.expert_plan),
+        final_answer=slot.turns[-1]["command"] or "" if slot.turns else "",
+        final_reward=float(sum(x["reward"] for x in slot.turns)),
+        won=won, preferences_ok=bool(pref_ok),
+        is_correct=won and (bool(pref_ok) or not preference_in_success),
+        num_turns=len(slot.turns),
+        num_invalid=sum(not x["action_valid"] for x in slot.turns),
+        num_repeated=sum(bool(x["repeated"]) for x in slot.turns),
+        prompt_tokens=sum(x["prompt_tokens"] or 0 for x in slot.turns),
+        generated_tokens=sum(x["generated_tokens"] or 0 for x in slot.turns),
+        agent=agent_name, model=model_name, seed=t.seed,
+        metadata=canonical_json({"lost": bool(info.get("lost", False)), **t.metadata}),
+    )
+    return {"episode": ep.row(), "turns": slot.turns, "tensors": slot.tensors}
 
 
 def play(

@@ -142,8 +142,8 @@ def test_the_agent_records_or_raises_per_on_backend_error(tiny_cfg, sleeps):
                     agent.act(obs)
             else:
                 step = agent.act(obs)
-                assert step.extra["action_valid"] is False and step.extra["stop_reason"] == "error"
-                assert "backend error" in step.extra["parse_error"]
+                assert step.model.action_valid is False and step.model.generation.stop_reason == "error"
+                assert "backend error" in step.model.parse_error
                 assert step.action == {"action": "look", "target": None}  # agent.fallback_action
 
 

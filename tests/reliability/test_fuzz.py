@@ -210,7 +210,7 @@ def test_parser_never_raises_and_invalid_output_is_action_valid_false(tiny_cfg, 
                      stop_reason="eos")
     step = agent.finish_turn(OBS, gen)
     action, _, error = parse_action(action_text, OBS)
-    assert step.extra["action_valid"] is (error is None)
+    assert step.model.action_valid is (error is None)
     if error is not None:
         assert step.action == {"action": "look", "target": None}  # the configured fallback
     task = Task("ep_fuzz", "s", "q", "train", OBS["objective"], "g.z8", [], [], 0)

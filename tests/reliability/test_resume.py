@@ -281,7 +281,7 @@ class _NoEnv:
     def act(self, obs):
         from pipeline.agents.base import AgentStep
 
-        return AgentStep(action={"action": "look", "target": None}, reasoning="", generated_text="", extra={})
+        return AgentStep(action={"action": "look", "target": None}, reasoning="", generated_text="")
 
     def step(self, action):
         return {}, 0.0, False, {"valid": True}

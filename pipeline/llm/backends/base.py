@@ -9,7 +9,7 @@ by ``pipeline.llm.tracker``). Runtime failures come back as a :class:`Generation
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 from pipeline.core.config import ConfigError
 from pipeline.llm.tracker import TrackedTurn
@@ -127,6 +127,17 @@ class ActionConstrainedBackend(Backend, Protocol):
                  max_new_tokens: int | None = None, early_stop: bool | None = None,
                  admissible: Sequence[Sequence[dict] | None] | None = None,
                  decoding: str = "constrained", reasoning_max_tokens: int = 32) -> list[Generation]:
+        ...
+
+
+@runtime_checkable
+class CachesPrompts(Protocol):
+    """An optional backend capability: a prompt cache whose reuse the run's metrics report
+    (``prompt_cache`` in ``metrics/collect.json``, ``metrics/eval/<C>.json``). Implemented by
+    :class:`~pipeline.llm.backends.transformers.TransformersBackend`."""
+
+    def prompt_cache_stats(self) -> dict[str, int]:
+        """Prompt tokens reused from the cache and encoded since it was set; entries and bytes held."""
         ...
 
 
