@@ -92,6 +92,26 @@ def test_knowledge_from_scene_facts_and_a_verified_plan(tiny_games):
         assert read_knowledge(plan.replace(obj, "Nothing_9").replace(holder, "Nowhere_9"), w, prefs).located == frozenset()
 
 
+def test_freeze_prompt_gives_the_mutate_and_read_text_and_keeps_the_organizer(cfg):
+    """Each grounding / block case gives the text set_variables + set_memory_block +
+    freeze_system_prompt gave, and the shared organizer keeps no task's state."""
+    from pipeline.policy.demos import freeze_prompt
+    from pipeline.prompts import PromptOrganizer
+
+    org = PromptOrganizer.from_config(cfg)
+    block = json.dumps({"DEBATE_CONTEXT__MEMORY": {"retrieved": [{"message": "Open $it first."}]}})
+    for grounding in (None, "- The fridge is in the kitchen ($5).", ""):
+        for blk in ("", block):
+            old = PromptOrganizer.from_config(cfg)
+            old.set_variables(objective="Put Apple_2 in Fridge_0", scene="s0")
+            old.set_memory_block(blk)
+            content = grounding if grounding is not None else old.empty_grounding_text
+            expected = (old.freeze_system_prompt() if grounding is None and not blk
+                        else old.freeze_system_prompt(None, grounding_content=content))
+            assert freeze_prompt(org, "Put Apple_2 in Fridge_0", "s0", grounding, blk) == expected
+    assert org.variables == {} and org.memory_slot == ""
+
+
 def test_expert_demos_win_and_cover_the_prompt_variants(demos, memory):
     demos, turns = demos
     assert demos and all(d.episode.won for d in demos if not d.mapping), "clean expert demos must win"

@@ -177,6 +177,31 @@ def test_frozen_prompt_then_turns(org, grounding_files):
         assert org.render_turn(frozen, OBS) == org.get_system_prompt(str(j), observation=OBS)
 
 
+def test_pure_freeze_equals_the_mutate_and_read_path(cfg, grounding_files):
+    """freeze() gives the text and block set_variables + set_memory_block + freeze_system_prompt
+    give (memory_slot read back), and leaves the organizer's own state as it was."""
+    j, t = grounding_files
+    org = PromptOrganizer.from_config(cfg, root=ROOT)
+    block = json.dumps({"DEBATE_CONTEXT__MEMORY": BUNDLE})
+    for variables, blk, files in [({"objective": "Pay $$5 ${x} $memory[plan]", "scene": "scene_0"}, block, [str(j)]),
+                                  ({"objective": OBS["objective"], "scene": "scene_1"}, "", [str(j), str(t)]),
+                                  ({"objective": OBS["objective"], "scene": "scene_1"}, block, []),
+                                  ({"objective": OBS["objective"], "grounding_content": "given"}, block, None)]:
+        frozen = org.freeze(variables, blk, files)
+        for entropy in (False, True):
+            old = PromptOrganizer.from_config(cfg, root=ROOT)
+            old.set_variables(**{k: v for k, v in variables.items() if k != "grounding_content"})
+            old.set_memory_block(blk)
+            extra = {k: v for k, v in variables.items() if k == "grounding_content"}
+            assert org.freeze(variables, blk, files, entropy=entropy).text == old.freeze_system_prompt(
+                files, entropy=entropy, **extra)
+            assert frozen.memory_block == old.memory_slot
+        assert bool(frozen.memory_block) == bool(blk) and (blk in frozen.text if blk else True)
+    assert org.variables == {} and org.memory_slot == ""
+    with pytest.raises(ValueError, match="as `block`"):
+        org.freeze({"objective": "x", "memory_slot": "a block"})
+
+
 def test_verbalized_entropy_prompt(org):
     text = org.get_verbalized_entropy_system_prompt(observation=OBS)
     assert "P(<command>) = <probability>" in text

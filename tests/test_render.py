@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from pipeline.core.config import ConfigError, load_params
 from pipeline.core.io import read_parquet, write_parquet
 from pipeline.envs.household.reader import HouseholdFactReader
 from pipeline.memory import EpisodicStore, build_entry, write_store
-from pipeline.prompts import render_turn_prompt
+from pipeline.prompts import PromptOrganizer, render_turn_prompt
 from pipeline.core.schemas import manifest_table
 from pipeline import conditions as R
 from pipeline.stages import render as render_stage
@@ -173,12 +174,29 @@ def test_stage_fails_when_prompt_differs_beyond_the_block(project, store, monkey
     real_prompt = R.Renderer.prompt
 
     def drifting(self, task, block, files):  # e.g. a condition-dependent template variable
-        text = real_prompt(self, task, block, files)
-        return text + "\n(memory on)" if block else text
+        frozen = real_prompt(self, task, block, files)
+        return replace(frozen, text=frozen.text + "\n(memory on)") if block else frozen
 
     monkeypatch.setattr(R.Renderer, "prompt", drifting)
     with pytest.raises(R.EvidenceError, match=r"\[only_block_differs\] C2 s0/e0: differs from the no-memory prompt"):
         R.render_condition(TASKS, "C2", cfg, store, root)
+
+
+def test_renderer_freezes_without_touching_its_organizer(project, store):
+    """Renderer.prompt is the organizer's pure freeze: the text and block the former
+    set_variables + set_memory_block + freeze_system_prompt path read back; rendering
+    leaves the shared organizer as it was built."""
+    root, cfg = project
+    r = R.Renderer(cfg, store, root)
+    assert any(r.row(t, "C2")["injected"] for t in TASKS)
+    assert r.organizer.variables == {} and r.organizer.memory_slot == ""
+    for t in TASKS:
+        files = r.grounding(t["scene_id"], "C2")
+        old = PromptOrganizer.from_config(cfg, root=root)
+        old.set_variables(objective=t["objective"], scene=t["scene_id"])
+        old.set_memory_block('{"DEBATE_CONTEXT__MEMORY": "$5 ${x}"}')
+        frozen = r.prompt(t, '{"DEBATE_CONTEXT__MEMORY": "$5 ${x}"}', files)
+        assert (frozen.text, frozen.memory_block) == (old.freeze_system_prompt(files), old.memory_slot)
 
 
 # --------------------------------------------------------------------------- pure checks

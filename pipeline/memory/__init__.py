@@ -13,6 +13,7 @@ from pipeline.memory.advisory import (
     advisory_type_for,
     compose_message,
     find_label_hints,
+    task_answer,
 )
 from pipeline.memory.injection import (
     InjectionController,
@@ -62,5 +63,5 @@ __all__ = [
     "StageSnapshotV1_1", "advisory_type_for", "build_entries", "build_entry", "build_memory_slot",
     "check_condition", "compose_message", "content_hash", "draw_placebo", "entries_to_table", "export_jsonl",
     "find_label_hints", "load_store", "merge_slot", "retrieve_loop", "should_inject_advisory_with_reason",
-    "table_to_entries", "task_rng", "tokenize", "write_store",
+    "table_to_entries", "task_answer", "task_rng", "tokenize", "write_store",
 ]

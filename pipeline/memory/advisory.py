@@ -24,7 +24,7 @@ its expert commands) and dropped with a warning when one is found::
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pipeline.memory.schemas import (
     MAX_MESSAGE_CHARS,
@@ -141,6 +141,26 @@ def named_plan_commands(text: str, expert_plan: Sequence[str]) -> list[str]:
     names as whole phrases, case-insensitively, in plan order."""
     msg = _norm(text)
     return [c for c in plan_object_commands(expert_plan) if _contains(msg, c)]
+
+
+def task_answer(task: Mapping[str, Any]) -> tuple[list[str], str | None]:
+    """``(expert_plan, ground_truth)`` of a query task: what the label-hint rule compares
+    a text with (the advisories here, the gate in :mod:`pipeline.memory.injection`, the
+    prompts' grounding and memory block in :mod:`pipeline.conditions.hints`).
+
+    The plan is the manifest row's ``expert_plan`` (the planner's plan,
+    :func:`pipeline.envs.household.planner.shortest_plan`, computed by the games stage),
+    else its episode's ``ground_truth`` (the plan's commands joined by ``;``) split at
+    ``;``. Nothing is planned here.
+
+    Args:
+        task: A manifest row (``expert_plan``, optionally ``ground_truth``).
+    """
+    plan = task.get("expert_plan")
+    gt = task.get("ground_truth")
+    if plan is None and gt:
+        plan = [c.strip() for c in str(gt).split(";")]
+    return [str(c) for c in (plan or [])], (str(gt) if gt else None)
 
 
 def find_label_hints(

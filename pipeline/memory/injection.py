@@ -33,7 +33,13 @@ from omegaconf import DictConfig
 from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
 from pipeline.core.config import ConfigError, section
 from pipeline.core.seeding import task_rng
-from pipeline.memory.advisory import AdvisoryBuilder, advisory_type_for, compose_message, find_label_hints
+from pipeline.memory.advisory import (
+    AdvisoryBuilder,
+    advisory_type_for,
+    compose_message,
+    find_label_hints,
+    task_answer,
+)
 from pipeline.memory.retrieval import Retriever
 from pipeline.memory.schemas import (
     MAX_RETRIEVED,
@@ -453,17 +459,6 @@ class MemorySlot(NamedTuple):
     notes: list
 
 
-def _query_plan(task: dict[str, Any]) -> list[str]:
-    """The query task's expert plan as its manifest row records it (the planner's plan,
-    :func:`pipeline.envs.household.planner.shortest_plan`, computed by the games stage),
-    else its episode's ``ground_truth`` (the plan's commands joined by ``;``). Nothing is
-    planned here: the label-hint check compares advisories with this plan."""
-    plan = task.get("expert_plan")
-    if plan is None and task.get("ground_truth"):
-        plan = [c.strip() for c in str(task["ground_truth"]).split(";")]
-    return [str(c) for c in (plan or [])]
-
-
 def build_memory_slot(
     store: Any,
     task: dict[str, Any],
@@ -493,7 +488,7 @@ def build_memory_slot(
         A :class:`MemorySlot`.
     """
     controller = InjectionController.from_config(condition_cfg, memory_cfg, condition_name)
-    plan, gt = _query_plan(task), task.get("ground_truth")
+    plan, gt = task_answer(task)
     if not controller.retrieval_executed:
         bundle = controller.build_slot_payload()
         return _finish(controller, bundle, [], [], [], plan, gt)

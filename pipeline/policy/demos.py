@@ -214,17 +214,16 @@ def grounding_text(grounding_cfg: GroundingConfig, memory: SceneMemory, scene_id
 
 
 def freeze_prompt(organizer: PromptOrganizer, objective: str, scene_id: str, grounding: str | None, block: str) -> str:
-    """The per-episode system prompt, rendered as ``pipeline.conditions.Renderer.prompt`` does.
+    """The per-episode system prompt, frozen as ``pipeline.conditions.Renderer.prompt`` does
+    (:meth:`~pipeline.prompts.PromptOrganizer.freeze`), with ``grounding`` as its text.
 
     With neither grounding nor block it is the prompt the ``llm`` agent renders for itself
     in ``collect`` (the default grounding files, no advisory slot).
     """
-    organizer.set_variables(objective=objective, scene=scene_id)
-    organizer.set_memory_block(block)
-    if grounding is None and not block:
-        return organizer.freeze_system_prompt()
-    content = grounding if grounding is not None else organizer.empty_grounding_text
-    return organizer.freeze_system_prompt(None, grounding_content=content)
+    variables = {"objective": objective, "scene": scene_id}
+    if grounding is not None or block:
+        variables["grounding_content"] = grounding if grounding is not None else organizer.empty_grounding_text
+    return organizer.freeze(variables, block).text
 
 
 def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],

@@ -32,8 +32,8 @@ exactly the text a one-pass render of the template would give.
 Modules: :mod:`~pipeline.prompts.templates` (substitution, memory renderer, template
 files), :mod:`~pipeline.prompts.observation` (turn variables, advisory slot, memory
 from a response), :mod:`~pipeline.prompts.entropy` (verbalized distributions) and
-:mod:`~pipeline.prompts.organizer` (:class:`PromptOrganizer`). ``$grounding_content``
-comes from :mod:`pipeline.grounding`.
+:mod:`~pipeline.prompts.organizer` (:class:`PromptOrganizer`; its pure ``freeze`` gives a
+:class:`FrozenPrompt`). ``$grounding_content`` comes from :mod:`pipeline.grounding`.
 """
 
 from pipeline.grounding import split_grounding_paths
@@ -47,7 +47,7 @@ from pipeline.prompts.observation import (
     observation_variables,
     render_memory_slot,
 )
-from pipeline.prompts.organizer import PromptOrganizer, render_turn_prompt
+from pipeline.prompts.organizer import FrozenPrompt, PromptOrganizer, render_turn_prompt
 from pipeline.prompts.templates import (
     DEPTH_CAP_PLACEHOLDER,
     PromptTemplateError,
@@ -58,8 +58,8 @@ from pipeline.prompts.templates import (
 )
 
 __all__ = [
-    "DEFAULT_SLOT_HEADING", "DEPTH_CAP_PLACEHOLDER", "PromptOrganizer", "PromptTemplateError", "TURN_VARIABLES",
-    "extract_json_object", "load_template", "memory_from_response", "memory_slot_text", "observation_variables",
+    "DEFAULT_SLOT_HEADING", "DEPTH_CAP_PLACEHOLDER", "FrozenPrompt", "PromptOrganizer", "PromptTemplateError",
+    "TURN_VARIABLES", "extract_json_object", "load_template", "memory_from_response", "memory_slot_text", "observation_variables",
     "parse_verbalized_distribution", "render_memory_slot", "render_memory_value", "render_turn_prompt",
     "split_grounding_paths", "system_prompt_interp", "template_slots",
 ]

@@ -3,6 +3,15 @@
 :class:`PromptOrganizer` holds an episode's memory dict and variables and renders
 ``prompts.system_template`` (or the entropy template) with them; a per-episode "frozen"
 prompt keeps the turn slots, which :func:`render_turn_prompt` fills each turn.
+
+:meth:`PromptOrganizer.freeze` is the frozen render as a function of its inputs: it reads
+none of the organizer's episode state and changes none, and returns the prompt with the
+memory block it shows (what the ``render`` stage stores)::
+
+    org = PromptOrganizer.from_config(cfg, root=root)
+    frozen = org.freeze({"objective": task["objective"], "scene": task["scene_id"]},
+                        slot.injected_block_text, ["data/grounding_merged/scene_0.md"])
+    frozen.text, frozen.memory_block
 """
 
 from __future__ import annotations
@@ -10,6 +19,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -27,6 +37,20 @@ from pipeline.prompts.observation import (
     render_memory_slot,
 )
 from pipeline.prompts.templates import load_template, safe_str, system_prompt_interp
+
+
+@dataclass(frozen=True)
+class FrozenPrompt:
+    """A per-episode ("frozen") system prompt and the memory block it shows.
+
+    Attributes:
+        text: The prompt with the episode slots filled and the turn slots and
+            ``$memory[...]`` kept (fill it per turn with :func:`render_turn_prompt`).
+        memory_block: Exactly what ``$memory_slot`` inserted (``""`` when nothing).
+    """
+
+    text: str
+    memory_block: str
 
 
 class PromptOrganizer:
@@ -184,8 +208,10 @@ class PromptOrganizer:
             missing_memory_value=self.missing_memory_value, empty_string_value=self.empty_string_value,
             max_depth=self.max_depth, **kw)
 
-    def _variables(self, grounding_file_path: Any, observation: Any, extra: Mapping[str, Any]) -> dict:
-        variables = {"memory_slot": self.memory_slot, **self.variables}
+    def _variables(self, memory_slot: str, episode: Mapping[str, Any], grounding_file_path: Any, observation: Any,
+                   extra: Mapping[str, Any]) -> dict:
+        # Precedence, lowest first: slot, episode variables, grounding, observation, extra.
+        variables = {"memory_slot": memory_slot, **episode}
         variables["grounding_content"] = self.grounding_content(grounding_file_path)
         if observation is not None:
             variables.update(observation_variables(observation))
@@ -203,7 +229,8 @@ class PromptOrganizer:
             **variables: Further variables (override the episode-level ones).
         """
         path = self.system_template_path
-        return self._interp(self.template(path), path, self._variables(grounding_file_path, observation, variables))
+        vs = self._variables(self.memory_slot, self.variables, grounding_file_path, observation, variables)
+        return self._interp(self.template(path), path, vs)
 
     def get_verbalized_entropy_system_prompt(self, grounding_file_path: str | Sequence[str] | None = None, *,
                                              observation: Mapping[str, Any] | None = None,
@@ -211,17 +238,52 @@ class PromptOrganizer:
         """As :meth:`get_system_prompt`, with ``prompts.entropy_template`` (the model states
         a probability for each candidate action; parse with :func:`parse_verbalized_distribution`)."""
         path = self.entropy_template_path
-        return self._interp(self.template(path), path, self._variables(grounding_file_path, observation, variables))
+        vs = self._variables(self.memory_slot, self.variables, grounding_file_path, observation, variables)
+        return self._interp(self.template(path), path, vs)
 
     def freeze_system_prompt(self, grounding_file_path: str | Sequence[str] | None = None, *,
                              entropy: bool = False, **variables: Any) -> str:
         """The per-episode prompt: episode slots filled, turn slots and ``$memory[...]`` kept.
 
         Render it per turn with :meth:`render_turn`; the result equals
-        :meth:`get_system_prompt` with the same state.
+        :meth:`get_system_prompt` with the same state. It reads the slot and the variables
+        set on the organizer; :meth:`freeze` takes them as arguments instead.
         """
+        return self._frozen_text(self.memory_slot, self.variables, grounding_file_path, variables, entropy)
+
+    def freeze(self, variables: Mapping[str, Any], block: str = "",
+               grounding_file_path: str | Sequence[str] | None = None, *, entropy: bool = False) -> FrozenPrompt:
+        """The per-episode prompt of the given inputs, and the memory block it shows.
+
+        The text :meth:`set_memory_block` (``block``) then :meth:`freeze_system_prompt`
+        (``grounding_file_path, **variables``) give on an organizer with no variables set,
+        without reading or setting its variables or ``memory_slot``: one organizer freezes
+        many tasks' prompts, in any order, and each result depends on its arguments only.
+
+        Args:
+            variables: The episode's variables (objective, scene, ...); as the keywords of
+                :meth:`freeze_system_prompt`, they override the computed
+                ``grounding_content``.
+            block: The injected block text (``MemorySlot.injected_block_text``; ``""``: none),
+                shown under ``prompts.memory_slot_heading`` (:func:`memory_slot_text`).
+            grounding_file_path: Grounding files, as for :meth:`grounding_content` (None:
+                the organizer's default files).
+            entropy: Freeze ``prompts.entropy_template`` instead of the system template.
+
+        Raises:
+            ValueError: ``variables`` sets ``memory_slot`` (the returned ``memory_block``
+                would not be what the prompt shows: pass the block as ``block``).
+        """
+        if "memory_slot" in variables:
+            raise ValueError("PromptOrganizer.freeze: pass the memory block as `block`, not as the variable "
+                             "memory_slot")
+        memory_block = memory_slot_text(block, heading=self.slot_heading)
+        return FrozenPrompt(self._frozen_text(memory_block, {}, grounding_file_path, variables, entropy), memory_block)
+
+    def _frozen_text(self, memory_slot: str, episode: Mapping[str, Any], grounding_file_path: Any,
+                     extra: Mapping[str, Any], entropy: bool) -> str:
         path = self.entropy_template_path if entropy else self.system_template_path
-        vs = self._variables(grounding_file_path, None, variables)
+        vs = self._variables(memory_slot, episode, grounding_file_path, None, extra)
         return self._interp(self.template(path), path, vs, keep=TURN_VARIABLES, keep_memory=True)
 
     def render_turn(self, frozen_prompt: str, observation: Mapping[str, Any] | None = None, *,

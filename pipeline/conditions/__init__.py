@@ -1,0 +1,80 @@
+"""Experimental conditions: what each one injects into the prompt, and the evidence that it did.
+
+A condition (``conf/condition/<name>.yaml``, schema :class:`~pipeline.core.conf_schema.ConditionConfig`)
+says whether the scene's grounding is in the prompt (``grounding``), whether retrieval runs
+(``retrieval_executed``), whether its advisories are shown (``memory_mode``,
+``injection_mask``) and whether real advisories are swapped for length-matched ones from
+other scenes (``placebo``): grounding and memory are orthogonal switches. The standard
+conditions: C0 (no grounding, no memory), C1 (grounding, no memory), C2 (grounding,
+advisories shown), C2_silent (retrieval runs, nothing shown), C2_placebo, C2_oracle
+(the task's expert plan shown: the positive control).
+
+To add a condition: write ``conf/condition/<name>.yaml``, list it under ``condition`` in
+``conf/config.yaml`` (and in ``experiment.comparisons`` to compare it); what it injects is
+decided by ``pipeline.memory.build_memory_slot`` from those fields, and the evidence
+checks (:mod:`~pipeline.conditions.evidence`) hold it to them.
+
+The stored ``system_prompt`` is the per-episode ("frozen") prompt: everything fixed for the
+episode is in it verbatim, and the per-turn slots (observation fields, ``$memory[...]``)
+are kept for the agent to fill each turn with
+``pipeline.prompts.render_turn_prompt(system_prompt, observation, memory_dict)`` (``$`` in
+inserted text is escaped as ``$$`` so that fill reproduces it exactly).
+
+Modules:
+
+- :mod:`~pipeline.conditions.schema`: the prompts' Parquet contract (:data:`PROMPTS_SCHEMA`,
+  :func:`prompts_table`) and the eval tasks it is rendered for (:func:`load_eval_tasks`);
+- :mod:`~pipeline.conditions.render`: :class:`Renderer` (one task under one condition: one
+  row) and :func:`render_condition` (the ``render`` stage's core);
+- :mod:`~pipeline.conditions.evidence`: the evidence checks and :class:`EvidenceError`;
+- :mod:`~pipeline.conditions.hints`: whether a prompt's grounding or memory block reveals
+  the task's answer (counted per row, not enforced);
+- :mod:`~pipeline.conditions.length`: the unit a memory block's length is measured in
+  (:func:`block_length_for`: the model's tokens, or characters).
+
+The ``render`` stage (``python -m pipeline.stages.render``) writes the rows of one condition::
+
+    from pipeline.conditions import block_length_for, load_eval_tasks, prompts_table, render_condition
+
+    rows, report = render_condition(load_eval_tasks(root, cfg), "C2", cfg, store, root,
+                                    block_length_for(cfg, root))
+    write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"])
+"""
+
+from pipeline.conditions.evidence import (
+    PLACEBO_UNAVAILABLE,
+    EvidenceError,
+    check_injected_blocks,
+    check_masked_identical,
+    check_no_advisory_text,
+    check_no_grounding_text,
+    check_only_block_differs,
+    check_oracle_content,
+    check_placebo_matched,
+    is_exposed,
+    placebo_reference,
+    placebo_unavailable,
+    run_evidence_checks,
+)
+from pipeline.conditions.hints import label_hint_of, label_hint_totals, task_answer
+from pipeline.conditions.length import BlockLength, block_length_for
+from pipeline.conditions.render import PROBE_OBSERVATION, Renderer, grounding_files_for, render_condition
+from pipeline.conditions.schema import (
+    LABEL_HINT_COLUMNS,
+    PROMPTS_SCHEMA,
+    PROMPTS_SCHEMA_VERSION,
+    load_eval_tasks,
+    prompts_table,
+    task_id,
+)
+# What render_condition and block_length_for raise for a bad config, named here too as before.
+from pipeline.core.config import ConfigError
+
+__all__ = [
+    "LABEL_HINT_COLUMNS", "PLACEBO_UNAVAILABLE", "PROBE_OBSERVATION", "PROMPTS_SCHEMA", "PROMPTS_SCHEMA_VERSION",
+    "BlockLength", "ConfigError", "EvidenceError", "Renderer", "block_length_for", "check_injected_blocks",
+    "check_masked_identical", "check_no_advisory_text", "check_no_grounding_text", "check_only_block_differs",
+    "check_oracle_content", "check_placebo_matched", "grounding_files_for", "is_exposed", "label_hint_of",
+    "label_hint_totals", "load_eval_tasks", "placebo_reference", "placebo_unavailable", "prompts_table",
+    "render_condition", "run_evidence_checks", "task_answer", "task_id",
+]

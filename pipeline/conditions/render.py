@@ -1,0 +1,199 @@
+"""Rendering: one eval task's frozen system prompt under one condition, and the stage's core.
+
+For one eval task: signature -> retrieval -> advisory bundle -> gate
+(``pipeline.memory.build_memory_slot``) -> system prompt (``prompts.system_template`` with
+the scene's merged grounding ``data/grounding_merged/<scene_id>.md`` (+ ``configured.md``
+when ``grounding.files`` is set) and the injected block, frozen by
+:meth:`pipeline.prompts.PromptOrganizer.freeze`). :class:`Renderer` gives one row of
+:data:`~pipeline.conditions.schema.PROMPTS_SCHEMA`; :func:`render_condition` renders every
+configured condition and runs the evidence checks (:mod:`pipeline.conditions.evidence`)::
+
+    r = Renderer(cfg, store, root)
+    row = r.row(task, "C2")                      # one row of PROMPTS_SCHEMA
+    rows, report = render_condition(tasks, "C2", cfg, store, root, block_length_for(cfg, root))
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+from pipeline import memory
+from pipeline.conditions.evidence import EvidenceError, is_exposed, placebo_unavailable, run_evidence_checks
+from pipeline.conditions.hints import label_hint_of, label_hint_totals
+from pipeline.conditions.length import BlockLength
+from pipeline.conditions.schema import task_id
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError
+from pipeline.core.io import sha256_text
+from pipeline.core.schemas import canonical_json
+from pipeline.memory import EpisodicStore
+from pipeline.prompts import FrozenPrompt, PromptOrganizer, render_turn_prompt, split_grounding_paths
+
+#: Observation used to fill the turn slots of a frozen prompt for the evidence checks.
+PROBE_OBSERVATION: dict[str, Any] = {}
+
+
+def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, configured: bool,
+                        root: Path) -> list[str]:
+    """The grounding files a task's prompt merges (paths relative to the project root).
+
+    The scene's merged grounding when the merge stage wrote one (a held-out scene has
+    none), then ``configured.md`` (the merge of ``grounding.files``) when files are set.
+    """
+    if not use_in_prompt:
+        return []
+    out = []
+    for name in (f"{scene_id}.md", "configured.md" if configured else None):
+        if name and (root / merged_dir / name).is_file():
+            out.append(f"{merged_dir.rstrip('/')}/{name}")
+    return out
+
+
+@dataclass
+class Renderer:
+    """Renders one task's prompt under one condition (the stage's core, no file writes).
+
+    Args:
+        cfg: The composed config.
+        store: The loaded episodic store (``pipeline.memory.load_store``).
+        root: Project root (templates, grounding files).
+        length: How a memory block's length is measured (the placebo matches C2's in it):
+            ``BlockLength()`` counts characters; the render stage passes one that counts
+            the model's tokens (:func:`~pipeline.conditions.length.block_length_for`).
+    """
+
+    cfg: Config
+    store: EpisodicStore
+    root: Path
+    length: BlockLength = field(default_factory=lambda: BlockLength())
+
+    def __post_init__(self) -> None:
+        # Read-only here: its templates, grounding files and settings; every prompt is
+        # frozen with PromptOrganizer.freeze, which keeps no per-task state.
+        self.organizer = PromptOrganizer.from_config(self.cfg, root=self.root)
+        self.template_path = self.organizer.system_template_path
+        self.template_sha256 = sha256_text(self.organizer.template(self.template_path))
+        self.memory_defaults = canonical_json(self.organizer.memory_defaults)
+        g = self.cfg.grounding
+        self._configured = bool(split_grounding_paths(list(g.files) if not isinstance(g.files, str) else g.files))
+
+    def grounding(self, scene_id: str, condition: str | None = None) -> list[str]:
+        """The grounding files of ``scene_id``'s prompt (:func:`grounding_files_for`); none
+        for a condition with ``grounding: false``."""
+        if condition is not None and not bool(self.cfg.condition[condition].grounding):
+            return []
+        return grounding_files_for(scene_id, merged_dir=str(self.cfg.paths.grounding_merged),
+                                   use_in_prompt=bool(self.cfg.grounding.use_in_prompt),
+                                   configured=self._configured, root=self.root)
+
+    def prompt(self, task: Mapping[str, Any], block: str, files: list[str]) -> FrozenPrompt:
+        """The frozen prompt of ``task`` with ``block`` as the injected memory block, and the
+        memory block as the prompt shows it."""
+        variables = {"objective": str(task["objective"]), "scene": str(task["scene_id"])}
+        return self.organizer.freeze(variables, block, files)
+
+    def seen_text(self, frozen: str) -> str:
+        """What the model sees at a turn (probe observation, memory defaults)."""
+        org = self.organizer
+        return render_turn_prompt(frozen, PROBE_OBSERVATION, org.memory_defaults, template_name="<frozen prompt>",
+                                  strict=True, missing_memory_value=org.missing_memory_value,
+                                  empty_string_value=org.empty_string_value, max_depth=org.max_depth)
+
+    def row(self, task: Mapping[str, Any], condition: str) -> dict:
+        """One Parquet row: retrieval, bundle, gate and prompt of ``task`` under ``condition``."""
+        cond_cfg = self.cfg.condition[condition]
+        # Looked up on the package at call time, so a test can substitute it.
+        slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=int(self.cfg.seed),
+                                        condition_name=condition, measure=self.length.measure)
+        files = self.grounding(str(task["scene_id"]), condition)
+        frozen = self.prompt(task, slot.injected_block_text, files)
+        bundle = slot.bundle
+        grounding_text = self.organizer.grounding_content(files)
+        min_commands = int(self.cfg.memory.label_hint_min_commands)
+        g_hint, g_commands = label_hint_of(grounding_text, task, min_commands)
+        m_hint, m_commands = label_hint_of(frozen.memory_block, task, min_commands)
+        return {
+            "task_id": task_id(task),
+            "scene_id": str(task["scene_id"]),
+            "quest_id": str(task["quest_id"]),
+            "split": str(task.get("split") or ""),
+            "scene_split": str(task.get("scene_split") or ""),
+            "objective": str(task["objective"]),
+            "condition": condition,
+            "template": self.template_path,
+            "template_sha256": self.template_sha256,
+            "system_prompt": frozen.text,
+            "prompt_sha256": sha256_text(frozen.text),
+            "memory_block": frozen.memory_block,
+            "injected": bool(frozen.memory_block),
+            "bundle_json": canonical_json(bundle.model_dump(mode="json")),
+            "memory_on": bool(bundle.memory_on),
+            "memory_mode": str(bundle.meta.memory_mode),
+            "retrieval_executed": bool(bundle.meta.retrieval_executed),
+            "gate_ok": bool(slot.gate_ok),
+            "gate_reason": str(slot.reason),
+            "advisory_ids": [a.advisory_id for a in bundle.retrieved],
+            "retrieved_entry_ids": [str(i) for i in slot.retrieved_entry_ids],
+            "injected_entry_ids": [str(i) for i in slot.injected_entry_ids],
+            "notes": [str(n) for n in slot.notes],
+            "store_hash": bundle.meta.store_hash,
+            "grounding_files": files,
+            "grounding_sha256": sha256_text(grounding_text),
+            "memory_defaults": self.memory_defaults,
+            "grounding_label_hint": g_hint,
+            "memory_label_hint": m_hint,
+            "grounding_hint_commands": g_commands,
+            "memory_hint_commands": m_commands,
+        }
+
+    def reference_advisories(self, task: Mapping[str, Any]) -> list[str]:
+        """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
+        on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
+        slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=int(self.cfg.seed),
+                                        condition_name="reference")
+        return [a.message for a in slot.bundle.retrieved]
+
+
+def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Config, store: EpisodicStore,
+                     root: Path, length: Optional[BlockLength] = None) -> tuple[list[dict], dict]:
+    """The stage's core: rows for ``condition`` and the evidence report.
+
+    Renders every configured condition (cheap) so the checks can compare them; raises
+    :class:`~pipeline.conditions.evidence.EvidenceError` listing the violations when a check
+    fails. ``length``: the unit of block lengths (default characters; the stage passes
+    :func:`~pipeline.conditions.length.block_length_for`).
+    """
+    if condition not in cfg.condition:
+        raise ConfigError(f"--condition {condition!r}: not a configured condition "
+                          f"(condition: {', '.join(cfg.condition)})")
+    r = Renderer(cfg, store, root, length or BlockLength())
+    tasks = sorted(tasks, key=lambda t: (str(t["scene_id"]), str(t["quest_id"])))
+    rows_by = {c: [r.row(t, c) for t in tasks] for c in cfg.condition}
+    exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}
+    checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
+    target = rows_by[condition]
+    unavailable = placebo_unavailable(target) if bool(cfg.condition[condition].placebo) else []
+    report = {
+        "condition": condition,
+        "placebo_unavailable": unavailable,
+        "exposed": exposed[condition],
+        "tasks": len(target),
+        "injected": sum(row["injected"] for row in target),
+        "gate_reasons": dict(sorted(Counter(row["gate_reason"] for row in target).items())),
+        "store_hash": store.store_hash,
+        "template": r.template_path,
+        "template_sha256": r.template_sha256,
+        "mean_prompt_chars": round(sum(len(row["system_prompt"]) for row in target) / max(1, len(target)), 1),
+        "block_length_unit": r.length.unit,
+        "mean_block_length": round(sum(r.length.measure(row["memory_block"]) for row in target)
+                                   / max(1, len(target)), 1),
+        "label_hints": label_hint_totals(target),
+        "evidence": {"checks": checks, "passed": not violations, "compared_conditions": list(cfg.condition)},
+    }
+    if violations:
+        shown = "\n  ".join(violations[:10]) + (f"\n  ... ({len(violations)} in all)" if len(violations) > 10 else "")
+        raise EvidenceError(f"render {condition}: evidence checks failed:\n  {shown}", violations)
+    return target, report
