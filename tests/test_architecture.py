@@ -1,4 +1,6 @@
-"""Architecture rules: library code never imports the stages; dvc.yaml lists each stage's code."""
+"""Architecture rules: the layer order of docs/architecture.md holds for every import; library
+code never imports the stages; environment-agnostic packages never name a world; dvc.yaml
+lists each stage's code."""
 
 from __future__ import annotations
 
@@ -17,6 +19,71 @@ STAGE_MODULES = sorted(f"pipeline.stages.{p.stem}" for p in STAGES.glob("*.py") 
 
 def _library_files() -> list[Path]:
     return sorted(p for p in PACKAGE.rglob("*.py") if STAGES not in p.parents and "__pycache__" not in p.parts)
+
+
+# The layers of docs/architecture.md, lowest first: a package imports only itself and the
+# packages of lower ranks (never one of its own rank, never a higher one).
+LAYERS = [
+    ("core",),
+    ("analysis", "llm"),
+    ("grounding",),
+    ("prompts",),
+    ("memory", "envs"),
+    ("users", "agents", "conditions"),
+    ("session",),
+    ("policy", "tools"),
+    ("view",),
+    ("stages",),
+]
+RANK = {pkg: rank for rank, layer in enumerate(LAYERS) for pkg in layer}
+# Packages that hold no world's knowledge: they read typed facts (pipeline.core.facts), never
+# a world's prose, and import no environment.
+WORLD_AGNOSTIC = ("memory", "grounding", "conditions", "analysis", "prompts", "llm", "core")
+HOUSEHOLD_PROSE = ("You are in the", "You see", "Exits:", "You are carrying", "take (", "unlock (", "go (")
+
+
+def _package(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[0] == "pipeline" else None
+
+
+def test_every_import_follows_the_layer_order():
+    """Each ``pipeline.<package>`` import (top level or inside a function) goes down the
+    order of :data:`LAYERS`, or stays in its package."""
+    packages = {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    assert packages == set(RANK), f"packages without a layer, or layers without a package: {packages ^ set(RANK)}"
+    offenders = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = _package(deps.module_name(ROOT, path))
+        if src is None or "__pycache__" in path.parts:
+            continue  # pipeline/__init__.py
+        for module in deps.imported_modules(ROOT, path):
+            dst = _package(module)
+            if dst is not None and dst != src and RANK[dst] >= RANK[src]:
+                offenders.append(f"{path.relative_to(ROOT).as_posix()} ({src}) imports {module} ({dst})")
+    assert not offenders, "imports against the layer order of docs/architecture.md:\n" + "\n".join(offenders)
+
+
+def test_world_agnostic_packages_name_no_world():
+    """memory, grounding, conditions, analysis, prompts, llm and core import no environment
+    and hold none of the household's sentences (they read typed facts instead)."""
+    offenders = []
+    for pkg in WORLD_AGNOSTIC:
+        for path in sorted((PACKAGE / pkg).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            offenders += [f"{rel} imports {m}" for m in deps.imported_modules(ROOT, path)
+                          if _package(m) == "envs"]
+            text = path.read_text(encoding="utf-8")
+            offenders += [f"{rel} holds {phrase!r}" for phrase in HOUSEHOLD_PROSE if phrase in text]
+    assert not offenders, "\n".join(offenders)
+
+
+def test_the_documented_layers_are_the_enforced_ones():
+    """docs/architecture.md states the same order as :data:`LAYERS`."""
+    doc = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for rank, layer in enumerate(LAYERS):
+        line = f"| {rank} | " + ", ".join(f"`{pkg}`" for pkg in layer) + " |"
+        assert line in doc, f"docs/architecture.md lacks the layer row {line!r}"
 
 
 def test_library_code_never_imports_the_stages():

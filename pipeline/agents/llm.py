@@ -237,9 +237,9 @@ class LLMAgent:
         meta = dict(episode_meta or {})
         self.episode_id = str(meta.get("episode_id") or "")
         self.objective = meta.get("objective")
+        self.scene_id = meta.get("scene_id") or ""
         self.turn = 0
         self.organizer.reset_memory()
-        self.organizer.set_variables(objective=self.objective or "", scene=meta.get("scene_id") or "")
         self._frozen: str | None = meta.get("system_prompt") or None
         self._frozen_name = "<episode system prompt>" if self._frozen else self.organizer.system_template_path
         self._obs_in_template: bool | None = None
@@ -248,8 +248,7 @@ class LLMAgent:
         if self._frozen is None:
             if not self.objective:  # no episode meta: the observation carries the objective
                 self.objective = obs.get("objective") or ""
-                self.organizer.set_variables(objective=self.objective)
-            self._frozen = self.organizer.freeze_system_prompt()
+            self._frozen = self.organizer.freeze({"objective": self.objective or "", "scene": self.scene_id}).text
         if self._obs_in_template is None:
             names, _ = template_slots(self._frozen)
             self._obs_in_template = bool(names & set(TURN_VARIABLES))

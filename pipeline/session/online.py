@@ -67,9 +67,9 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
     for batch in rounds(tasks):
         for t in batch:
             docs = earlier.get(t.scene_id, [])
-            if docs and bool(g.use_in_prompt):
-                organizer.set_variables(objective=t.objective, scene=t.scene_id)
-                t.system_prompt = organizer.freeze_system_prompt([*configured, *docs])
+            if docs and g.use_in_prompt:
+                t.system_prompt = organizer.freeze({"objective": t.objective, "scene": t.scene_id},
+                                                   grounding_file_path=[*configured, *docs]).text
         for rec in play_round(batch):
             ep = rec["episode"]
             doc = episode_grounding(ep, rec["turns"], generator="extractive", timestamp=str(g.timestamp),

@@ -201,9 +201,12 @@ def write_deps(root: Path) -> list[str]:
         want = suggested_deps(root, stage, module)
         if [str(d) for d in deps] == want:
             continue
-        kept = [d for d in deps if not str(d).startswith(PACKAGE + "/") and str(d) != PACKAGE]
-        code = [d for d in want if d not in kept]
-        deps[:] = kept + code
+        # In place, from the end: a kept entry keeps its index, so its comment stays with it
+        # (a slice assignment would drop every item comment of the round-tripped sequence).
+        for i in reversed(range(len(deps))):
+            if str(deps[i]).startswith(PACKAGE + "/") or str(deps[i]) == PACKAGE:
+                del deps[i]
+        deps.extend(d for d in want if d not in [str(k) for k in deps])
         changed.append(stage)
     if changed:
         buf = io.StringIO()

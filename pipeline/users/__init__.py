@@ -18,10 +18,22 @@ from typing import Any, Iterable, Mapping, Protocol
 from pipeline.core.conf_schema import Config
 from pipeline.envs import HOUSEHOLD_ENVS
 from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
-from pipeline.session.rollout import Task
 from pipeline.users.file import FileFeedback
 
-__all__ = ["FileFeedback", "SimulatedUser", "StepFeedback", "User", "make_user", "quest_of", "step_status"]
+__all__ = ["FileFeedback", "SimulatedUser", "StepFeedback", "User", "UserTask", "make_user", "quest_of",
+           "step_status"]
+
+
+class UserTask(Protocol):
+    """What a user reads of an episode's task (a :class:`pipeline.session.rollout.Task`)."""
+
+    episode_id: str
+    scene_id: str
+    quest_id: str
+    objective: str
+    expert_plan: list[str]
+    preferences: list[str]  # ids of the scene preferences the quest keeps
+    seed: int  # seeds the simulated user's draws
 
 
 class User(Protocol):
@@ -44,13 +56,13 @@ class User(Protocol):
         ...
 
 
-def quest_of(task: Task) -> dict[str, Any]:
+def quest_of(task: UserTask) -> dict[str, Any]:
     """What a user knows of a task's quest: ``quest_id``, ``objective``, ``expert_plan``, ``preferences``."""
     return {"quest_id": task.quest_id, "objective": task.objective, "expert_plan": task.expert_plan,
             "preferences": task.preferences}
 
 
-def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: Task,
+def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: UserTask,
               feedback_source: FileFeedback | None = None) -> User:
     """The user of one episode.
 
