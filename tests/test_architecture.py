@@ -145,15 +145,20 @@ def test_covered_by_file_or_directory():
 
 
 def test_the_seam_factories_name_an_unknown_world(tiny_cfg, tiny_games, tmp_path):
-    """`env.name` is read only by the factories, which reject a world they do not know by name."""
+    """`env.name` is read only by the factories, which reject a world they do not know by name
+    (the typed config refuses it first: `EnvName` is a closed set; an untyped one reaches them)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import ValidationError
 
     from pipeline.envs import build_games, make_env
     from pipeline.session.rollout import tasks_from_manifest
     from pipeline.users import make_user
 
     task = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[0]
-    other = OmegaConf.merge(tiny_cfg, {"env": {"name": "kitchen_sim"}})
+    with pytest.raises(ValidationError, match="full_key: env.name"):
+        OmegaConf.merge(tiny_cfg, {"env": {"name": "kitchen_sim"}})
+    other = OmegaConf.create(OmegaConf.to_container(tiny_cfg))
+    other.env.name = "kitchen_sim"
     for call in (lambda: make_env(other, task, tiny_games.root, tiny_games.scenes),
                  lambda: make_user(other, tiny_games.scenes, task),
                  lambda: build_games(other, tmp_path, progress=False)):

@@ -1,14 +1,22 @@
-"""Config route: conf/ composes to the committed params.yaml; stale params fail loudly."""
+"""Config route: conf/ composes to the committed params.yaml; stale params fail loudly.
+
+The schema (``pipeline/core/conf_schema.py``) is the one home of the defaults: every field
+has a docstring, and no YAML file under ``conf/`` restates a value it would inherit.
+"""
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import shutil
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from pipeline.core import conf_schema
 from pipeline.core import config as C
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,7 +46,7 @@ def test_compose_matches_dvc_compose_byte_for_byte(repo: Path):
 
 def test_stale_params_fail_naming_the_key(repo: Path):
     conf = repo / "conf" / "sampling" / "default.yaml"
-    conf.write_text(conf.read_text().replace("top_p: 0.9 ", "top_p: 0.8 "))
+    conf.write_text(conf.read_text() + "top_p: 0.8  # an option changing the schema default (0.9)\n")
     with pytest.raises(C.ConfigError, match=r"sampling\.top_p: params\.yaml=0\.9 conf=0\.8"):
         C.check(repo)
     C.compose(repo)  # the documented fix
@@ -75,6 +83,9 @@ def test_inside_dvc_exp_run_overrides_are_accepted_and_recorded(repo: Path, monk
         ("agent.name=foo", "agent.name"),
         ("condition.C1.memory_mode=maybe", "condition.C1.memory_mode"),
         ("env.max_steps=many", "env.max_steps"),
+        ("agent.on_backend_error=maybe", "agent.on_backend_error"),  # closed sets are StrEnums: refused at compose
+        ("model.structured_output=xml", "model.structured_output"),
+        ("env.name=forest", "env.name"),
     ],
 )
 def test_bad_override_names_the_key(repo: Path, override: str, key: str):
@@ -139,3 +150,117 @@ def test_every_group_option_composes_over_its_base(repo: Path, group: str):
         assert set(composed[group]) == set(default[group]), option
         if group == "env":
             assert composed["env"]["name"] == option and composed["env"]["reward"] == default["env"]["reward"]
+
+
+def test_closed_set_refusal_lists_the_allowed_values(repo: Path):
+    """DVC's compose (the plugin's schema) refuses a value outside a StrEnum with the key and the choices."""
+    with pytest.raises(C.ConfigError, match=r"expected one of \[record, fail\].*full_key: agent\.on_backend_error"):
+        C.compose_text(repo, ["agent.on_backend_error=retry"])
+
+
+def _is_dataclass_def(node: ast.ClassDef) -> bool:
+    return any((d.id if isinstance(d, ast.Name) else getattr(d, "attr", None)) == "dataclass"
+               for d in (dec.func if isinstance(dec, ast.Call) else dec for dec in node.decorator_list))
+
+
+def test_every_schema_field_has_a_docstring():
+    """Each field of each schema dataclass has its docstring (a string literal) right under it: its one home."""
+    tree = ast.parse(Path(conf_schema.__file__).read_text(encoding="utf-8"))
+    missing = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and _is_dataclass_def(n)):
+        for stmt, after in zip(cls.body, [*cls.body[1:], None]):
+            if isinstance(stmt, ast.AnnAssign):
+                is_doc = isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
+                doc = after.value.value if is_doc else None
+                if not (isinstance(doc, str) and doc.strip()):
+                    missing.append(f"{cls.name}.{stmt.target.id}")
+    assert not missing, f"schema fields without a docstring under them: {missing}"
+
+
+def _package(path: Path, conf: Path) -> list[str]:
+    """Where a conf/ file's keys land: its group's path, or the root for ``# @package _global_``."""
+    if path.read_text(encoding="utf-8").lstrip().startswith("# @package _global_"):
+        return []
+    return list(path.relative_to(conf).parent.parts)
+
+
+def _inherited(path: Path, conf: Path) -> dict:
+    """What ``path`` extends, as a plain dict from the root: the same group's options its own
+    ``defaults:`` list names (``- household``), merged in order; the schema comes under them."""
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    out = OmegaConf.create()
+    for entry in doc.get("defaults") or []:
+        base = path.with_name(f"{entry}.yaml") if isinstance(entry, str) and "@" not in entry else None
+        if base is not None and base.is_file():  # not _self_, not the primary config's `schema`
+            out = OmegaConf.merge(out, _inherited(base, conf), _rooted(base, conf))
+    return OmegaConf.to_container(out)
+
+
+def _rooted(path: Path, conf: Path) -> dict:
+    doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    doc.pop("defaults", None)
+    for part in reversed(_package(path, conf)):
+        doc = {part: doc}
+    return doc
+
+
+def _restated(node: dict, schema_cls: type, base: dict, prefix: str = "") -> list[str]:
+    """Keys of ``node`` (YAML under ``schema_cls``) whose value is what they would get anyway:
+    the schema default, or the value of the option the file extends (``base``)."""
+    hints = typing.get_type_hints(schema_cls)
+    inherited = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(schema_cls), base), enum_to_str=True)
+    out = []
+    for key, value in node.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        hint = hints.get(key)
+        if hint is None:  # an unknown key fails the compose itself
+            continue
+        sub_base = base.get(key) or {}
+        if dataclasses.is_dataclass(hint) and isinstance(value, dict):
+            out += _restated(value, hint, sub_base, dotted)
+        elif typing.get_origin(hint) is dict and dataclasses.is_dataclass(typing.get_args(hint)[1]):
+            for name, sub in value.items():  # condition.<name>: each a ConditionConfig
+                out += _restated(sub, typing.get_args(hint)[1], sub_base.get(name) or {}, f"{dotted}.{name}")
+        elif _filled(hint, value) == inherited[key]:
+            out.append(dotted)
+    return out
+
+
+def _filled(hint: typing.Any, value: typing.Any) -> typing.Any:
+    """``value`` as the schema reads it: a list of dataclass items (``demos.advisory_variants``)
+    with each item's missing fields filled in; any other value as it is."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) is not list or not (args and dataclasses.is_dataclass(args[0])):
+        return value
+    if not isinstance(value, list):
+        return value
+    return [OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(args[0]), item), enum_to_str=True)
+            for item in value]
+
+
+def test_no_conf_file_restates_a_default():
+    """A group option or variant says only what it changes: no key set to the schema default (or to the
+    value of the option it extends). Delete the line; its doc lives in pipeline/core/conf_schema.py."""
+    conf = ROOT / "conf"
+    found = {}
+    for path in sorted(conf.rglob("*.yaml")):
+        restated = _restated(_rooted(path, conf), conf_schema.Config, _inherited(path, conf))
+        if restated:
+            found[path.relative_to(ROOT).as_posix()] = restated
+    assert not found, f"conf/ files restating a default: {found}"
+
+
+def test_restated_default_check_sees_one(tmp_path: Path):
+    """The check above finds a restated schema default, nested or in a condition, and a restated base value."""
+    conf = tmp_path / "conf"
+    shutil.copytree(ROOT / "conf", conf)
+    (conf / "env" / "tiny.yaml").write_text((conf / "env" / "tiny.yaml").read_text()
+                                            + "reward:\n  win: 1.0  # restated\nmin_quest_length: 2\n")
+    (conf / "condition" / "C1.yaml").write_text("C1:\n  placebo: false\n  description: no memory\n")
+    (conf / "sampling" / "default.yaml").write_text("seed: ${seed}\ntop_k: 40\n")
+    (conf / "sampling" / "greedy.yaml").write_text("defaults: [default, _self_]\ndo_sample: false\ntop_k: 40\n")
+    assert _restated(_rooted(conf / "env" / "tiny.yaml", conf), conf_schema.Config, {}) == [
+        "env.reward.win", "env.min_quest_length"]
+    assert _restated(_rooted(conf / "condition" / "C1.yaml", conf), conf_schema.Config, {}) == ["condition.C1.placebo"]
+    greedy = conf / "sampling" / "greedy.yaml"
+    assert _restated(_rooted(greedy, conf), conf_schema.Config, _inherited(greedy, conf)) == ["sampling.top_k"]

@@ -58,7 +58,7 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
 
     # A stale params.yaml stops `dvc repro` before anything runs, naming the key.
     cfg = repo / "conf" / "sampling" / "default.yaml"
-    cfg.write_text(cfg.read_text().replace("top_p: 0.9 ", "top_p: 0.5 "))
+    cfg.write_text(cfg.read_text() + "top_p: 0.5  # an option changing the schema default (0.9)\n")
     stale = _run([sys.executable, "-m", "dvc", "repro"], repo, env)
     assert stale.returncode != 0
     assert "sampling.top_p" in stale.stdout + stale.stderr

@@ -92,7 +92,7 @@ def test_a_stale_params_yaml_stops_before_any_stage_output_is_touched(repo: Path
     _run(repo, "dvc", "exp", "run", "-q", "-S", "seed=11", "-n", "e1")
     _run(repo, "dvc", "exp", "apply", "e1")
     household = repo / "conf" / "env" / "household.yaml"
-    household.write_text(household.read_text().replace("max_steps: 30", "max_steps: 40"))
+    household.write_text(household.read_text() + "max_steps: 40  # the option changes the schema default (30)\n")
     (repo / "dvc.yaml").write_text(DVC_YAML.replace("str(load_params().seed)", "str(load_params().seed) + '!'"))
     p = _run(repo, "dvc", "repro", ok=False)
     assert p.returncode != 0

@@ -21,6 +21,7 @@ from types import SimpleNamespace as NS
 import pytest
 import torch
 from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
 from pipeline.agents.base import AgentStep
 from pipeline.agents.llm import SharedBackend
@@ -248,9 +249,12 @@ def test_bad_model_config_is_a_clear_error(lm, tmp_path):
     with pytest.raises(BackendError, match="cannot load a causal LM"):
         make_backend(cfg.model, cfg.sampling)
     cfg.model.name_or_path = str(lm.path)
-    cfg.model.dtype = "float8"
+    with pytest.raises(ValidationError, match="full_key: model.dtype"):  # a closed set: refused by the schema
+        cfg.model.dtype = "float8"
+    untyped = OmegaConf.create(OmegaConf.to_container(cfg.model))  # the backend still names it in a plain one
+    untyped.dtype = "float8"
     with pytest.raises(BackendError, match="model.dtype='float8'"):
-        make_backend(cfg.model, cfg.sampling)
+        make_backend(untyped, cfg.sampling)
 
 
 def test_prompt_longer_than_context_is_a_failed_generation(lm):

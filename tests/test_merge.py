@@ -330,8 +330,8 @@ def test_ground_and_merge_mains_then_a_changed_file_list(project, capsys):
     # Edit the file list in conf, recompose (as documented), merge again.
     _write(project / "notes.txt", "Kitchen notes.\n")
     conf = project / "conf/grounding/default.yaml"
-    listed = 'files: "data/grounding/grounding_latest.json,notes.txt"  '
-    conf.write_text(conf.read_text().replace("files: []  ", listed))
+    listed = 'files: "data/grounding/grounding_latest.json,notes.txt"  # the option adds files to the schema\'s []\n'
+    conf.write_text(conf.read_text() + listed)
     C.compose(project)
     assert merge_stage.main() == 0
     assert (project / "data/grounding_merged/configured.md").read_text(encoding="utf-8") == md.rstrip("\n") + (

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -118,11 +119,13 @@ def test_environment_of_the_default_and_native_configs():
 
 
 @pytest.mark.parametrize("key,value,match", [
-    ("cpu_capability", "sse9", "numerics.cpu_capability='sse9': expected default | avx2 | avx512 | native"),
+    ("cpu_capability", "sse9", "Invalid value 'sse9', expected one of [default, avx2, avx512, native]"),
+    ("mkl_cbwr", "AVX2", "expected one of [COMPATIBLE, AUTO, native]"),
     ("mkl_cbwr", "AVX2", "MKL's other branches exist on Intel CPUs only"),
     ("threads", 0, "numerics.threads=0: expected >= 1"),
 ])
 def test_bad_numerics_values_name_the_key(tiny_cfg, key, value, match):
     bad = OmegaConf.merge(OmegaConf.to_container(tiny_cfg), {"numerics": {key: value}})
-    with pytest.raises(ConfigError, match=match.replace("|", r"\|").replace("(", r"\(")):
+    with pytest.raises(ConfigError, match=re.escape(match)) as err:
         validate(bad)
+    assert f"numerics.{key}" in str(err.value)

@@ -307,7 +307,7 @@ def paired_comparisons(data: Mapping[str, ConditionData], info: Mapping[tuple[st
     x = cfg.experiment
     for role, pairs in (("positive_control", x.positive_controls), ("primary", x.comparisons), ("check", x.checks)):
         for pair in pairs:
-            t, c = str(pair[0]), str(pair[1])
+            t, c = pair[0], pair[1]
             missing = [m for m in (t, c) if m not in data]
             if missing:
                 skipped.append({"name": comparison_name(t, c), "reason": f"condition(s) not evaluated: {missing}"})
@@ -323,11 +323,11 @@ def paired_comparisons(data: Mapping[str, ConditionData], info: Mapping[tuple[st
         s, table = d["success"], d["success"]["table"]
         s.setdefault("p_holm", None)
         family = len(families.get(d["role"], []))
-        level = float(x.alpha) / family if family else float(x.alpha)
-        s["verdict"] = verdict(s["p_holm"] if family else s["p_value"], table["b"], table["c"], float(x.alpha))
-        psi = float(x.planning_discordance)
-        s["power"] = {"alpha": round(level, 10), "power": float(x.power), "discordance": psi,
-                      "mde": mcnemar_mde(d["n_pairs"], level, power=float(x.power), discordance=psi),
+        level = x.alpha / family if family else x.alpha
+        s["verdict"] = verdict(s["p_holm"] if family else s["p_value"], table["b"], table["c"], x.alpha)
+        psi = x.planning_discordance
+        s["power"] = {"alpha": round(level, 10), "power": x.power, "discordance": psi,
+                      "mde": mcnemar_mde(d["n_pairs"], level, power=x.power, discordance=psi),
                       # the power to detect a 20-point success difference (None: above the discordance)
                       "power_20pt": (round(mcnemar_power(d["n_pairs"], (psi + 0.2) / 2, (psi - 0.2) / 2, level), 4)
                                      if psi >= 0.2 else None)}
@@ -343,7 +343,7 @@ def prompt_identities(data: Mapping[str, ConditionData], cfg: Config) -> tuple[l
     """
     identity, skipped = [], []
     for pair in cfg.experiment.identical_prompts:
-        a, b = str(pair[0]), str(pair[1])
+        a, b = pair[0], pair[1]
         if a not in data or b not in data:
             skipped.append({"name": f"{a}_vs_{b}", "reason": "condition(s) not evaluated"})
             continue
@@ -400,7 +400,7 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
                       "conditions": list(data), "success": "is_correct", "pairing": "episode_id",
                       "p_value": "exact McNemar (two-sided binomial on discordant pairs); p_holm: Holm over "
                                  "the primary comparisons (checks are outside the family)",
-                      "verdict": f"better/worse only when p_holm < alpha={float(cfg.experiment.alpha)}; the "
+                      "verdict": f"better/worse only when p_holm < alpha={cfg.experiment.alpha}; the "
                                  "intervals are the effect size",
                       "interval": "success_cluster_diff resamples scenes (tasks of a scene share grounding and "
                                   "memory); diff resamples pairs",

@@ -52,7 +52,7 @@ def as_rows(rows: Any) -> list[dict]:
 def bootstrap_settings(cfg: Config) -> tuple[int, int, float]:
     """``(seed, n_resamples, level)`` from the config (``seed``, ``experiment.*``)."""
     exp = cfg.experiment
-    return int(cfg.seed), int(exp.bootstrap_samples), float(exp.ci_level)
+    return cfg.seed, exp.bootstrap_samples, exp.ci_level
 
 
 def _condition_of(episodes: list[dict]) -> str:

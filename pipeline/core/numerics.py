@@ -39,13 +39,13 @@ import os
 import sys
 from typing import Any, Mapping
 
+from pipeline.core.conf_schema import CpuCapability
+
 log = logging.getLogger(__name__)
 
-NATIVE = "native"
-# ATEN_CPU_CAPABILITY values torch 2.x understands on x86-64, and oneDNN's matching cap.
-CPU_CAPABILITIES = {"default": "SSE41", "avx2": "AVX2", "avx512": "AVX512_CORE"}
-# MKL branches that exist on every x86-64 vendor (the others are Intel-only, MKL docs).
-MKL_BRANCHES = ("COMPATIBLE", "AUTO")
+NATIVE = "native"  # CpuCapability.native and MklBranch.native: the knob left to the machine
+# oneDNN's instruction-set cap matching each ATEN_CPU_CAPABILITY torch 2.x understands on x86-64.
+ONEDNN_ISA = {CpuCapability.default: "SSE41", CpuCapability.avx2: "AVX2", CpuCapability.avx512: "AVX512_CORE"}
 # Read once by torch / MKL / OpenMP / oneDNN: setting them after torch loaded changes nothing.
 READ_ONCE = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA", "ONEDNN_DEFAULT_FPMATH_MODE",
              "MKL_DYNAMIC", "OMP_DYNAMIC")
@@ -67,7 +67,7 @@ def environment(numerics: Any) -> dict[str, str]:
     cap = str(_get(numerics, "cpu_capability"))
     if cap != NATIVE:
         env["ATEN_CPU_CAPABILITY"] = cap
-        env["ONEDNN_MAX_CPU_ISA"] = CPU_CAPABILITIES[cap]
+        env["ONEDNN_MAX_CPU_ISA"] = ONEDNN_ISA[cap]
     cbwr = str(_get(numerics, "mkl_cbwr"))
     if cbwr != NATIVE:
         env["MKL_CBWR"] = cbwr

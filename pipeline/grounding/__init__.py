@@ -37,12 +37,9 @@ from pipeline.grounding.common import (
     CONFIGURED_NAME,
     CONTENT_JOINER,
     FINAL_KEYS,
-    GENERATORS,
     SAFE_NAME_RE,
-    SAVE_FORMATS,
     SECTION_TITLES,
     TEXT_JOINER,
-    UNKNOWN_POLICIES,
     GroundingError,
     GroundingMergeError,
     empty_stacked,
@@ -81,9 +78,9 @@ from pipeline.grounding.merge import (
 )
 
 __all__ = [
-    "CONFIGURED_NAME", "CONTENT_JOINER", "FINAL_KEYS", "GENERATORS", "GroundingError", "GroundingFileManager",
-    "GroundingMergeError", "MergedGrounding", "SAFE_NAME_RE", "SAVE_FORMATS", "SECTION_TITLES", "TEXT_JOINER",
-    "UNKNOWN_POLICIES", "empty_final_grounding", "empty_stacked", "episode_dir_name", "episode_file_stem",
+    "CONFIGURED_NAME", "CONTENT_JOINER", "FINAL_KEYS", "GroundingError", "GroundingFileManager",
+    "GroundingMergeError", "MergedGrounding", "SAFE_NAME_RE", "SECTION_TITLES", "TEXT_JOINER",
+    "empty_final_grounding", "empty_stacked", "episode_dir_name", "episode_file_stem",
     "escapes_root", "extract_statements", "extractive_final_grounding", "feedback_from_lines",
     "generate_final_grounding", "generate_grounding", "grounding_content", "grounding_timestamp",
     "llm_grounding_prompt", "merge_grounding_docs", "merge_grounding_files", "merge_grounding_json_files",

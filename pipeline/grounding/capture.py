@@ -15,12 +15,11 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from pipeline.core.conf_schema import SaveFormat, UnknownFeedback
 from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
 from pipeline.grounding.common import (
     FINAL_KEYS,
     SAFE_NAME_RE,
-    SAVE_FORMATS,
-    UNKNOWN_POLICIES,
     GroundingError,
     check_choice,
     empty_stacked,
@@ -44,7 +43,7 @@ def feedback_from_lines(lines: Iterable[str], unknown: str = "keep", where: str 
     Returns:
         ``{type: text or None}`` for the four types; texts of one type joined with ``"; "``.
     """
-    policy = check_choice(unknown, UNKNOWN_POLICIES, "grounding.unknown_type")
+    policy = check_choice(unknown, UnknownFeedback, "grounding.unknown_type")
     grouped: dict[str, list[str]] = {t: [] for t in FEEDBACK_TYPES}
     for line in lines:
         if isinstance(line, str) and not line.strip():
@@ -87,8 +86,8 @@ class GroundingFileManager:
                                  "'_', '-', '.'")
         self.episode_id = episode_id
         self.out_dir = Path(out_dir) if out_dir is not None else None
-        self.save_format = check_choice(save_format, SAVE_FORMATS, "grounding.save_format")
-        self.unknown_type = check_choice(unknown_type, UNKNOWN_POLICIES, "grounding.unknown_type")
+        self.save_format = check_choice(save_format, SaveFormat, "grounding.save_format")
+        self.unknown_type = check_choice(unknown_type, UnknownFeedback, "grounding.unknown_type")
         self.latest_dirs = [Path(d) for d in latest_dirs]
         self.expr_info: dict[str, Any] = {"episode_id": episode_id}
         for k, v in (expr_info or {}).items():

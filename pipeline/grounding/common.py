@@ -1,14 +1,16 @@
 """What every part of :mod:`pipeline.grounding` shares: names, formats, errors (seed 000).
 
-The ``final_grounding`` keys and section titles, the accepted option values, the joiners
-of merged text, the ``[ StepN - Status ] : text`` form of a stacked entry and the
-error types. Nothing here reads or writes files.
+The ``final_grounding`` keys and section titles, the check of an option value against its
+closed set (a ``StrEnum`` of :mod:`pipeline.core.conf_schema`), the joiners of merged
+text, the ``[ StepN - Status ] : text`` form of a stacked entry and the error types.
+Nothing here reads or writes files.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from enum import StrEnum
+from typing import Any
 
 from pipeline.core.schemas import FEEDBACK_TYPES
 
@@ -26,9 +28,6 @@ SECTION_TITLES: dict[str, str] = {
     "procedural_grounding": "Procedural Grounding",
     "general_grounding_rules": "General Grounding Rules",
 }
-SAVE_FORMATS = ("json", "txt", "both")
-GENERATORS = ("extractive", "llm")
-UNKNOWN_POLICIES = ("keep", "reject")
 CONTENT_JOINER = "\n\n"  # between "- <content>" items of one category (seed: "- <c>\n\n- <c>")
 TEXT_JOINER = "\n\n---\n\n"  # between TXT files, and between JSON Markdown and TXT text
 CONFIGURED_NAME = "configured"  # merge stage: <merged dir>/configured.md = merge of grounding.files
@@ -48,15 +47,22 @@ class GroundingMergeError(GroundingError):
     """No usable grounding file among those given (the message names each and why)."""
 
 
-def check_choice(value: Any, allowed: Sequence[str], key: str) -> str:
-    """``value`` as a plain string when it is one of ``allowed`` (a config ``StrEnum`` member
-    gives its value).
+def check_choice(value: Any, allowed: type[StrEnum], key: str) -> str:
+    """``value`` as a plain string when it is one of ``allowed``'s values::
+
+        check_choice(cfg.grounding.save_format, SaveFormat, "grounding.save_format")  # -> "both"
+        check_choice("xml", SaveFormat, "grounding.save_format")  # GroundingError: ... json | txt | both
+
+    Args:
+        value: a member of ``allowed`` or a plain string (the library functions take both).
+        allowed: the closed set (:class:`~pipeline.core.conf_schema.SaveFormat`, ...).
+        key: the config key, for the message.
 
     Raises:
         GroundingError: any other value; the message names ``key`` and the choices.
     """
     v = str(value) if isinstance(value, str) else value
-    if v not in allowed:
+    if v not in {m.value for m in allowed}:
         raise GroundingError(f"{key}={v!r}: expected one of {' | '.join(allowed)}")
     return v
 

@@ -23,8 +23,8 @@ import logging
 import re
 from typing import Iterable
 
+from pipeline.core.conf_schema import UnknownFeedback
 from pipeline.core.schemas import FEEDBACK_TYPES
-from pipeline.grounding.common import UNKNOWN_POLICIES
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +48,8 @@ def _normalise_type(raw: str) -> str:
 
 def _check_policy(unknown: str) -> str:
     value = str(unknown) if isinstance(unknown, str) else unknown  # a conf_schema StrEnum -> its value
-    if value not in UNKNOWN_POLICIES:
-        raise ValueError(f"grounding.unknown_type={value!r}: expected one of {', '.join(UNKNOWN_POLICIES)}")
+    if value not in {m.value for m in UnknownFeedback}:
+        raise ValueError(f"grounding.unknown_type={value!r}: expected one of {', '.join(UnknownFeedback)}")
     return value
 
 

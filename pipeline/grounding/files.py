@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
-from pipeline.grounding.common import SAFE_NAME_RE, SAVE_FORMATS, GroundingError, check_choice
+from pipeline.core.conf_schema import SaveFormat
+from pipeline.grounding.common import SAFE_NAME_RE, GroundingError, check_choice
 from pipeline.grounding.merge import render_episode_text
 
 
@@ -29,7 +30,7 @@ def episode_file_stem(episode_id: int | str) -> str:
 
 
 def _write_doc(doc: Mapping[str, Any], stem: Path, save_format: str) -> list[Path]:
-    save_format = check_choice(save_format, SAVE_FORMATS, "grounding.save_format")
+    save_format = check_choice(save_format, SaveFormat, "grounding.save_format")
     paths = []
     if save_format in ("json", "both"):
         # Seed 000's key order, not sorted: the file reads like the seed's example.

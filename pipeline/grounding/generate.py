@@ -14,11 +14,11 @@ import re
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from pipeline.core.conf_schema import GroundingGenerator
 from pipeline.core.jsonscan import iter_json_objects
 from pipeline.core.schemas import FEEDBACK_TYPES
 from pipeline.grounding.common import (
     FINAL_KEYS,
-    GENERATORS,
     TERMINAL,
     GroundingError,
     check_choice,
@@ -177,7 +177,7 @@ def generate_grounding(stacked: Mapping[str, Sequence[str]], generator: str = "e
         ``(final_grounding, info)`` with ``info = {"generator", "generator_used",
         "fallback_reason"}`` (the reason is ``None`` when nothing fell back).
     """
-    generator = check_choice(generator, GENERATORS, "grounding.generator")
+    generator = check_choice(generator, GroundingGenerator, "grounding.generator")
     ts = grounding_timestamp(timestamp)
     info: dict[str, Any] = {"generator": generator, "generator_used": "extractive", "fallback_reason": None}
     extractive = extractive_final_grounding(stacked, ts)

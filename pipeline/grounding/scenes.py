@@ -20,16 +20,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.core.conf_schema import SaveFormat
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.grounding import (
     CONFIGURED_NAME,
-    SAVE_FORMATS,
     GroundingError,
     MergedGrounding,
     merge_grounding_files,
     replace_dir,
     split_grounding_paths,
 )
+from pipeline.grounding.common import check_choice
 
 CONFIGURED = CONFIGURED_NAME  # configured.md: the merge of grounding.files
 
@@ -90,9 +91,7 @@ def _write_one(out: Path, name: str, merged: MergedGrounding | None, merge_forma
 def write_merge_outputs(scenes: dict[str, MergedGrounding], configured: MergedGrounding | None,
                         out_dir: str | Path, merge_format: str = "both") -> dict:
     """Write ``<scene>.md/.json``, ``configured.md/.json`` and ``index.json``; return the index."""
-    merge_format = str(merge_format)
-    if merge_format not in SAVE_FORMATS:
-        raise GroundingError(f"grounding.merge_format={merge_format!r}: expected one of {' | '.join(SAVE_FORMATS)}")
+    merge_format = check_choice(merge_format, SaveFormat, "grounding.merge_format")
     if CONFIGURED in scenes:
         raise GroundingError(f"scene_id={CONFIGURED!r} collides with the merge of grounding.files")
     index: dict[str, Any] = {"merge_format": merge_format, "scenes": {}, CONFIGURED: None}

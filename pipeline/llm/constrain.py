@@ -1,6 +1,6 @@
 """Admissible-only actions for a local model: the token masks of ``agent.decoding``.
 
-Three decodings (``conf/_base_/agent.yaml``):
+Three decodings (``agent.decoding``: :class:`pipeline.core.conf_schema.Decoding`):
 
 ``free``
     the model writes its reasoning line and JSON action unconstrained (an inadmissible

@@ -178,7 +178,7 @@ def skip_reason(model_cfg: ModelConfig) -> str | None:
 
 def model_dir(model_cfg: ModelConfig) -> str:
     """``<model.gguf.out_dir>/model``: the directory the ``convert`` stage writes."""
-    return f"{str(model_cfg.gguf.out_dir).rstrip('/')}/{MODEL_DIR}"
+    return f"{model_cfg.gguf.out_dir.rstrip('/')}/{MODEL_DIR}"
 
 
 def convert_model(model_cfg: ModelConfig, root: str | os.PathLike) -> dict[str, Any]:
@@ -191,7 +191,7 @@ def convert_model(model_cfg: ModelConfig, root: str | os.PathLike) -> dict[str, 
     """
     root = Path(root)
     g = model_cfg.gguf
-    out = root / str(g.out_dir)
+    out = root / g.out_dir
     reason = skip_reason(model_cfg)
     if reason is not None:
         summary: dict[str, Any] = {"converted": False, "reason": reason}
@@ -199,10 +199,10 @@ def convert_model(model_cfg: ModelConfig, root: str | os.PathLike) -> dict[str, 
             atomic_write_json(tmp / SKIPPED_FILE, summary)
         return summary
     expected = model_dir(model_cfg)
-    if str(model_cfg.name_or_path or "").rstrip("/") != expected:
+    if (model_cfg.name_or_path or "").rstrip("/") != expected:
         raise ConvertError(f"model.gguf.file is set but model.name_or_path={model_cfg.name_or_path!r}: expected "
                            f"{expected!r} (the directory the convert stage writes), or set model.gguf.file=null")
-    src = locate_gguf(g.package, str(g.file), root)
+    src = locate_gguf(g.package, g.file, root)
     with atomic_dir(out) as tmp:
         summary = {"converted": True, "package": g.package, **convert_gguf(src, tmp / MODEL_DIR)}
         atomic_write_json(tmp / SUMMARY_FILE, summary)

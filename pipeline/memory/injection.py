@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
+from pipeline.core.conf_schema import ConditionConfig, MemoryConfig, MemoryMode
 from pipeline.core.config import ConfigError, section
 from pipeline.core.seeding import task_rng
 from pipeline.memory.advisory import (
@@ -44,7 +44,6 @@ from pipeline.memory.retrieval import Retriever
 from pipeline.memory.schemas import (
     MAX_RETRIEVED,
     MAX_WARNINGS,
-    MEMORY_MODES,
     AdvisoryBundleMetaV1_1,
     AdvisoryBundleV1_1,
     AdvisoryV1_1,
@@ -70,8 +69,8 @@ def check_condition(cond: ConditionConfig | Mapping[str, Any], name: str = "?") 
     masked = bool(cond.injection_mask)
     placebo = bool(cond.placebo)
     key = f"condition.{name}"
-    if mode not in MEMORY_MODES:
-        raise ConfigError(f"{key}.memory_mode={mode!r}: expected one of {', '.join(MEMORY_MODES)}")
+    if mode not in {m.value for m in MemoryMode}:  # a ConditionConfig built in code is not type-checked
+        raise ConfigError(f"{key}.memory_mode={mode!r}: expected one of {', '.join(MemoryMode)}")
     if mode == "off" and retrieval:
         raise ConfigError(f"{key}.retrieval_executed=true with memory_mode=off: use memory_mode=silent for retrieval without exposure")
     if mode == "on" and not retrieval:

@@ -33,7 +33,6 @@ STRUCTURES = ("negation", "contrast", "irony", "none")
 LENGTH_BUCKETS = ("short", "medium", "long")
 ADVISORY_TYPES = ("successful_override", "failed_override_warning", "consistency_anchor")
 STRENGTHS = ("weak", "moderate", "strong")
-MEMORY_MODES = ("off", "on", "silent")
 # Reasons returned by the injection gate (`should_inject_advisory_with_reason`).
 GATE_REASONS = ("ok", "memory_off", "masked", "nothing_retrieved", "below_relevance_threshold", "label_hint")
 

@@ -90,10 +90,10 @@ def build_model(tokenizer: Any, policy_cfg: PolicyConfig, *, seed: int = 0) -> A
 
     eos, pad = tokenizer.convert_tokens_to_ids(IM_END), tokenizer.convert_tokens_to_ids(PAD)
     cfg = LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=int(policy_cfg.hidden_size),
-        intermediate_size=int(policy_cfg.intermediate_size), num_hidden_layers=int(policy_cfg.n_layer),
-        num_attention_heads=int(policy_cfg.n_head), num_key_value_heads=int(policy_cfg.n_head),
-        max_position_embeddings=int(policy_cfg.max_positions), tie_word_embeddings=True,
+        vocab_size=len(tokenizer), hidden_size=policy_cfg.hidden_size,
+        intermediate_size=policy_cfg.intermediate_size, num_hidden_layers=policy_cfg.n_layer,
+        num_attention_heads=policy_cfg.n_head, num_key_value_heads=policy_cfg.n_head,
+        max_position_embeddings=policy_cfg.max_positions, tie_word_embeddings=True,
         bos_token_id=None, eos_token_id=eos, pad_token_id=pad, attn_implementation="sdpa")
     torch.manual_seed(int(seed))
     model = LlamaForCausalLM(cfg)
@@ -238,14 +238,14 @@ def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: 
         raise ValueError("no training samples: the demonstrations are empty")
     torch.manual_seed(int(seed))
     rng = crc_rng(int(seed), ints=(0x501,))
-    per_batch = int(policy_cfg.episodes_per_batch)
-    epochs = [batches(units, per_batch, rng) for _ in range(int(policy_cfg.epochs))]
+    per_batch = policy_cfg.episodes_per_batch
+    epochs = [batches(units, per_batch, rng) for _ in range(policy_cfg.epochs)]
     total = sum(len(e) for e in epochs)
-    lr = float(policy_cfg.lr)
+    lr = policy_cfg.lr
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         (no_decay if p.ndim < 2 or "norm" in name else decay).append(p)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": float(policy_cfg.weight_decay)},
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": policy_cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     model.train()
     curve, step = [], 0
@@ -253,7 +253,7 @@ def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: 
         for idx in epoch_batches:
             batch = collate([units[i] for i in idx], pad_id)
             for group in opt.param_groups:
-                group["lr"] = lr_at(step, total, lr, int(policy_cfg.warmup_steps))
+                group["lr"] = lr_at(step, total, lr, policy_cfg.warmup_steps)
             loss = answer_loss(model, batch)
             opt.zero_grad(set_to_none=True)
             loss.backward()

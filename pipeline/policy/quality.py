@@ -85,9 +85,9 @@ def exposed_variant(demos_cfg: DemosConfig) -> tuple[str, Any]:
     change when the experiment's list of conditions does.
     """
     for v in demos_cfg.advisory_variants:
-        if is_exposed(v) and not bool(v.placebo) and bool(v.retrieval_executed):
-            return str(v.name), v
-    return str(LITERAL_MEMORY.name), LITERAL_MEMORY
+        if is_exposed(v) and not v.placebo and v.retrieval_executed:
+            return v.name, v
+    return LITERAL_MEMORY.name, LITERAL_MEMORY
 
 
 def memory_prompts(cfg: Config, rows: Mapping[tuple[str, str], Mapping[str, Any]], memory: SceneMemory,
@@ -96,7 +96,7 @@ def memory_prompts(cfg: Config, rows: Mapping[tuple[str, str], Mapping[str, Any]
     organizer = PromptOrganizer.from_config(cfg)
     out = {}
     for key, row in rows.items():
-        slot = build_memory_slot(memory.store, dict(row), variant, cfg.memory, rng=int(cfg.seed),
+        slot = build_memory_slot(memory.store, dict(row), variant, cfg.memory, rng=cfg.seed,
                                  condition_name=variant_name)
         out[key] = freeze_prompt(organizer, row["objective"], row["scene_id"],
                                  grounding_text(cfg.grounding, memory, row["scene_id"], organizer),
@@ -116,13 +116,13 @@ def evaluate_policy(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any
         memory: the :class:`pipeline.policy.demos.SceneMemory` the ``memory`` prompts use.
         progress: called with 1 per finished episode.
     """
-    split = str(cfg.experiment.eval_split)
-    manifest = measured_rows(manifest, split, int(cfg.model.policy.evaluate_tasks))
+    split = cfg.experiment.eval_split
+    manifest = measured_rows(manifest, split, cfg.model.policy.evaluate_tasks)
     rows = {(r["scene_id"], r["quest_id"]): r for r in manifest if r["split"] == split}
     llm_cfg = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"name_or_path": str(model_dir)}})
     make_env, _, make_user = make_factories(llm_cfg, root, dict(scenes))
-    common = dict(make_env=make_env, make_user=make_user, preference_in_success=bool(cfg.user.preference_in_success),
-                  unknown_feedback=str(cfg.grounding.unknown_type), progress=_Progress(progress))
+    common = dict(make_env=make_env, make_user=make_user, preference_in_success=cfg.user.preference_in_success,
+                  unknown_feedback=cfg.grounding.unknown_type, progress=_Progress(progress))
 
     name, variant = exposed_variant(cfg.demos)
     prompts_by_task = memory_prompts(cfg, rows, memory, name, variant)
@@ -147,7 +147,7 @@ def measured_rows(manifest: Sequence[Mapping[str, Any]], split: str, limit: int)
 def llm_runs(cfg: Config, llm_cfg: Config, manifest: Sequence[Mapping[str, Any]], model_dir: Path,
              prompts_by_task: Mapping[tuple[str, str], str], common: Mapping[str, Any]) -> dict:
     """``{greedy|sampled: {plain|memory: run_metrics}}`` of the saved model (loaded once)."""
-    split = str(cfg.experiment.eval_split)
+    split = cfg.experiment.eval_split
     samplings = {"greedy": OmegaConf.merge(cfg.sampling, {"do_sample": False}), "sampled": cfg.sampling}
     out: dict[str, Any] = {}
     backend = None
@@ -158,7 +158,7 @@ def llm_runs(cfg: Config, llm_cfg: Config, manifest: Sequence[Mapping[str, Any]]
             backend = TransformersBackend(llm_cfg.model, sampling, model=backend.model, tokenizer=backend.tokenizer)
         out[decoding] = {}
         for prompts in ("plain", "memory"):
-            tasks = tasks_from_manifest(manifest, split=split, master_seed=int(cfg.seed))
+            tasks = tasks_from_manifest(manifest, split=split, master_seed=cfg.seed)
             if prompts == "memory":
                 for t in tasks:
                     t.system_prompt = prompts_by_task[(t.scene_id, t.quest_id)]
@@ -173,7 +173,7 @@ def rule_run(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], sce
     """``run_metrics`` of a rule agent (no random actions) on the eval quests."""
     rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": agent_name, "epsilon": 0.0}})
     _, make_rule, _ = make_factories(rule_cfg, root, dict(scenes))
-    tasks = tasks_from_manifest(manifest, split=str(cfg.experiment.eval_split), master_seed=int(cfg.seed))
+    tasks = tasks_from_manifest(manifest, split=cfg.experiment.eval_split, master_seed=cfg.seed)
     records = play(tasks, make_agent=make_rule, batch_size=1, agent_name=agent_name, **common)
     return run_metrics(records)
 

@@ -64,7 +64,7 @@ DEMOS_SCHEMA = pa.schema([
 
 def model_dir(cfg: Config) -> str:
     """``<paths.policy>/model``: where the stage saves the model (``model.name_or_path``)."""
-    return f"{str(cfg.paths.policy).rstrip('/')}/{MODEL_DIR}"
+    return f"{cfg.paths.policy.rstrip('/')}/{MODEL_DIR}"
 
 
 def skip_reason(cfg: Config) -> str | None:
@@ -75,7 +75,7 @@ def skip_reason(cfg: Config) -> str | None:
             directory this stage writes (the trained model would never be used).
     """
     m = cfg.model
-    if not bool(m.train_policy):
+    if not m.train_policy:
         return f"model.train_policy is false (the llm agent uses model.name_or_path={m.name_or_path!r})"
     if not is_local(m):
         return f"model.backend={m.backend}: a remote model needs no local policy"
@@ -83,7 +83,7 @@ def skip_reason(cfg: Config) -> str | None:
         return (f"no stage runs a language model (agent.name={cfg.agent.name}, "
                 f"grounding.generator={cfg.grounding.generator})")
     expected = model_dir(cfg)
-    if str(m.name_or_path or "").rstrip("/") != expected:
+    if (m.name_or_path or "").rstrip("/") != expected:
         raise ConfigError(f"model.train_policy=true but model.name_or_path={m.name_or_path!r}: expected {expected!r} "
                           "(the directory the policy stage writes), or set model.train_policy=false to use your model")
     return None
@@ -118,8 +118,8 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
     """Train the tokenizer on the turns, build the model, and turn every train turn into ids."""
     pol = cfg.model.policy
     texts = [m["content"] for tr in turns for m in tr.messages] + [tr.response for tr in turns]
-    tokenizer = train_tokenizer(texts, vocab_size=int(pol.vocab_size))
-    model = build_model(tokenizer, pol, seed=int(cfg.seed))
+    tokenizer = train_tokenizer(texts, vocab_size=pol.vocab_size)
+    model = build_model(tokenizer, pol, seed=cfg.seed)
     # Prompts go through the backend's own rendering (chat template, special tokens):
     # the token ids the model is trained on are the ids it will be given.
     backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
@@ -144,11 +144,11 @@ def training_summary(policy_cfg: PolicyConfig, demo_summary: dict, tok: Tokenize
         **demo_summary,  # "demos", "rule_agent_episodes"
         "tokenizer": {"vocab_size": len(tok.tokenizer)},
         "model": {"architecture": "LlamaForCausalLM", "parameters": count_parameters(tok.model),
-                  "hidden_size": int(policy_cfg.hidden_size), "n_layer": int(policy_cfg.n_layer),
-                  "n_head": int(policy_cfg.n_head)},
+                  "hidden_size": policy_cfg.hidden_size, "n_layer": policy_cfg.n_layer,
+                  "n_head": policy_cfg.n_head},
         "training": {
             "episodes": len(units), "samples": sum(len(u.turns) for u in units), "steps": len(curve),
-            "epochs": int(policy_cfg.epochs), "tokens_per_epoch": sum(u.tokens for u in units),
+            "epochs": policy_cfg.epochs, "tokens_per_epoch": sum(u.tokens for u in units),
             "full_prompt_tokens_per_epoch": sum(len(s.prompt_ids) + len(s.answer_ids) for s in samples),
             "answer_tokens_per_epoch": sum(len(a) for u in units for _, a in u.turns),
             "first_loss": curve[0]["loss"], "final_loss": round(sum(r["loss"] for r in last) / len(last), 6),
@@ -186,9 +186,9 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
     timings["tokenize_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
-    n_steps = int(pol.epochs) * -(-len(tok.units) // int(pol.episodes_per_batch))
+    n_steps = pol.epochs * -(-len(tok.units) // pol.episodes_per_batch)
     progress = train_progress(n_steps) if train_progress is not None else None
-    curve = train(tok.model, tok.units, pol, seed=int(cfg.seed), pad_id=int(tok.tokenizer.pad_token_id),
+    curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
                   progress=progress)
     timings["train_s"] = time.perf_counter() - t
 

@@ -73,14 +73,14 @@ def evaluate_condition(cfg: Config, root: Path, condition: str) -> tuple[dict, d
     """
     if condition not in cfg.condition:
         raise ConfigError(f"--condition {condition!r} is not a configured condition ({', '.join(cfg.condition)})")
-    if bool(cfg.experiment.eval_greedy):
+    if cfg.experiment.eval_greedy:
         cfg = OmegaConf.merge(cfg, {"sampling": {"do_sample": False}})
     manifest, scenes = load_games(root, cfg)
     prompts_path = root / cfg.paths.prompts / f"{condition}.parquet"
     prompt_rows = read_parquet(prompts_path).to_pylist()
     store_before = current_store_hash(root, cfg)
     check_rendered_store(prompt_rows, store_before, condition, prompts_path)
-    tasks = tasks_from_manifest(manifest, split=str(cfg.experiment.eval_split), master_seed=cfg.seed,
+    tasks = tasks_from_manifest(manifest, split=cfg.experiment.eval_split, master_seed=cfg.seed,
                                 condition=condition)
     if not tasks:
         raise ConfigError(f"no tasks in split experiment.eval_split={cfg.experiment.eval_split!r}")

@@ -24,6 +24,7 @@ import logging
 import sys
 import time
 
+from pipeline.core.conf_schema import GroundingGenerator
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
 from pipeline.core.numerics import NumericsError
@@ -38,17 +39,17 @@ def main() -> int:
     try:
         cfg = load_params()
         # before anything loads torch; only the llm generator with a local model runs one
-        pin_numerics(cfg, runs_model=str(cfg.grounding.generator) == "llm" and is_local(cfg.model))
+        pin_numerics(cfg, runs_model=cfg.grounding.generator == GroundingGenerator.llm and is_local(cfg.model))
         root = project_root()
         g = cfg.grounding
         episodes_dir = root / cfg.paths.episodes
         episodes = read_parquet(episodes_dir / "episodes.parquet").to_pylist()
         turns = read_parquet(episodes_dir / "turns.parquet").to_pylist()
         t0 = time.perf_counter()
-        docs = ground(episodes, turns, generator=str(g.generator), generate=make_generate(cfg),
-                      timestamp=g.timestamp, unknown_type=str(g.unknown_type))
+        docs = ground(episodes, turns, generator=g.generator, generate=make_generate(cfg),
+                      timestamp=g.timestamp, unknown_type=g.unknown_type)
         out = root / cfg.paths.grounding
-        index = write_ground_outputs(docs, out, str(g.save_format))
+        index = write_ground_outputs(docs, out, g.save_format)
         metrics = ground_metrics(docs)
         metrics["wall_time_s"] = round(time.perf_counter() - t0, 3)
         atomic_write_json(root / cfg.paths.metrics / "ground.json", metrics)

@@ -38,10 +38,10 @@ def main() -> int:
         g = cfg.grounding
         index = read_json(root / cfg.paths.grounding / "index.json")
         files = g.files if isinstance(g.files, str) else list(g.files or [])
-        scenes, configured = merge_groundings(index, str(cfg.paths.grounding), files, root=root,
-                                              dedupe_contents=bool(g.dedupe_contents))
+        scenes, configured = merge_groundings(index, cfg.paths.grounding, files, root=root,
+                                              dedupe_contents=g.dedupe_contents)
         out = root / cfg.paths.grounding_merged
-        written = write_merge_outputs(scenes, configured, out, str(g.merge_format))
+        written = write_merge_outputs(scenes, configured, out, g.merge_format)
         skipped = sum(len(e["skipped"]) for e in written["scenes"].values()) + len(written[CONFIGURED]["skipped"])
         print(f"merged grounding of {len(scenes)} scenes and {len(split_grounding_paths(files))} configured "
               f"files -> {out}" + (f" ({skipped} files skipped, see warnings)" if skipped else ""))

@@ -88,7 +88,7 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     metrics_dir = root / cfg.paths.metrics
     t0 = time.perf_counter()
     manifest, scenes = load_games(root, cfg)
-    demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
+    demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=cfg.seed)
     load_s = time.perf_counter() - t0
     with tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
         built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar))
@@ -97,9 +97,9 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     if numerics is not None:  # what ran: the pinned numerics and the CPU (never in data/policy)
         metrics["numerics"] = numerics
     timings = {"load_demos_s": load_s, **built["timings"]}
-    if bool(cfg.model.policy.evaluate):
+    if cfg.model.policy.evaluate:
         t = time.perf_counter()
-        n_eval = sum(r["split"] == str(cfg.experiment.eval_split) for r in manifest)
+        n_eval = sum(r["split"] == cfg.experiment.eval_split for r in manifest)
         with tqdm(total=n_eval * 6, desc="policy: eval quests", unit="ep", file=sys.stderr) as bar:
             report = evaluate_policy(cfg, root, manifest, scenes, out_dir / MODEL_DIR, memory=built["memory"],
                                      progress=bar.update)

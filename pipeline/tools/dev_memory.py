@@ -157,7 +157,7 @@ def backend_generate(cfg: Config, user_message: str = DEFAULT_USER_MESSAGE) -> G
 
     def generate(prompt: str) -> str:
         messages = [{"role": "system", "content": prompt}, {"role": "user", "content": user_message}]
-        gen = backend.generate([messages], seeds=[int(cfg.sampling.seed)])[0]
+        gen = backend.generate([messages], seeds=[cfg.sampling.seed])[0]
         if gen.error:
             raise RuntimeError(f"generation failed: {gen.error}")
         return gen.text

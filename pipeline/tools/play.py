@@ -159,12 +159,12 @@ def run_session(cfg: Config, root: Path, console: Console, *, episode: int | Non
     agent = make_agent_for(task)
     agent.reset({"episode_id": task.episode_id, "scene_id": task.scene_id, "quest_id": task.quest_id,
                  "objective": task.objective, "seed": task.seed, "system_prompt": None})
-    gfm = GroundingFileManager(n, out_dir=out_dir, save_format=str(g.save_format), unknown_type=str(g.unknown_type),
+    gfm = GroundingFileManager(n, out_dir=out_dir, save_format=g.save_format, unknown_type=g.unknown_type,
                                expr_info={"scene_id": task.scene_id, "quest_id": task.quest_id,
                                           "objective": task.objective, "agent": str(cfg.agent.name)},
                                latest_dirs=[out_dir])
     try:
-        step_id, info = _play_steps(console, env, agent, task, gfm, str(g.unknown_type))
+        step_id, info = _play_steps(console, env, agent, task, gfm, g.unknown_type)
     finally:
         env.close()
     verdict = "won" if info.get("won") else "not won"
@@ -175,7 +175,7 @@ def run_session(cfg: Config, root: Path, console: Console, *, episode: int | Non
 def _pick_task(cfg: Config, console: Console, manifest: list[dict], games: Path, *, episode: int | None,
                split: str, scene: str | None, quest: str | None) -> tuple[int, Task]:
     """The episode number (asked when not given) and its task: the n-th matching quest, cyclically."""
-    tasks = [t for t in tasks_from_manifest(manifest, split=split, master_seed=int(cfg.seed))
+    tasks = [t for t in tasks_from_manifest(manifest, split=split, master_seed=cfg.seed)
              if (scene is None or t.scene_id == scene) and (quest is None or t.quest_id == quest)]
     if not tasks:
         raise GroundingError(f"no {split} quest matches scene={scene!r} quest={quest!r} in "
@@ -183,7 +183,7 @@ def _pick_task(cfg: Config, console: Console, manifest: list[dict], games: Path,
     n = episode if episode is not None else ask_episode_number(console)
     task = tasks[(n - 1) % len(tasks)]
     task.episode_id = str(n)
-    task.seed = task_seed(int(cfg.seed), task.scene_id, task.quest_id, "play", n)
+    task.seed = task_seed(cfg.seed, task.scene_id, task.quest_id, "play", n)
     return n, task
 
 
@@ -232,7 +232,7 @@ def _save_grounding(cfg: Config, console: Console, gfm: GroundingFileManager, ou
     """Generate the episode's final grounding, write its files and show them."""
     g = cfg.grounding
     generate = make_generate(cfg) if make_generate is not None else None
-    final = gfm.generate_final_grounding(str(g.generator), generate=generate, timestamp=g.timestamp)
+    final = gfm.generate_final_grounding(g.generator, generate=generate, timestamp=g.timestamp)
     paths = gfm.save_final_grounding(final)
     if gfm.expr_info.get("fallback_reason"):
         console.say(f"(llm grounding fell back to extractive: {gfm.expr_info['fallback_reason']})")

@@ -81,7 +81,7 @@ def read_runs(read: Reader, conditions: Sequence[str], *, eval_dir: str, prompts
 
 
 def _comparisons(cfg: Config) -> list[tuple[str, str]]:
-    return [(str(p[0]), str(p[1])) for p in (cfg.experiment.comparisons or []) if len(p) == 2]
+    return [(p[0], p[1]) for p in (cfg.experiment.comparisons or []) if len(p) == 2]
 
 
 def view_of_workspace(root: Path, cfg: Config, *, conditions: Sequence[str] | None = None) -> View:
@@ -92,7 +92,7 @@ def view_of_workspace(root: Path, cfg: Config, *, conditions: Sequence[str] | No
     """
     conditions = list(conditions or cfg.condition)
     read = folder_reader(root)
-    runs, notes = read_runs(read, conditions, eval_dir=str(cfg.paths.eval), prompts_dir=str(cfg.paths.prompts))
+    runs, notes = read_runs(read, conditions, eval_dir=cfg.paths.eval, prompts_dir=cfg.paths.prompts)
     if not runs:
         raise ArtifactError(f"no eval episodes under {root / cfg.paths.eval} for {', '.join(conditions)} "
                             "(run `dvc repro` first)")
@@ -100,7 +100,7 @@ def view_of_workspace(root: Path, cfg: Config, *, conditions: Sequence[str] | No
     rows = parquet_rows(manifest, "manifest.parquet", ["scene_id", "quest_id", "scene_split", "quest_length",
                                                        "objective"]) if manifest is not None else []
     return build_view(runs, pairs=_comparisons(cfg), manifest=rows, notes=notes,
-                      max_new_tokens=int(cfg.sampling.max_new_tokens),
+                      max_new_tokens=cfg.sampling.max_new_tokens,
                       title="Episodes: " + " vs ".join(r.key for r in runs),
                       source=f"{cfg.paths.eval}/<condition>, {cfg.paths.prompts}/<condition>.parquet; "
                              + players(runs))

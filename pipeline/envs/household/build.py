@@ -109,23 +109,23 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> GamesResul
     after every game verified) and ``<paths.metrics>/games.json``.
     """
     env = cfg.env
-    if int(env.min_quest_length) < 1:
+    if env.min_quest_length < 1:
         raise ValueError(f"params key env.min_quest_length={env.min_quest_length}: expected >= 1")
     games_dir = root / cfg.paths.games
     t0 = time.perf_counter()
-    scenes, rows = plan_games(env, seed=int(cfg.seed), preferences_per_scene=int(cfg.user.preferences_per_scene),
-                              games_dir=str(cfg.paths.games))
+    scenes, rows = plan_games(env, seed=cfg.seed, preferences_per_scene=cfg.user.preferences_per_scene,
+                              games_dir=cfg.paths.games)
     plan_s = time.perf_counter() - t0
     log.info("planned %d quests in %d scenes (%.1fs)", len(rows), len(scenes), plan_s)
     t1 = time.perf_counter()
-    results = compile_games(scenes, rows, root, workers=int(env.compile_workers), progress=progress)
+    results = compile_games(scenes, rows, root, workers=env.compile_workers, progress=progress)
     compile_s = time.perf_counter() - t1
     write_parquet(manifest_table(rows), games_dir / "manifest.parquet", sort_by=["scene_id", "quest_id"],
                   schema_version=SCHEMA_VERSION)
     atomic_write_json(games_dir / "scenes.json", scenes)
     metrics = games_metrics(rows, scenes)
     # Wall-clock times only here (metrics are not cached artifacts).
-    metrics.update({"compile_workers": int(env.compile_workers), "plan_wall_s": round(plan_s, 2),
+    metrics.update({"compile_workers": env.compile_workers, "plan_wall_s": round(plan_s, 2),
                     "compile_wall_s": round(compile_s, 2),
                     "mean_game_compile_s": round(sum(r["compile_s"] for r in results) / max(len(results), 1), 3)})
     atomic_write_json(root / cfg.paths.metrics / "games.json", metrics)

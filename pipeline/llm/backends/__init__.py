@@ -51,10 +51,9 @@ from pipeline.llm.backends.base import (
     render_prompt,
 )
 from pipeline.llm.backends.openai import RETRY_STATUS, OpenAIBackend, parse_chat_response
-from pipeline.llm.backends.transformers import DTYPES, TransformersBackend
+from pipeline.llm.backends.transformers import TransformersBackend
 
 __all__ = [
-    "DTYPES",
     "RETRY_STATUS",
     "ActionConstrainedBackend",
     "Backend",
@@ -87,7 +86,7 @@ def make_backend(model_cfg: ModelConfig, sampling_cfg: SamplingConfig) -> Backen
 def is_local(model_cfg: ModelConfig) -> bool:
     """True when the backend runs the model inside this process (``model.backend=transformers``):
     its weights are files, its threads are ours, and the ``policy`` stage can train it."""
-    return str(model_cfg.backend) == BackendName.transformers
+    return model_cfg.backend == BackendName.transformers
 
 
 def make_text_generator(cfg: Config, *, backend: Backend | None = None,
@@ -100,7 +99,7 @@ def make_text_generator(cfg: Config, *, backend: Backend | None = None,
     :class:`BackendError`.
     """
     backend = backend if backend is not None else make_backend(cfg.model, cfg.sampling)
-    base_seed = int(cfg.sampling.seed)
+    base_seed = cfg.sampling.seed
 
     def generate(prompt: str) -> str:
         gen = backend.generate([[{"role": "user", "content": prompt}]], seeds=[prompt_seed(base_seed, prompt)],

@@ -69,7 +69,7 @@ from typing import Any, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
-from pipeline.core.conf_schema import ModelConfig, SamplingConfig
+from pipeline.core.conf_schema import ModelConfig, SamplingConfig, StructuredOutput
 from pipeline.core.schemas import clean_action
 from pipeline.llm.backends.base import (
     BackendConfigError,
@@ -87,8 +87,6 @@ log = logging.getLogger(__name__)
 # HTTP statuses worth retrying besides every 5xx: timeouts, conflicts, rate limits.
 RETRY_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
-
-STRUCTURED_OUTPUTS = ("none", "json_schema", "choice", "guided_choice", "regex")
 
 # Why a turn has no .pt tensors (the suffix of its tracking_method).
 NO_LOGPROBS = "no_logprobs"
@@ -177,23 +175,23 @@ class OpenAIBackend:
         self.base_url = str(base_url).rstrip("/")
         self.url = self.base_url + "/chat/completions"
         self.sampling = sampling_cfg
-        self.timeout_s = float(model_cfg.timeout_s)
-        self.max_retries = int(model_cfg.max_retries)
-        self.backoff_s = float(model_cfg.backoff_s)
-        self.max_concurrency = int(model_cfg.max_concurrency)
+        self.timeout_s = model_cfg.timeout_s
+        self.max_retries = model_cfg.max_retries
+        self.backoff_s = model_cfg.backoff_s
+        self.max_concurrency = model_cfg.max_concurrency
         if self.timeout_s <= 0 or self.max_retries < 0 or self.backoff_s < 0 or self.max_concurrency < 1:
             raise BackendError(f"model.timeout_s={self.timeout_s:g} (> 0), model.max_retries={self.max_retries} "
                                f"(>= 0), model.backoff_s={self.backoff_s:g} (>= 0), model.max_concurrency="
                                f"{self.max_concurrency} (>= 1): one is out of range")
-        self.want_logprobs = bool(model_cfg.logprobs)
+        self.want_logprobs = model_cfg.logprobs
         self.extra_body = _plain(model_cfg.extra_body or {})
-        self.structured_output = str(model_cfg.structured_output or "none")
-        if self.structured_output not in STRUCTURED_OUTPUTS:
+        self.structured_output = str(model_cfg.structured_output or StructuredOutput.none)
+        if self.structured_output not in {m.value for m in StructuredOutput}:  # an untyped model_cfg
             raise BackendError(f"model.structured_output={self.structured_output!r}: expected one of "
-                               f"{' | '.join(STRUCTURED_OUTPUTS)}")
-        self.constrains_actions = self.structured_output != "none"
+                               f"{' | '.join(StructuredOutput)}")
+        self.constrains_actions = self.structured_output != StructuredOutput.none
         self.decodings = ("free", "constrained") if self.constrains_actions else ("free",)
-        self.key_env = str(model_cfg.api_key_env)
+        self.key_env = model_cfg.api_key_env
         key = os.environ.get(self.key_env) or None
         if key is None:
             log.warning("environment variable %s is not set: calling %s without an API key", self.key_env, self.url)
@@ -233,7 +231,7 @@ class OpenAIBackend:
             BackendConfigError: the server refused the key (401/403) or does not serve
                 the model (404).
         """
-        seeds = check_seeds(batch, seeds, int(self.sampling.seed))
+        seeds = check_seeds(batch, seeds, self.sampling.seed)
         if admissible is not None and len(admissible) != len(batch):
             raise ValueError(f"generate: {len(batch)} conversations but {len(admissible)} admissible lists")
         jobs = [(m, self.request_body(m, seed, max_new_tokens, admissible[i] if admissible is not None else None))
@@ -253,7 +251,7 @@ class OpenAIBackend:
             "seed": int(seed),
         }
         if s.do_sample:
-            body.update(temperature=float(s.temperature), top_p=float(s.top_p))
+            body.update(temperature=s.temperature, top_p=s.top_p)
         else:
             body.update(temperature=0.0, top_p=1.0)  # greedy
         if self.want_logprobs:
@@ -517,7 +515,7 @@ def constraint_fields(mode: str, admissible: Sequence[Mapping[str, Any]]) -> dic
         return {"guided_choice": choices}
     if mode == "regex":
         return {"regex": "|".join(re.escape(c) for c in choices)}
-    raise BackendError(f"model.structured_output={mode!r}: expected one of {' | '.join(STRUCTURED_OUTPUTS)}")
+    raise BackendError(f"model.structured_output={mode!r}: expected one of {' | '.join(StructuredOutput)}")
 
 
 def _unique(values: Any) -> list:

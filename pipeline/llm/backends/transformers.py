@@ -30,7 +30,7 @@ import logging
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.core.conf_schema import ModelConfig, SamplingConfig
+from pipeline.core.conf_schema import Dtype, ModelConfig, SamplingConfig
 from pipeline.core.config import project_root
 from pipeline.llm.backends.cache import ResponseCache, cache_root
 from pipeline.llm.backends.base import BackendError, Generation, Messages, check_seeds, render_prompt
@@ -40,7 +40,6 @@ from pipeline.llm.tracker import ActionStream, TrackedTurn
 
 log = logging.getLogger(__name__)
 
-DTYPES = ("float32", "float16", "bfloat16", "auto")
 GENERATION_CACHE_FORMAT = "pipeline.transformers_generation/1"  # part of every key: bump when results change
 SCORE_ROWS = 64  # candidate rows per scoring forward (choice decoding): bounds the cache copies
 
@@ -60,9 +59,9 @@ class TransformersBackend:
         import torch  # deferred: heavy optional dependency (torch)
 
         self.sampling = sampling_cfg
-        self.want_logprobs = bool(model_cfg.logprobs)
+        self.want_logprobs = model_cfg.logprobs
         self.name = str(model_cfg.name_or_path or getattr(model, "name_or_path", "model"))
-        device = str(model_cfg.device)
+        device = model_cfg.device
         try:
             self.device = torch.device(device)
         except RuntimeError as exc:
@@ -84,7 +83,7 @@ class TransformersBackend:
         # sampling, seed and constraint is read back instead of generated again.
         self.generation_cache = ResponseCache(cache_root(cache_dir), base_url="transformers") if cache_dir else None
         self._model_sha256: str | None = None
-        budget = float(getattr(model_cfg, "prompt_cache_mb", 0) or 0)
+        budget = model_cfg.prompt_cache_mb
         if budget < 0:
             raise BackendError(f"model.prompt_cache_mb={budget:g}: expected >= 0 (MiB of cached prompt keys and "
                                "values; 0 turns the prompt cache off)")
@@ -98,10 +97,10 @@ class TransformersBackend:
         if not name:
             raise BackendError("model.name_or_path is null: set it to a local model directory "
                                "(e.g. `-S model=local -S model.name_or_path=path/to/model`)")
-        dtype_name = str(model_cfg.dtype)
-        if dtype_name not in DTYPES:
-            raise BackendError(f"model.dtype={dtype_name!r}: expected one of {', '.join(DTYPES)}")
-        dtype = dtype_name if dtype_name == "auto" else getattr(torch, dtype_name)
+        dtype_name = str(model_cfg.dtype)  # torch's attribute name, or transformers' "auto"
+        if dtype_name not in {m.value for m in Dtype}:  # an untyped model_cfg
+            raise BackendError(f"model.dtype={dtype_name!r}: expected one of {', '.join(Dtype)}")
+        dtype = dtype_name if dtype_name == Dtype.auto else getattr(torch, dtype_name)
         path = _model_path(name)
         try:
             tokenizer = AutoTokenizer.from_pretrained(str(path))
@@ -149,7 +148,7 @@ class TransformersBackend:
         if admissible is not None and len(admissible) != len(batch):
             raise ValueError(f"generate: {len(batch)} conversations but {len(admissible)} admissible lists")
         s = self.sampling
-        seeds = check_seeds(batch, seeds, int(s.seed))
+        seeds = check_seeds(batch, seeds, s.seed)
         max_new = int(max_new_tokens if max_new_tokens is not None else s.max_new_tokens)
         stop_early = bool(s.early_stop if early_stop is None else early_stop)
         prompts = [self.render(m) for m in batch]
@@ -209,8 +208,8 @@ class TransformersBackend:
         admissible actions and the caps."""
         s = self.sampling
         return {"format": GENERATION_CACHE_FORMAT, "model_sha256": self.model_sha256(), "prompt": prompt,
-                "sampling": {"do_sample": bool(s.do_sample), "temperature": float(s.temperature),
-                             "top_p": float(s.top_p), "top_k": int(s.top_k)},
+                "sampling": {"do_sample": s.do_sample, "temperature": s.temperature, "top_p": s.top_p,
+                             "top_k": s.top_k},
                 "seed": int(seed), "max_new_tokens": max_new, "early_stop": early_stop,
                 "decoding": decoding if admissible else "free", "admissible": list(admissible or []),
                 "reasoning_max_tokens": reasoning_max if admissible and decoding != "free" else None,
@@ -564,12 +563,12 @@ class TransformersBackend:
 
         s = self.sampling
         warpers: list = []
-        if float(s.temperature) != 1.0:
-            warpers.append(TemperatureLogitsWarper(float(s.temperature)))
-        if int(s.top_k) > 0:
-            warpers.append(TopKLogitsWarper(int(s.top_k)))
-        if float(s.top_p) < 1.0:
-            warpers.append(TopPLogitsWarper(float(s.top_p)))
+        if s.temperature != 1.0:
+            warpers.append(TemperatureLogitsWarper(s.temperature))
+        if s.top_k > 0:
+            warpers.append(TopKLogitsWarper(s.top_k))
+        if s.top_p < 1.0:
+            warpers.append(TopPLogitsWarper(s.top_p))
         return warpers
 
     @staticmethod
