@@ -191,8 +191,8 @@ class RuleAgent:
     name = "rule"
 
     def __init__(self, agent_cfg: AgentConfig, seed: int = 0):
-        self.remember = bool(agent_cfg.remember_examined)
-        self.epsilon = float(agent_cfg.epsilon)
+        self.remember = agent_cfg.remember_examined
+        self.epsilon = agent_cfg.epsilon
         if not 0.0 <= self.epsilon <= 1.0:
             raise ValueError(f"agent.epsilon={self.epsilon!r}: expected a probability in [0, 1]")
         fb = agent_cfg.fallback_action

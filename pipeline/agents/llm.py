@@ -202,14 +202,14 @@ class LLMAgent:
                  backend: Backend | None = None):
         self.cfg = cfg
         self.seed = int(seed)
-        self.sampling_seed = int(cfg.sampling.seed)
+        self.sampling_seed = cfg.sampling.seed
         agent_cfg = cfg.agent
         fb = agent_cfg.fallback_action
         self.fallback = clean_action({"action": fb.action, "target": fb.target})
         self.on_backend_error = str(agent_cfg.on_backend_error)
-        self.batch_size = max(1, int(agent_cfg.batch_size))
+        self.batch_size = max(1, agent_cfg.batch_size)
         self.decoding = str(agent_cfg.decoding)
-        self.reasoning_max_tokens = int(agent_cfg.reasoning_max_tokens)
+        self.reasoning_max_tokens = agent_cfg.reasoning_max_tokens
         if backend is None:
             backend = shared.get(cfg) if shared is not None else make_backend(cfg.model, cfg.sampling)
         self.backend = backend

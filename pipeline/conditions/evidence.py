@@ -60,7 +60,7 @@ class EvidenceError(RuntimeError):
 
 def is_exposed(condition_cfg: ConditionConfig) -> bool:
     """Whether a condition may show advisories at all (seed 001: mode ``on``, unmasked)."""
-    return condition_cfg.memory_mode == "on" and not bool(condition_cfg.injection_mask)
+    return condition_cfg.memory_mode == "on" and not condition_cfg.injection_mask
 
 
 def placebo_reference(cfg: Config, condition: str, exposed: Mapping[str, bool]) -> Optional[str]:

@@ -11,7 +11,7 @@ totals (``label_hints``), the comparison report shows them per condition. Adviso
 reveal it are already dropped before injection; the grounding is the users' feedback,
 which may name the steps of a task::
 
-    hinted, named = label_hint_of(grounding_text, task, int(cfg.memory.label_hint_min_commands))
+    hinted, named = label_hint_of(grounding_text, task, cfg.memory.label_hint_min_commands)
     label_hint_totals(rows)   # {"prompts": 3, "grounding": 2, "memory": 1, "either": 2}
 """
 

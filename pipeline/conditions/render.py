@@ -86,7 +86,7 @@ class Renderer:
         if condition is not None and not bool(self.cfg.condition[condition].grounding):
             return []
         return grounding_files_for(scene_id, merged_dir=str(self.cfg.paths.grounding_merged),
-                                   use_in_prompt=bool(self.cfg.grounding.use_in_prompt),
+                                   use_in_prompt=self.cfg.grounding.use_in_prompt,
                                    configured=self._configured, root=self.root)
 
     def prompt(self, task: Mapping[str, Any], block: str, files: list[str]) -> FrozenPrompt:
@@ -106,13 +106,13 @@ class Renderer:
         """One Parquet row: retrieval, bundle, gate and prompt of ``task`` under ``condition``."""
         cond_cfg = self.cfg.condition[condition]
         # Looked up on the package at call time, so a test can substitute it.
-        slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=int(self.cfg.seed),
+        slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=self.cfg.seed,
                                         condition_name=condition, measure=self.length.measure)
         files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
         grounding_text = self.organizer.grounding_content(files)
-        min_commands = int(self.cfg.memory.label_hint_min_commands)
+        min_commands = self.cfg.memory.label_hint_min_commands
         g_hint, g_commands = label_hint_of(grounding_text, task, min_commands)
         m_hint, m_commands = label_hint_of(frozen.memory_block, task, min_commands)
         return {
@@ -152,7 +152,7 @@ class Renderer:
     def reference_advisories(self, task: Mapping[str, Any]) -> list[str]:
         """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
         on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
-        slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=int(self.cfg.seed),
+        slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=self.cfg.seed,
                                         condition_name="reference")
         return [a.message for a in slot.bundle.retrieved]
 

@@ -23,16 +23,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from pipeline.core.conf_schema import Config
+from pipeline.core.conf_schema import Config, EnvName
 from pipeline.core.facts import Fact, FactReader
 from pipeline.envs.household import build as household_build
 from pipeline.envs.household.env import HouseholdEnv
 from pipeline.envs.household.reader import HouseholdFactReader
 
-# conf/env/*.yaml `name:` values of the household world (`tiny` is it shrunk for smoke runs).
-HOUSEHOLD_ENVS = ("household", "tiny")
+# The `env.name` values (EnvName) that are the household world (`tiny` is it shrunk for smoke runs).
+HOUSEHOLD_ENVS = (EnvName.household, EnvName.tiny)
 
-__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "build_games", "fact_reader", "make_env", "scene_preferences"]
+__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "build_games", "env_family", "fact_reader", "make_env",
+           "scene_preferences"]
 
 
 class EnvTask(Protocol):
@@ -77,7 +78,7 @@ class Env(Protocol):
         ...
 
 
-def _family(cfg: Config) -> str:
+def env_family(cfg: Config) -> str:
     """The environment family ``cfg.env.name`` belongs to (``household``); raises for an unknown name."""
     name = str(cfg.env.name)
     if name in HOUSEHOLD_ENVS:
@@ -103,7 +104,7 @@ def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mappin
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    _family(cfg)  # household: the only family today (a second one adds a branch on it)
+    env_family(cfg)  # household: the only family today (a second one adds a branch on it)
     return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
                         objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
                         preferences=scene_preferences(scenes[task.scene_id], task.preferences))
@@ -117,7 +118,7 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    _family(cfg)
+    env_family(cfg)
     return household_build.build_games(cfg, root, progress=progress)
 
 
@@ -128,5 +129,5 @@ def fact_reader(cfg: Config) -> FactReader:
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    _family(cfg)
+    env_family(cfg)
     return HouseholdFactReader()

@@ -156,9 +156,9 @@ class InjectionController:
         condition_cfg = condition_section(condition_cfg)
         self.name = name
         self.memory_mode = str(condition_cfg.memory_mode)
-        self.retrieval_executed = bool(condition_cfg.retrieval_executed)
-        self.injection_mask = bool(condition_cfg.injection_mask)
-        self.placebo = bool(condition_cfg.placebo)
+        self.retrieval_executed = condition_cfg.retrieval_executed
+        self.injection_mask = condition_cfg.injection_mask
+        self.placebo = condition_cfg.placebo
         self.oracle = bool(getattr(condition_cfg, "oracle", False))  # absent from a demos advisory variant
         self.topk = int(topk)
         self.slot_memory_name = slot_memory_name
@@ -170,10 +170,10 @@ class InjectionController:
                     name: str = "?") -> "InjectionController":
         return cls(
             condition_cfg,
-            topk=int(memory_cfg.topk),
+            topk=memory_cfg.topk,
             slot_memory_name=str(memory_cfg.io.slot_memory_name),
-            relevance_threshold=float(memory_cfg.relevance_threshold),
-            label_hint_min_commands=int(memory_cfg.label_hint_min_commands),
+            relevance_threshold=memory_cfg.relevance_threshold,
+            label_hint_min_commands=memory_cfg.label_hint_min_commands,
             name=name,
         )
 
@@ -498,13 +498,13 @@ def build_memory_slot(
     hits = retriever.retrieve_scored(
         store,
         signature,
-        query_lexical=objective if bool(memory_cfg.use_lexical) else None,
+        query_lexical=objective if memory_cfg.use_lexical else None,
         topk=controller.topk,
         query_scene_id=task.get("scene_id"),
         query_quest_id=task.get("quest_id"),
     )
     builder = AdvisoryBuilder(
-        max_message_chars=int(memory_cfg.max_message_chars),
+        max_message_chars=memory_cfg.max_message_chars,
         label_hint_min_commands=controller.label_hint_min_commands,
     )
     advisories, warnings = builder.build_many(hits, query_expert_plan=plan, query_ground_truth=gt)

@@ -320,10 +320,10 @@ class Retriever:
     def from_config(cls, memory_cfg: MemoryConfig, tie_seed: Optional[int] = None) -> "Retriever":
         """From the ``memory`` config group."""
         return cls(
-            require_same_language=bool(memory_cfg.require_same_language),
-            require_structure_overlap=bool(memory_cfg.require_structure_overlap),
-            exclude_same_quest=bool(memory_cfg.exclude_same_quest),
-            exclude_same_scene=bool(memory_cfg.exclude_same_scene),
+            require_same_language=memory_cfg.require_same_language,
+            require_structure_overlap=memory_cfg.require_structure_overlap,
+            exclude_same_quest=memory_cfg.exclude_same_quest,
+            exclude_same_scene=memory_cfg.exclude_same_scene,
             tie_seed=tie_seed,
         )
 

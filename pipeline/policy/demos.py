@@ -145,11 +145,11 @@ def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str,
         ``(episodes, turns)``: the rows :func:`pipeline.session.rollout.play` records.
     """
     pol = cfg.model.policy
-    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": float(pol.rule_epsilon)}})
-    tasks = tasks_from_manifest(manifest, split="train", master_seed=int(cfg.seed))
+    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": pol.rule_epsilon}})
+    tasks = tasks_from_manifest(manifest, split="train", master_seed=cfg.seed)
     make_env_, make_agent_, make_user_ = make_factories(rule_cfg, root, dict(scenes))
     records = play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
-                   agent_name=str(pol.rule_agent), preference_in_success=bool(cfg.user.preference_in_success),
+                   agent_name=str(pol.rule_agent), preference_in_success=cfg.user.preference_in_success,
                    unknown_feedback=str(cfg.grounding.unknown_type), progress=_Progress(progress))
     return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
 
@@ -166,7 +166,7 @@ def scene_groundings(grounding_cfg: GroundingConfig, episodes: list[dict], turns
     for doc in docs:
         by_scene.setdefault(doc["expr_info"].get("scene_id") or "unknown", []).append(doc)
     return {scene: render_grounding_to_markdown(
-        merge_grounding_docs(ds, dedupe_contents=bool(grounding_cfg.dedupe_contents))).strip()
+        merge_grounding_docs(ds, dedupe_contents=grounding_cfg.dedupe_contents)).strip()
         for scene, ds in sorted(by_scene.items())}
 
 
@@ -178,7 +178,7 @@ def build_scene_memory(cfg: Config, root: Path, manifest: Sequence[Mapping[str, 
     splits = list(cfg.memory.store_splits) or None
     entries = build_entries(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg), splits=splits,
                             config_hash=None)
-    store = EpisodicStore.from_entries(entries, tie_seed=int(cfg.seed))
+    store = EpisodicStore.from_entries(entries, tie_seed=cfg.seed)
     return SceneMemory(grounding=grounding, store=store, episodes=episodes, turns=turns)
 
 
@@ -203,7 +203,7 @@ def grounding_text(grounding_cfg: GroundingConfig, memory: SceneMemory, scene_id
     The scene's merged grounding, then the merge of ``grounding.files`` when set, joined
     like the merged files are; None when ``grounding.use_in_prompt`` is off or both are empty.
     """
-    if not bool(grounding_cfg.use_in_prompt):
+    if not grounding_cfg.use_in_prompt:
         return None
     parts = [memory.grounding.get(scene_id, "")]
     if organizer.grounding_file_path:
@@ -240,7 +240,7 @@ def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
         groundings.append(("grounded", text))
     blocks: list[tuple[str, str]] = [("", "")]
     for adv in cfg.demos.advisory_variants:
-        slot = build_memory_slot(memory.store, dict(row), adv, cfg.memory, rng=int(cfg.seed),
+        slot = build_memory_slot(memory.store, dict(row), adv, cfg.memory, rng=cfg.seed,
                                  condition_name=str(adv.name))
         block = slot.injected_block_text
         if block and block not in [b for _, b in blocks]:
@@ -269,7 +269,7 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
                memory: SceneMemory, *, progress: Callable[[int], None] | None = None) -> list[Demo]:
     """Expert episodes on every train quest and prompt variant (see the module docstring)."""
     pol = cfg.model.policy
-    seed = int(cfg.seed)
+    seed = cfg.seed
     organizer = PromptOrganizer.from_config(cfg)
     eval_objectives = {r["objective"] for r in manifest if r["split"] != "train"}
     demos: list[Demo] = []
@@ -277,7 +277,7 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
     for row in rows:
         variants = prompt_variants(cfg, memory, row, organizer)
         frozen = [freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block) for v in variants]
-        for k in range(int(pol.demos_per_quest)):
+        for k in range(pol.demos_per_quest):
             # One demo per variant with the scene's own names and no slip, then renamed
             # houses (other names, places and directions) with slips, variants in turn.
             vi = k % len(variants)
@@ -286,7 +286,7 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
             if k >= len(variants):
                 mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
             episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng,
-                                  slip_prob=float(pol.slip_prob) if mapping else 0.0)
+                                  slip_prob=pol.slip_prob if mapping else 0.0)
             demo_id = f"demo_{row['scene_id']}_{row['quest_id']}_{k:02d}"
             demos.append(Demo(demo_id, dict(row), variants[vi], mapping, episode, k))
             if progress is not None:
@@ -303,7 +303,7 @@ def play_expert(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     try:
         env.reset()
         know = read_knowledge(prompt, env.world, _scene_prefs(scenes, row))
-        return expert_episode(env, know, slip_prob=slip_prob, rng=rng, explore_cap=int(cfg.model.policy.explore_cap))
+        return expert_episode(env, know, slip_prob=slip_prob, rng=rng, explore_cap=cfg.model.policy.explore_cap)
     finally:
         env.close()
 
@@ -320,7 +320,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     renamed house (other names, places, directions), so the plan to copy is new every
     time. The drills of a quest are one training unit (:func:`training_unit`).
     """
-    n = int(cfg.model.policy.plan_drills)
+    n = cfg.model.policy.plan_drills
     oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
     picks = [i for i, v in enumerate(variants) if v.source in oracle_names]
     if n <= 0 or not picks:
@@ -328,7 +328,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     out = []
     for k in range(n):
         vi = picks[k % len(picks)]
-        rng = crc_rng(int(cfg.seed), "drill", row["scene_id"], row["quest_id"], k)
+        rng = crc_rng(cfg.seed, "drill", row["scene_id"], row["quest_id"], k)
         mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
         episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng, slip_prob=0.0)
         first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)

@@ -64,7 +64,7 @@ def inference_threads(cfg: Config) -> Iterator[None]:
     import torch  # deferred: heavy optional dependency (torch)
 
     before = torch.get_num_threads()
-    torch.set_num_threads(int(cfg.numerics.threads))
+    torch.set_num_threads(cfg.numerics.threads)
     try:
         yield
     finally:
@@ -224,7 +224,7 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
 def online_loop(cfg: Config) -> bool:
     """Whether collection runs seed 000's online loop (:mod:`pipeline.session.online`): on
     with ``grounding.online``, for an agent that reads its prompt."""
-    return bool(cfg.grounding.online) and plays_with_model(cfg.agent)
+    return cfg.grounding.online and plays_with_model(cfg.agent)
 
 
 def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,

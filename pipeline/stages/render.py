@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         if cfg.grounding.use_in_prompt and not (root / cfg.paths.grounding_merged).is_dir():
             raise ArtifactError(f"missing {root / cfg.paths.grounding_merged} (run the merge stage: `dvc repro merge`)")
         tasks = load_eval_tasks(root, cfg)
-        store = load_store(root / cfg.paths.store, tie_seed=int(cfg.seed))
+        store = load_store(root / cfg.paths.store, tie_seed=cfg.seed)
         rows, report = render_condition(tasks, args.condition, cfg, store, root, block_length_for(cfg, root))
         out = root / cfg.paths.prompts / f"{args.condition}.parquet"
         write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Protocol
 
 from pipeline.core.conf_schema import Config
-from pipeline.envs import HOUSEHOLD_ENVS
+from pipeline.envs import env_family
 from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
 from pipeline.users.file import FileFeedback
 
@@ -78,7 +78,7 @@ def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: UserTa
     """
     if feedback_source is not None:
         return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], quest_of(task))
-    if str(cfg.env.name) in HOUSEHOLD_ENVS:
+    if env_family(cfg) == "household":  # raises for an unknown env.name
         return SimulatedUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
     raise ValueError(f"env.name={cfg.env.name!r}: no simulated user for this world; give feedback from a file "
                      "(user=file) or add its simulated user here")

@@ -284,8 +284,8 @@ class SimulatedUser:
     """
 
     def __init__(self, user_cfg: UserConfig, scene_spec: Mapping[str, Any], quest_row: Mapping[str, Any], seed: int):
-        self.feedback_prob = float(user_cfg.feedback_prob)
-        self.noise = float(user_cfg.noise)
+        self.feedback_prob = user_cfg.feedback_prob
+        self.noise = user_cfg.noise
         for key, value in (("user.feedback_prob", self.feedback_prob), ("user.noise", self.noise)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{key}={value!r}: expected a probability in [0, 1]")
