@@ -25,8 +25,9 @@ Modules:
 - :mod:`~pipeline.conditions.schema`: the prompts' Parquet contract (:data:`PROMPTS_SCHEMA`,
   :func:`prompts_table`) and the eval tasks it is rendered for (:func:`load_eval_tasks`);
 - :mod:`~pipeline.conditions.render`: :class:`Renderer` (one task under one condition: one
-  row) and :func:`render_condition` (the ``render`` stage's core);
-- :mod:`~pipeline.conditions.evidence`: the evidence checks and :class:`EvidenceError`;
+  row), :func:`render_condition` (the ``render`` stage's core) and
+  :func:`run_evidence_checks` (the checks that apply to a condition, run with its renderer);
+- :mod:`~pipeline.conditions.evidence`: the evidence checks, pure over rows, and :class:`EvidenceError`;
 - :mod:`~pipeline.conditions.hints`: whether a prompt's grounding or memory block reveals
   the task's answer (counted per row, not enforced);
 - :mod:`~pipeline.conditions.length`: the unit a memory block's length is measured in
@@ -54,11 +55,16 @@ from pipeline.conditions.evidence import (
     is_exposed,
     placebo_reference,
     placebo_unavailable,
-    run_evidence_checks,
 )
 from pipeline.conditions.hints import label_hint_of, label_hint_totals, task_answer
 from pipeline.conditions.length import BlockLength, block_length_for
-from pipeline.conditions.render import PROBE_OBSERVATION, Renderer, grounding_files_for, render_condition
+from pipeline.conditions.render import (
+    PROBE_OBSERVATION,
+    Renderer,
+    grounding_files_for,
+    render_condition,
+    run_evidence_checks,
+)
 from pipeline.conditions.schema import (
     LABEL_HINT_COLUMNS,
     PROMPTS_SCHEMA,

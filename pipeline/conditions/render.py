@@ -15,13 +15,26 @@ configured condition and runs the evidence checks (:mod:`pipeline.conditions.evi
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from pipeline import memory
-from pipeline.conditions.evidence import EvidenceError, is_exposed, placebo_unavailable, run_evidence_checks
+from pipeline.conditions.evidence import (
+    EvidenceError,
+    check_injected_blocks,
+    check_masked_identical,
+    check_no_advisory_text,
+    check_no_grounding_text,
+    check_oracle_content,
+    check_only_block_differs,
+    check_placebo_matched,
+    is_exposed,
+    placebo_reference,
+    placebo_unavailable,
+)
 from pipeline.conditions.hints import label_hint_of, label_hint_totals
 from pipeline.conditions.length import BlockLength
 from pipeline.conditions.schema import task_id
@@ -197,3 +210,72 @@ def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Co
         shown = "\n  ".join(violations[:10]) + (f"\n  ... ({len(violations)} in all)" if len(violations) > 10 else "")
         raise EvidenceError(f"render {condition}: evidence checks failed:\n  {shown}", violations)
     return target, report
+
+
+def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by: Mapping[str, list[dict]],
+                        condition: str, exposed: Mapping[str, bool]) -> tuple[dict[str, int], list[str]]:
+    """The evidence checks of ``condition`` (:mod:`pipeline.conditions.evidence`) on what the model sees.
+
+    Args:
+        r: The renderer that rendered ``rows_by``.
+        tasks: The tasks, sorted by scene and quest.
+        rows_by: ``{condition: rows}`` for every configured condition, in config order.
+        condition: The condition checked.
+        exposed: ``{condition: is_exposed(...)}``.
+
+    Returns:
+        ``(checks, violations)``: the number of violations per check that ran, and every
+        violation as ``"[<check>] <condition> <task_id>: <what>"``.
+    """
+    cfg = r.cfg
+    grounded = bool(cfg.condition[condition].grounding)
+    seen = {c: {row["task_id"]: r.seen_text(row["system_prompt"]) for row in rows} for c, rows in rows_by.items()}
+    files = {task_id(t): r.grounding(str(t["scene_id"]), condition) for t in tasks}
+    baseline = {task_id(t): r.seen_text(r.prompt(t, "", files[task_id(t)]).text) for t in tasks}
+    advisory_texts = _advisory_texts(r, tasks, rows_by)
+    # Grounding and objective may quote the same feedback an advisory was built from.
+    allowed = {task_id(t): r.organizer.grounding_content(files[task_id(t)]) + "\n" + str(t["objective"])
+               for t in tasks}
+    markers = [str(cfg.memory.io.slot_memory_name), r.organizer.slot_heading, '"advisory_id"', "advisory_type: "]
+
+    seen_rows = [{**row, "seen_prompt": seen[condition][row["task_id"]],
+                  "seen_block": row["memory_block"]} for row in rows_by[condition]]
+    violations: list[str] = []
+    checks: dict[str, int] = {}
+
+    def run(name: str, found: list[str]) -> None:
+        checks[name] = len(found)
+        violations.extend(f"[{name}] {v}" for v in found)
+
+    run("injected_block_present", check_injected_blocks(seen_rows, exposed=exposed[condition]))
+    run("only_block_differs", check_only_block_differs(seen_rows, baseline))
+    masked = [c for c in cfg.condition if not exposed[c] and bool(cfg.condition[c].grounding) == grounded]
+    if condition in masked:
+        run("no_advisory_text", check_no_advisory_text(seen_rows, advisory_texts, markers, allowed))
+        run("masked_identical", check_masked_identical({c: seen[c] for c in masked}))
+    if not grounded:
+        scene_grounding = {task_id(t): r.organizer.grounding_content(r.grounding(str(t["scene_id"]))) for t in tasks}
+        run("no_grounding_text", check_no_grounding_text(seen_rows, scene_grounding))
+    this = cfg.condition[condition]
+    if bool(this.placebo):
+        ref = placebo_reference(cfg, condition, exposed)
+        if ref is not None:
+            scenes = {e["entry_id"]: str((e.get("provenance") or {}).get("scene_id"))
+                      for e in r.store.table.select(["entry_id", "provenance"]).to_pylist()}
+            run("placebo_matched", check_placebo_matched(rows_by[condition], rows_by[ref], scenes,
+                                                         measure=r.length.measure, unit=r.length.unit))
+    if bool(this.oracle):
+        run("oracle_content", check_oracle_content(rows_by[condition], {task_id(t): list(t.get("expert_plan") or [])
+                                                                      for t in tasks}))
+    return checks, violations
+
+
+def _advisory_texts(r: Renderer, tasks: Sequence[Mapping[str, Any]],
+                    rows_by: Mapping[str, list[dict]]) -> dict[str, set[str]]:
+    """Per task, every advisory message retrieval gave it: an unmasked retrieval's and
+    those of every condition's bundle (what a masked prompt must not show)."""
+    texts: dict[str, set[str]] = {task_id(t): set(r.reference_advisories(t)) for t in tasks}
+    for rows in rows_by.values():
+        for row in rows:
+            texts[row["task_id"]].update(a["message"] for a in json.loads(row["bundle_json"])["retrieved"])
+    return texts
