@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from pipeline.core.facts import Fact, StepFacts
+from pipeline.core.facts import Fact, StepFacts, first
 
 MAX_SUMMARY_CHARS = 600
 # Scene facts ride in ``rationale_summary`` after this marker, separated by FACT_SEPARATOR
@@ -72,7 +72,7 @@ class SceneLog:
 
     def see(self, facts: Sequence[Fact]) -> Optional[str]:
         """Take in one observation's facts; returns the room they place the agent in (or None)."""
-        room = next((f.args[0] for f in facts if f.pred == "here"), None)
+        room = _room(facts)
         empty = {f.args[0] for f in facts if f.pred == "empty"}
         for f in facts:
             for name in f.args:
@@ -150,6 +150,12 @@ class SceneLog:
         return taken + locked + routes + seen + empty + [str(f) for f in self.other]
 
 
+def _room(facts: Sequence[Fact]) -> Optional[str]:
+    """The room a ``here`` fact places the agent in (None: no fact says)."""
+    here = first(facts, "here")
+    return here.args[0] if here else None
+
+
 def scene_facts(turns: Sequence[tuple[Mapping[str, Any], StepFacts]]) -> list[str]:
     """What an episode's turns show of its scene, as sentences of the scene (never commands).
 
@@ -169,13 +175,13 @@ def scene_facts(turns: Sequence[tuple[Mapping[str, Any], StepFacts]]) -> list[st
         Distinct facts; none contains ``;``.
     """
     log = SceneLog()
-    rooms = [next((f.args[0] for f in step.seen if f.pred == "here"), None) for _, step in turns]
+    rooms = [_room(step.seen) for _, step in turns]
     for i, (row, step) in enumerate(turns):
         here = log.see(step.seen)
-        after = log_room = next((f.args[0] for f in step.after if f.pred == "here"), None)
         if row.get("action_valid") is True and row.get("changed") is not False and step.did:
-            log_room = after or (rooms[i + 1] if i + 1 < len(rooms) else None)
-            log.act(step.did, here, log_room)
+            # Where the step led: the room its response described, else the next turn's.
+            there = _room(step.after) or (rooms[i + 1] if i + 1 < len(rooms) else None)
+            log.act(step.did, here, there)
         log.see(step.after)
     return [f for f in dict.fromkeys(log.facts()) if ";" not in f]
 

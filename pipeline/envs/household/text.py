@@ -32,7 +32,7 @@ from __future__ import annotations
 import re
 from typing import Iterable, NamedTuple, Sequence
 
-from pipeline.core.facts import Fact, fact
+from pipeline.core.facts import Fact, fact, first
 
 # Container states as the description words them: "Fridge_0 (closed)", "Drawer_1 (open, empty)".
 STATES = ("open", "closed", "locked")
@@ -52,7 +52,8 @@ def describe(facts: Sequence[Fact]) -> str:
     Example: ``"You are in the Kitchen. You see Fridge_0 (open, empty), Table_0, Apple_2.
     On Table_0: Key_1. Exits: south to Bathroom. You are carrying nothing."``
     """
-    here = next((f.args[0] for f in facts if f.pred == "here"), "")
+    here_fact = first(facts, "here")
+    here = here_fact.args[0] if here_fact else ""
     state = {f.args[0]: f.pred for f in facts if f.pred in STATES}
     empty = {f.args[0] for f in facts if f.pred == "empty"}
     seen = []
