@@ -174,6 +174,21 @@ EPISODE_SCHEMA = arrow_schema(EpisodeRecord)
 TURN_SCHEMA = arrow_schema(TurnRecord)
 
 
+def json_object(raw: Any) -> dict[str, Any]:
+    """A JSON column's object as a dict: the dict itself, its parsed JSON text, or ``{}``
+    for nothing, text that does not parse and JSON that is not an object (the lenient
+    read of an optional column such as ``observation`` or ``metadata``)."""
+    if isinstance(raw, dict):
+        return raw
+    if not raw:
+        return {}
+    try:
+        obj = json.loads(raw)
+    except (TypeError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
 def canonical_json(obj: Any) -> str:
     """Compact, key-sorted JSON with UTF-8 kept: the form every JSON column uses."""
     return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"))

@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from pipeline.core.facts import FactReader, StepFacts
 from pipeline.core.io import ArtifactError, atomic_write_chunks, atomic_write_text, read_parquet, sha256_file, write_parquet
-from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json
+from pipeline.core.schemas import FEEDBACK_TYPES, canonical_json, json_object
 from pipeline.memory.schemas import (
     STORE_SCHEMA,
     STORE_SCHEMA_VERSION,
@@ -222,7 +222,7 @@ def build_entry(
     """
     builder = signature_builder or SignatureBuilder()
     objective = episode.get("objective") or episode.get("question") or ""
-    meta = _metadata(episode.get("metadata"))
+    meta = json_object(episode.get("metadata"))
     # Entities are counted by name pattern only, exactly as for the query at render time.
     signature = builder.build(objective)
     turns = sorted(turns, key=lambda t: t["turn_index"])
@@ -285,18 +285,6 @@ def _step_facts(turn: dict[str, Any], reader: Optional[FactReader]) -> StepFacts
         raise ValueError(f"turn {turn.get('turn_index')!r} of {turn.get('episode_id')!r}: no fact reader to read "
                          "its scene facts with (pass reader=pipeline.envs.fact_reader(cfg))")
     return reader.read_turn(turn)
-
-
-def _metadata(raw: Any) -> dict[str, Any]:
-    if isinstance(raw, dict):
-        return raw
-    if not raw:
-        return {}
-    try:
-        meta = json.loads(raw)
-    except (TypeError, json.JSONDecodeError):
-        return {}
-    return meta if isinstance(meta, dict) else {}
 
 
 def _require_columns(table: pa.Table, columns: Iterable[str], what: str) -> None:

@@ -17,10 +17,10 @@ command's effect from the one command grammar
 
 from __future__ import annotations
 
-import json
 from typing import Any, Mapping
 
 from pipeline.core.facts import Fact, StepFacts, fact
+from pipeline.core.schemas import json_object
 from pipeline.envs.household.env import command_to_action
 from pipeline.envs.household.text import is_description, read_description
 
@@ -32,11 +32,12 @@ def command_facts(command: str | None) -> tuple[Fact, ...]:
     Key_1"`` -> ``(unlocked(Chest_2, Key_1),)``; ``"go south"`` -> ``(went(south),)``; other
     commands (and text that is no household command) show nothing of the scene.
     """
-    try:
-        action = command_to_action((command or "").strip()) if command and command.strip() else None
-    except ValueError:
+    command = (command or "").strip()
+    if not command:
         return ()
-    if action is None:
+    try:
+        action = command_to_action(command)
+    except ValueError:
         return ()
     verb, target = action["action"], action.get("target")
     if verb == "pick_up":
@@ -46,19 +47,6 @@ def command_facts(command: str | None) -> tuple[Fact, ...]:
     if verb == "go_to":
         return (fact("went", target),)
     return ()
-
-
-def _observation(raw: Any) -> dict[str, Any]:
-    """The observation dict of a turn row (its JSON text, a dict, or nothing)."""
-    if isinstance(raw, dict):
-        return raw
-    if not raw or not isinstance(raw, str):
-        return {}
-    try:
-        obs = json.loads(raw)
-    except json.JSONDecodeError:
-        return {}
-    return obs if isinstance(obs, dict) else {}
 
 
 class HouseholdFactReader:
@@ -71,7 +59,7 @@ class HouseholdFactReader:
     """
 
     def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
-        obs = _observation(turn.get("observation"))
+        obs = json_object(turn.get("observation"))
         location = obs.get("agent_location")
         seen = read_description(obs.get("description"), room=location if isinstance(location, str) else None)
         feedback = turn.get("env_feedback")

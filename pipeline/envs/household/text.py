@@ -21,9 +21,9 @@ Commands (``take Key_1 from Drawer_0``) are not prose: their one grammar is
 procedural and general lines of :mod:`pipeline.envs.household.user`) are speech that no
 module parses; they stay with the user who says them::
 
-    text = describe(observation_facts(world))
+    text = describe(world.observation_facts())
     # "You are in the Kitchen. You see Fridge_0 (closed), Table_0. On Table_0: Key_1. Exits: south to Bedroom. ..."
-    read_description(text) == observation_facts(world)        # True for every state of a game
+    read_description(text) == world.observation_facts()       # True for every state of a game
     read_locations("Key_1 is on Table_0 in the Kitchen.")     # [("Key_1", "on", "Table_0", "Kitchen")]
 """
 
