@@ -342,6 +342,12 @@ class PolicyConfig:
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
     plan_drills: int = 0
     """Extra first turns per train quest under an ``oracle`` variant, each in a newly renamed house (0: none)."""
+    generated_houses: int = 0
+    """Demonstrations in generated houses (one quest each, never an eval layout or objective; 0: none)."""
+    incontext_tasks: int = 48
+    """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
+    incontext_every: int = 200
+    """Training steps between two probes (``metrics/policy_incontext.csv``); it also runs after the last step."""
     slip_prob: float = 0.15
     """Per-turn probability of a wrong action the expert then recovers from (renamed demos only)."""
     explore_cap: int = 12

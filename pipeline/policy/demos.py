@@ -43,7 +43,9 @@ from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng
 from pipeline.envs import fact_reader, scene_preferences
-from pipeline.envs.household.env import HouseholdEnv
+from pipeline.core.seeding import derive_seed
+from pipeline.envs.household.env import HouseholdEnv, LogicHouseholdEnv
+from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
 from pipeline.grounding import TEXT_JOINER, merge_grounding_docs, render_grounding_to_markdown
 from pipeline.grounding.episodes import ground
 from pipeline.memory import EpisodicStore, build_entries, build_memory_slot
@@ -292,14 +294,69 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
             if progress is not None:
                 progress(1)
         demos += plan_drills(cfg, root, scenes, row, variants, frozen, eval_objectives, progress=progress)
+    demos += generated_demos(cfg, manifest, scenes, memory, organizer, progress=progress)
     return demos
 
 
+def training_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
+                    heldout: bool = False) -> GeneratedHouses:
+    """The generated houses the policy trains on (``heldout``: the disjoint stream its
+    in-context score is measured on), never an eval scene's layout or an eval objective."""
+    eval_scenes = {r["scene_id"] for r in manifest if r["split"] != "train"}
+    return GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "heldout") if heldout else cfg.seed,
+                           base=cfg.env, quests_per_house=1,
+                           preferences_per_scene=cfg.user.preferences_per_scene,
+                           exclude=[layout_key(scenes[s]) for s in sorted(eval_scenes) if s in scenes],
+                           exclude_objectives={r["objective"] for r in manifest if r["split"] != "train"})
+
+
+def house_env(cfg: Config, house: GeneratedHouse, k: int = 0) -> LogicHouseholdEnv:
+    """Quest ``k`` of a generated house on TextWorld's logic engine (no compiling)."""
+    row = house.row(k)
+    return LogicHouseholdEnv(house.game(k), scene_id=house.scene_id, quest_id=row["quest_id"],
+                             objective=row["objective"], max_steps=cfg.env.max_steps, reward=cfg.env.reward,
+                             preferences=house.spec["preferences"], compute_expert_plan=False)
+
+
+def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                    memory: SceneMemory, organizer: PromptOrganizer, *,
+                    progress: Callable[[int], None] | None = None) -> list[Demo]:
+    """One expert demonstration in each of ``policy.generated_houses`` generated houses.
+
+    The prompt variants are the train quests' (no grounding: a generated house has no
+    user feedback yet; no advisory / each of ``demos.advisory_variants``' blocks, built by
+    the memory's own :func:`build_memory_slot` from the scene store), in turn. In a house
+    never seen before, with names drawn per house, the objective, the observations and an
+    advisory that is true of this house are the only ways to predict the next action: the
+    retrieved and placebo advisories speak of other houses, and the oracle's verified plan
+    is this quest's (see :mod:`pipeline.envs.household.generate`).
+    """
+    pol = cfg.model.policy
+    if pol.generated_houses <= 0:
+        return []
+    out = []
+    for house in training_houses(cfg, manifest, scenes).houses(pol.generated_houses):
+        row = house.row(0)
+        all_scenes = {**scenes, house.scene_id: house.spec}
+        variants = prompt_variants(cfg, memory, row, organizer)
+        index = int(house.scene_id.rsplit("_", 1)[1])
+        v = variants[index % len(variants)]
+        prompt = freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block)
+        rng = crc_rng(cfg.seed, "generated", house.scene_id)
+        episode = play_expert(cfg, Path("."), all_scenes, row, prompt, rng=rng, slip_prob=pol.slip_prob,
+                              env=house_env(cfg, house))
+        out.append(Demo(f"gen_{house.scene_id}", row, v, {}, episode, 0))
+        if progress is not None:
+            progress(1)
+    return out
+
+
 def play_expert(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], prompt: str, *,
-                rng: Any, slip_prob: float) -> DemoEpisode:
+                rng: Any, slip_prob: float, env: Any = None) -> DemoEpisode:
     """One :func:`pipeline.policy.expert.expert_episode` of ``row``'s quest, the expert
-    knowing what ``prompt`` (a frozen system prompt) tells, in a freshly reset env."""
-    env = make_env(cfg, root, scenes, row)
+    knowing what ``prompt`` (a frozen system prompt) tells, in a freshly reset env (the
+    compiled game's, or ``env``: a generated house on the logic engine)."""
+    env = env if env is not None else make_env(cfg, root, scenes, row)
     try:
         env.reset()
         know = read_knowledge(prompt, env.world, _scene_prefs(scenes, row))

@@ -164,8 +164,20 @@ def demos_table(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> pa.Tab
                     schema=DEMOS_SCHEMA)
 
 
+INCONTEXT_CSV = "policy_incontext.csv"
+INCONTEXT_COLUMNS = ("step", "oracle_first_step", "plain_first_step")
+
+
+def incontext_csv(curve: list[dict]) -> str:
+    """``metrics/policy_incontext.csv``: the in-context probe's scores by training step."""
+    lines = [",".join(INCONTEXT_COLUMNS)]
+    lines += [",".join(str(rec.get(c, "")) for c in INCONTEXT_COLUMNS) for rec in curve]
+    return "\n".join(lines) + "\n"
+
+
 def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
-                 train_progress: Callable[[int], Callable[[int, float], None]] | None = None) -> dict:
+                 train_progress: Callable[[int], Callable[[int, float], None]] | None = None,
+                 probe: Any = None) -> dict:
     """Tokenizer -> model -> training on ``demo_set``, saved into ``out_dir`` (swapped in whole).
 
     Args:
@@ -174,10 +186,13 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         out_dir: ``paths.policy``.
         train_progress: called with the number of training steps; returns the per-step
             callback ``(n, loss)`` given to :func:`pipeline.policy.model.train`.
+        probe: an :class:`pipeline.policy.incontext.InContextProbe`, scored before training,
+            every ``policy.incontext_every`` steps and after the last one.
 
     Returns:
-        ``{"memory", "summary", "curve", "timings"}``: the scene memory (for the quality
-        evaluation), the deterministic summary, the loss curve and wall times.
+        ``{"memory", "summary", "curve", "incontext", "timings"}``: the scene memory (for
+        the quality evaluation), the deterministic summary, the loss curve, the probe's
+        scores by step (``[]`` without a probe) and wall times.
     """
     pol = cfg.model.policy
     timings: dict[str, float] = {}
@@ -188,14 +203,40 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
     t = time.perf_counter()
     n_steps = pol.epochs * -(-len(tok.units) // pol.episodes_per_batch)
     progress = train_progress(n_steps) if train_progress is not None else None
+    incontext: list[dict] = []
+    probe_s = 0.0
+
+    def measure(step: int) -> None:
+        nonlocal probe_s
+        t_probe = time.perf_counter()
+        incontext.append({"step": step, **probe.score(tok.model, tok.tokenizer)})
+        probe_s += time.perf_counter() - t_probe
+
+    def on_step(n: int, loss: float, done: list = [0]) -> None:  # noqa: B006 - the step counter
+        done[0] += n
+        if progress is not None:
+            progress(n, loss)
+        if probe is not None and pol.incontext_every > 0 and done[0] % pol.incontext_every == 0 \
+                and done[0] < n_steps:
+            measure(done[0])
+
+    if probe is not None:
+        measure(0)
     curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
-                  progress=progress)
-    timings["train_s"] = time.perf_counter() - t
+                  progress=on_step)
+    if probe is not None:
+        measure(len(curve))
+    timings["train_s"] = time.perf_counter() - t - probe_s
+    timings["incontext_s"] = probe_s
 
     summary = training_summary(pol, demo_set.summary, tok, curve)
+    if incontext:
+        summary["incontext"] = {**{k: v for k, v in incontext[-1].items() if k != "step"},
+                                "before_training": {k: v for k, v in incontext[0].items() if k != "step"}}
     with atomic_dir(out_dir) as tmp:
         save_policy(tmp / MODEL_DIR, tok.model, tok.tokenizer)
         write_parquet(demos_table(demo_set.turns, tok.prompts), tmp / DEMOS_FILE, sort_by=["demo_id", "turn_index"],
                       schema_version="1")
         atomic_write_json(tmp / SUMMARY_FILE, summary)
-    return {"memory": demo_set.memory, "summary": summary, "curve": curve, "timings": timings}
+    return {"memory": demo_set.memory, "summary": summary, "curve": curve, "incontext": incontext,
+            "timings": timings}

@@ -19,7 +19,10 @@ Writes:
 - ``data/policy/demos.parquet``: every demonstration turn, prompt and answer verbatim;
 - ``data/policy/training.json``: data and training summary (no wall-clock times);
 - ``metrics/policy.json``: the quality figures, training summary and wall times;
-- ``metrics/policy_loss.csv``: the loss of every training step (``dvc plots``).
+- ``metrics/policy_loss.csv``: the loss of every training step (``dvc plots``);
+- ``metrics/policy_incontext.csv``: the in-context probe by training step
+  (:mod:`pipeline.policy.incontext`: does the model copy a verified plan in a house it
+  has never seen? ``dvc plots``).
 
 Skipped (a marker ``data/policy/SKIPPED.json``, metrics saying why, an empty loss curve)
 when ``model.train_policy`` is false, or when nothing runs a language model (the agent
@@ -42,7 +45,9 @@ from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
 from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
-from pipeline.policy.training import LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, loss_csv, model_dir, skip_reason
+from pipeline.policy.incontext import InContextProbe
+from pipeline.policy.training import (INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, incontext_csv,
+                                      loss_csv, model_dir, skip_reason)
 from pipeline.session.collection import load_games
 from pipeline.stages.common import pin_numerics, stage_error
 
@@ -56,6 +61,7 @@ def write_skipped(cfg: Config, root: Path, reason: str) -> None:
         atomic_write_json(tmp / SKIPPED_FILE, {"trained": False, "reason": reason})
     atomic_write_json(metrics_dir / "policy.json", {"trained": False, "reason": reason})
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv([]))
+    atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv([]))
 
 
 def train_bar(bar: tqdm) -> Callable[[int], Callable[[int, float], None]]:
@@ -75,6 +81,10 @@ def summary_line(metrics: dict) -> str:
     q = metrics.get("quality")
     line = f"policy: trained {metrics['model']['parameters']:,} parameters on {metrics['training']['samples']} " \
            f"turns, final loss {metrics['training']['final_loss']:.3f} -> {metrics['model_dir']}"
+    ic = metrics.get("incontext")
+    if ic and "oracle_first_step" in ic:
+        line += (f"; in-context first step (held-out houses) oracle/plain {ic['oracle_first_step']:.2f}/"
+                 f"{ic.get('plain_first_step', float('nan')):.2f}")
     if q:
         line += (f"; greedy JSON valid {q['greedy_json_valid_rate']:.2f}, success plain/memory "
                  f"{q['greedy_success_plain']:.2f}/{q['greedy_success_memory']:.2f} "
@@ -90,9 +100,11 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     manifest, scenes = load_games(root, cfg)
     demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=cfg.seed)
     load_s = time.perf_counter() - t0
+    probe = InContextProbe.build(cfg, manifest, scenes, demo_set.memory, n=cfg.model.policy.incontext_tasks)
     with tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
-        built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar))
+        built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar), probe=probe)
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv(built["curve"]))
+    atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv(built["incontext"]))
     metrics: dict[str, Any] = {"trained": True, "model_dir": model_dir(cfg), **built["summary"]}
     if numerics is not None:  # what ran: the pinned numerics and the CPU (never in data/policy)
         metrics["numerics"] = numerics

@@ -240,8 +240,13 @@ class HouseholdEnv:
         if not p.is_absolute() and not p.exists():
             p = project_root() / p
         self.game_file = check_game_file(p)
-        self.scene_id = scene_id or p.parent.name
-        self.quest_id = quest_id or p.stem
+        self._configure(scene_id or p.parent.name, quest_id or p.stem, objective, max_steps, reward, preferences,
+                        compute_expert_plan)
+
+    def _configure(self, scene_id, quest_id, objective, max_steps, reward, preferences, compute_expert_plan) -> None:
+        """Everything but the game: ids, step cap, reward, preferences (checked)."""
+        self.scene_id = scene_id
+        self.quest_id = quest_id
         self.max_steps = int(max_steps)
         if self.max_steps < 1:
             raise ValueError(f"max_steps={max_steps}: expected >= 1")
@@ -273,6 +278,10 @@ class HouseholdEnv:
                 self._tw = textworld.start(str(self.game_file), request_infos=infos)
         except Exception as exc:  # TextWorld raises many kinds on a broken game
             raise GameFileError(f"corrupt game file {self.game_file}: {_one_line(exc)}") from exc
+
+    def _sent(self, command: str) -> str:
+        """The command as the game's parser takes it (the compiled games' short aliases)."""
+        return " ".join(self._aliases.get(tok, tok) for tok in command.split())
 
     def _read(self, state) -> None:
         self.world = World.from_facts(typed_facts(state["facts"]))
@@ -398,8 +407,7 @@ class HouseholdEnv:
                 "invalid:" + json.dumps(action, sort_keys=True, default=str)
         if command is None:
             return command, valid, error, "You wait. Nothing happens.", "wait"
-        sent = " ".join(self._aliases.get(tok, tok) for tok in command.split())
-        state, _, _ = self._tw.step(sent)
+        state, _, _ = self._tw.step(self._sent(command))
         self._read(state)
         self.won = self.won or bool(state.get("won"))
         self.lost = self.lost or bool(state.get("lost"))
@@ -476,3 +484,75 @@ def is_household_command(command: str) -> bool:
         return True
     except ValueError:
         return False
+
+
+class LogicHouseholdEnv(HouseholdEnv):
+    """A household quest played on TextWorld's own logic engine, without compiling it.
+
+    ``textworld.envs.tw.TextWorldEnv`` runs the game's rules (its ``KnowledgeBase``) on the
+    game's facts: the same facts, admissible commands and ``won`` / ``lost`` the compiled
+    game's TextWorld wrapper tracks (``tests/test_env.py``'s differential test checks it,
+    step by step, against the compiled games), at ~1 ms a reset instead of ~1.5 s of
+    Inform 7 compiling. Its game text is a placeholder, which changes nothing here: the
+    observation is built from facts. What it is for: the policy's demonstrations in
+    thousands of generated houses (:mod:`pipeline.envs.household.generate`); the compiled
+    games stay the evaluation environment.
+
+    Args:
+        game: a ``textworld.Game`` (e.g. :meth:`GeneratedHouse.game`) or the path of a
+            game's ``.json`` (a compiled game's sidecar).
+        The other arguments are :class:`HouseholdEnv`'s.
+    """
+
+    def __init__(self, game: Any, *, scene_id: str, quest_id: str, objective: str | None = None,
+                 max_steps: int = 30, reward: RewardConfig | Mapping[str, float] | None = None,
+                 preferences: Iterable[str | Mapping[str, Any]] = (), compute_expert_plan: bool = True) -> None:
+        self.game_file = None
+        self._game = game
+        self._configure(scene_id, quest_id, objective, max_steps, reward, preferences, compute_expert_plan)
+
+    def _start(self):
+        import textworld  # deferred: heavy optional dependency (textworld)
+        from textworld.core import EnvInfos
+        from textworld.envs import TextWorldEnv
+        from textworld.generator.inform7 import Inform7Game
+
+        infos = EnvInfos(admissible_commands=True, facts=True, won=True, lost=True, feedback=True,
+                         objective=True, win_facts=True)
+        game = self._game
+        if isinstance(game, (str, Path)):
+            game = textworld.Game.load(str(game))
+        env = TextWorldEnv(infos)
+        # TextWorldEnv.load() only reads a file into these two; an in-memory game sets them
+        # directly (thousands of generated houses are never written to disk).
+        env._game, env._inform7 = game, Inform7Game(game)
+        self._tw = _WithWinFacts(env)
+
+    def reset(self) -> dict[str, Any]:
+        obs = super().reset()
+        self._aliases = {}  # the logic engine takes the entity names themselves
+        return obs
+
+    def _sent(self, command: str) -> str:
+        return command
+
+
+class _WithWinFacts:
+    """A ``TextWorldEnv`` whose reset state also carries ``win_facts`` (with entity names),
+    as TextWorld's wrapper of the compiled games gives them."""
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def reset(self):
+        state = self.env.reset()
+        i7 = self.env._inform7
+        state["win_facts"] = [[tuple(map(i7.get_human_readable_fact, e.condition.preconditions))
+                               for e in q.win_events] for q in self.env._game.quests]
+        return state
+
+    def step(self, command: str):
+        return self.env.step(command)
+
+    def close(self) -> None:
+        self.env.close()

@@ -355,8 +355,9 @@ def parser_aliases(names) -> dict[str, str]:
     return {n: "ent" + chr(97 + i // 26) + chr(97 + i % 26) for i, n in enumerate(sorted(names))}
 
 
-def build_game(spec: Mapping[str, Any], row: Mapping[str, Any]):
-    """The ``textworld.Game`` of one quest, plus its Inform 7 source (with the aliases)."""
+def build_game(spec: Mapping[str, Any], row: Mapping[str, Any], *, inform7: bool = True):
+    """The ``textworld.Game`` of one quest, plus its Inform 7 source (with the aliases;
+    ``None`` with ``inform7=False``: a game only the logic engine plays)."""
     from textworld.generator.game import Event, Quest  # deferred: heavy optional dependency (textworld)
     from textworld.generator.inform7 import generate_inform7_source
 
@@ -372,6 +373,8 @@ def build_game(spec: Mapping[str, Any], row: Mapping[str, Any]):
     named = {info.name: info.id for info in game.infos.values() if info.name and info.type not in ("r", "P", "I")}
     aliases = parser_aliases(named)
     game.metadata.update({"scene_id": row["scene_id"], "quest_id": row["quest_id"], "parser_aliases": aliases})
+    if not inform7:
+        return game, None
     source = generate_inform7_source(game)
     source += "\n" + "\n".join(f'Understand "{aliases[n]}" as {named[n]}.' for n in sorted(named)) + "\n"
     return game, source
