@@ -154,26 +154,44 @@ LITERAL_ERROR = "'msg': \"Input should be 'text' or 'json_object'\""
 
 
 @pytest.mark.parametrize("dialect, configured, probed, field", [
-    # llama-cpp-python: json_schema is a literal_error (HTTP 500), json_object + schema is taken.
-    ("llama_cpp_python", "auto", [("json_schema", "refused"), ("json_object", "enforced")], "response_format"),
+    # auto: the first form that admits exactly the admissible actions, else json_schema's per-field enums.
+    ("llama_cpp_python", "auto", [("json_object", "enforced")], "response_format"),
     ("llama_cpp_python", "grammar", [("grammar", "enforced")], "grammar"),
-    # Ollama's /v1 turns json_schema into its format.
-    ("ollama", "auto", [("json_schema", "enforced")], "response_format"),
-    ("sglang", "auto", [("json_schema", "enforced")], "response_format"),
-    ("sglang", "regex", [("regex", "enforced")], "regex"),
-    ("vllm", "choice", [("choice", "enforced")], "structured_outputs"),
+    # llama-cpp-python refuses json_schema (HTTP 500 literal_error): the probe goes on to say what it takes.
+    ("llama_cpp_python", "json_schema", [("json_schema", "refused"), ("json_object", "enforced")], None),
+    # Ollama's /v1: json_object is any JSON (its format "json"), unknown fields are dropped, json_schema
+    # becomes its format.
+    ("ollama", "auto", [("json_object", "ignored"), ("grammar", "ignored"), ("choice", "ignored"),
+                        ("guided_choice", "ignored"), ("regex", "ignored"), ("json_schema", "enforced")],
+     "response_format"),
+    ("sglang", "auto", [("json_object", "ignored"), ("grammar", "ignored"), ("choice", "ignored"),
+                        ("guided_choice", "ignored"), ("regex", "enforced")], "regex"),
+    ("sglang", "json_schema", [("json_schema", "enforced")], "response_format"),
+    ("vllm", "auto", [("json_object", "ignored"), ("grammar", "ignored"), ("choice", "enforced")],
+     "structured_outputs"),
 ])
 def test_each_server_constrains_through_the_form_it_takes(dialect, configured, probed, field, llm_cfg):
     cfg = copy.deepcopy(llm_cfg)
-    cfg.agent.decoding = "constrained"
+    cfg.agent.decoding = "constrained" if field else "auto"
     with DialectServer(dialect, answer=WANTED) as server:
         backend = OpenAIBackend(model_cfg(server.url, structured_output=configured), SAMPLING)
         agent = LLMAgent(cfg, seed=1, backend=backend)
         agent.reset({"episode_id": "ep_x", "objective": OBS["objective"]})
         step = agent.act(OBS)
     probe = backend.constraint
-    assert [(t.form, t.outcome) for t in probe.tried] == probed and probe.form == probed[-1][0]
-    assert probe.fallback is None and backend.structured_output == probe.form
+    assert [(t.form, t.outcome) for t in probe.tried] == probed
+    refused = [t for t in probe.tried if t.outcome == "refused"]
+    assert len(server.rejected) == len(refused)  # only probes were refused, never a turn
+    for t in refused:  # the server's own words, as its error body says them
+        assert "HTTP 500" in t.detail and "literal_error" in t.detail and LITERAL_ERROR in t.detail
+    if field is None:  # a configured form the server refuses: agent.decoding=auto plays free, and says why
+        assert probe.form == "none" and backend.structured_output == "none" and agent.decoding == "free"
+        assert probe.fallback == ("the server does not enforce model.structured_output=json_schema (it enforces "
+                                  "json_object): actions are free")
+        assert server.requests[-1][1]["messages"] != PROBE_MESSAGES and "response_format" not in server.requests[-1][1]
+        assert not step.model.action_valid  # free: the model's own inadmissible take Cup_9
+        return
+    assert probe.form == probed[-1][0] and probe.fallback is None and backend.structured_output == probe.form
     (_, turn) = server.requests[-1]
     assert turn[field] and turn["messages"] != PROBE_MESSAGES
     # The server answered under the constraint, not what the model wanted: with a form that admits
@@ -186,10 +204,6 @@ def test_each_server_constrains_through_the_form_it_takes(dialect, configured, p
     else:
         assert step.model.action_valid and step.model.parse_error is None
         assert step.action in [{k: v for k, v in a.items() if k != "command"} for a in ADMISSIBLE]
-    refused = [t for t in probe.tried if t.outcome == "refused"]
-    assert len(server.rejected) == len(refused)  # only probes were refused, never a turn
-    for t in refused:  # the server's own words, as its error body says them
-        assert "HTTP 500" in t.detail and "literal_error" in t.detail and LITERAL_ERROR in t.detail
 
 
 def test_a_refused_form_stops_a_constrained_run_at_start_in_the_servers_words(llm_cfg, tiny_games, tmp_path):
@@ -226,8 +240,7 @@ def test_a_collect_is_constrained_where_the_server_can_and_says_so_where_not(ser
     record = stats["structured_output"]
     if server_kind == "llama_cpp_python":
         assert record["form"] == "json_object" and record["fallback"] is None
-        assert [(t["form"], t["outcome"]) for t in record["tried"]] == [("json_schema", "refused"),
-                                                                      ("json_object", "enforced")]
+        assert [(t["form"], t["outcome"]) for t in record["tried"]] == [("json_object", "enforced")]
         assert all(b["response_format"]["type"] == "json_object" for b in bodies)
         assert all(t["action_valid"] for t in turns)  # invalid action rate 0: the model wanted Cup_9
         assert {json.loads(t["action"])["action"] for t in turns} != {"take"}

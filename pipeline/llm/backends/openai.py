@@ -119,11 +119,12 @@ NO_TENSOR_REASONS = {
     TOKENS_MISMATCH: "the returned tokens do not spell the returned text",
 }
 
-# The start-up probe (settle_constraint): forms in the order `auto` tries them (the most
-# widely taken first), and one request whose constraint admits a single answer that no
-# unconstrained model would write.
-PROBE_FORMS = (StructuredOutput.json_schema, StructuredOutput.json_object, StructuredOutput.grammar,
-               StructuredOutput.choice, StructuredOutput.regex, StructuredOutput.guided_choice)
+# The start-up probe (settle_constraint): forms in the order `auto` tries them, those that
+# admit exactly the admissible actions first (llama.cpp's json_object and grammar, vLLM's
+# choice lists, SGLang's regex), then json_schema's per-field enums (OpenAI, Ollama); and
+# one request whose constraint admits a single answer that no unconstrained model would write.
+PROBE_FORMS = (StructuredOutput.json_object, StructuredOutput.grammar, StructuredOutput.choice,
+               StructuredOutput.guided_choice, StructuredOutput.regex, StructuredOutput.json_schema)
 PROBE_ACTION = {"action": "probe", "target": "Probe_0"}
 PROBE_MESSAGES = [{"role": "user", "content": 'Answer with one JSON action, {"action": ..., "target": ...}.'}]
 PROBE_MAX_TOKENS = 48
