@@ -240,7 +240,8 @@ class LLMAgent:
         if offered is not None and self.decoding not in offered:
             raise ConfigError(f"agent.decoding={self.decoding!r}: the {type(backend).__name__} here offers "
                               f"{', '.join(offered)} (constrained with model.backend=openai needs "
-                              "model.structured_output; choice needs a local model: model.backend=transformers)")
+                              "model.structured_output=auto or a form; choice needs a local model: "
+                              "model.backend=transformers)")
         self.organizer = PromptOrganizer.from_config(cfg)
         self.reset({})
 

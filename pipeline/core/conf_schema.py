@@ -423,7 +423,7 @@ class ModelConfig:
     max_concurrency: int = 8
     """Requests in flight at once (openai backend)."""
     structured_output: StructuredOutput = StructuredOutput.none
-    """The admissible-action constraint the server enforces (openai backend; :class:`StructuredOutput`; ``auto``: probed)."""
+    """The admissible-action constraint the server enforces (openai backend; :class:`StructuredOutput`)."""
     cache_dir: Optional[str] = None
     """Generation cache folder (either backend; opt-in), e.g. data/llm_cache (outside all outputs); null: off."""
     prompt_cache_mb: float = 1024.0

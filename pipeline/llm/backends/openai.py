@@ -58,7 +58,8 @@ server dialect:
 - ``choice``: vLLM >= 0.12 ``structured_outputs={"choice": [...]}``, those exact texts;
   ``guided_choice``: the same for vLLM < 0.12 (``guided_choice``);
 - ``regex``: SGLang's ``regex``, an alternation of those exact texts;
-- ``auto``: the first of these the server enforces, found by :meth:`OpenAIBackend.settle_constraint`.
+- ``auto``: the first form the server enforces, those that admit exactly the admissible
+  actions first (:data:`PROBE_FORMS`), found by :meth:`OpenAIBackend.settle_constraint`.
 
 Whether a server takes a form is asked, not assumed: the ``llm`` agent calls
 :meth:`OpenAIBackend.settle_constraint` once at start (``agent.decoding`` ``auto`` or
