@@ -3,8 +3,12 @@
 A stub server (``tests/reliability/helpers.py: FakeOpenAI``) checks what the backend
 sends and how it reads what comes back: the admissible-action constraint, token ids and
 logprobs turned into the per-turn ``.pt`` tensors, the clear errors (401, 404, context too
-long), the response cache, bounded concurrency and the API key that goes nowhere. Then a
-real server: ``transformers serve`` (transformers' own OpenAI-compatible server) on a tiny
+long), the response cache, bounded concurrency and the API key that goes nowhere. Stubs
+that check requests as llama-cpp-python's server, Ollama's ``/v1``, SGLang and vLLM do
+(``tests/reliability/dialects.py``) prove the start-up probe of ``model.structured_output``:
+each server constrains through the form it takes, a refused form stops a constrained run
+at start in the server's words, and ``auto`` falls back to free and says so. Then a real
+server: ``transformers serve`` (transformers' own OpenAI-compatible server) on a tiny
 local model, started once per session, plays a short collect through the backend.
 """
 
@@ -26,8 +30,16 @@ from pipeline.core.conf_schema import ModelConfig, SamplingConfig
 from pipeline.core.config import compose_text, section, validate
 from pipeline.core.io import read_parquet
 from pipeline.llm.backends import BackendConfigError, OpenAIBackend, make_backend
-from pipeline.llm.backends.openai import action_choices, action_schema, constraint_fields
+from pipeline.llm.backends.openai import (
+    PROBE_FORMS,
+    PROBE_MESSAGES,
+    action_choices,
+    action_grammar,
+    action_schema,
+    constraint_fields,
+)
 from pipeline.llm.backends.serve import TransformersServe, serving_available
+from reliability.dialects import DialectServer
 from reliability.helpers import ANSWER, FakeOpenAI
 
 pytestmark = pytest.mark.timeout(180)  # a hang guard: nothing here should take more than seconds
@@ -98,28 +110,146 @@ def test_the_constraint_enumerates_exactly_the_admissible_actions():
     regex = re.compile(constraint_fields("regex", ADMISSIBLE)["regex"])
     assert all(regex.fullmatch(c) for c in choices)
     assert not regex.fullmatch('{"action": "open", "target": "Cabinet_1"}')
+    assert "\\ " not in regex.pattern  # only regex syntax escaped: not every server's engine takes "\ "
     assert constraint_fields("none", ADMISSIBLE) == {} and constraint_fields("json_schema", []) == {}
+    # llama.cpp's GBNF: an alternation of the exact texts.
+    # llama.cpp's json_object: a schema that admits exactly the admissible actions, whole.
+    assert constraint_fields("json_object", ADMISSIBLE) == {"response_format": {"type": "json_object", "schema": {
+        "enum": [json.loads(c) for c in choices]}}}
+    grammar = constraint_fields("grammar", ADMISSIBLE)["grammar"]
+    assert grammar == action_grammar(ADMISSIBLE)
+    assert grammar.startswith('root ::= "{\\"action\\": \\"look\\", \\"target\\": null}" | ')
+    assert grammar.count(" | ") == len(choices) - 1
 
 
-@pytest.mark.parametrize("mode, field", [("json_schema", "response_format"), ("choice", "structured_outputs"),
-                                         ("regex", "regex"), ("none", None)])
-def test_the_agent_sends_the_admissible_actions_as_the_constraint(mode, field, llm_cfg):
-    with FakeOpenAI() as server:
+@pytest.mark.parametrize("dialect, mode, field", [("vllm", "json_schema", "response_format"),
+                                                  ("vllm", "choice", "structured_outputs"),
+                                                  ("sglang", "regex", "regex"), ("vllm", "none", None)])
+def test_the_agent_sends_the_admissible_actions_as_the_constraint(dialect, mode, field, llm_cfg):
+    with DialectServer(dialect) as server:
         backend = OpenAIBackend(model_cfg(server.url, structured_output=mode,
                                           extra_body={"structured_outputs": {"backend": "xgrammar"}}), SAMPLING)
         agent = LLMAgent(llm_cfg, seed=1, backend=backend)
         agent.reset({"episode_id": "ep_x", "objective": OBS["objective"]})
         step = agent.act(OBS)
         free = backend.generate([MESSAGES])[0]  # a caller without admissible actions: no constraint
-    (_, body), (_, free_body) = server.requests
+    *probes, (_, body), (_, free_body) = server.requests
     assert step.model.action_valid and step.action == {"action": "look", "target": None} and free.error is None
-    assert backend.constrains_actions is (mode != "none")
+    assert backend.constrains_actions is (mode != "none") and not server.rejected
+    # The form was asked once, at start (agent.decoding=auto), before the first turn.
+    assert [b["messages"] for _, b in probes] == ([PROBE_MESSAGES] if mode != "none" else [])
     if field is None:
         assert body == free_body | {"messages": body["messages"], "seed": body["seed"]}
         return
     want = constraint_fields(mode, ADMISSIBLE)[field]
     assert body[field] == (want | {"backend": "xgrammar"} if mode == "choice" else want)  # extra_body's kept
     assert field not in free_body or mode == "choice" and free_body[field] == {"backend": "xgrammar"}
+
+
+# --------------------------------------------------------------------------- one form per server dialect
+
+# What the stubs' "model" wants to say: inadmissible, so only a constraint makes the turn valid.
+WANTED = 'I take the cup.\n{"action": "take", "target": "Cup_9"}'
+LITERAL_ERROR = "'msg': \"Input should be 'text' or 'json_object'\""
+
+
+@pytest.mark.parametrize("dialect, configured, probed, field", [
+    # auto: the first form that admits exactly the admissible actions, else json_schema's per-field enums.
+    ("llama_cpp_python", "auto", [("json_object", "enforced")], "response_format"),
+    ("llama_cpp_python", "grammar", [("grammar", "enforced")], "grammar"),
+    # llama-cpp-python refuses json_schema (HTTP 500 literal_error): the probe goes on to say what it takes.
+    ("llama_cpp_python", "json_schema", [("json_schema", "refused"), ("json_object", "enforced")], None),
+    # Ollama's /v1: json_object is any JSON (its format "json"), unknown fields are dropped, json_schema
+    # becomes its format.
+    ("ollama", "auto", [("json_object", "ignored"), ("grammar", "ignored"), ("choice", "ignored"),
+                        ("guided_choice", "ignored"), ("regex", "ignored"), ("json_schema", "enforced")],
+     "response_format"),
+    ("sglang", "auto", [("json_object", "ignored"), ("grammar", "ignored"), ("choice", "ignored"),
+                        ("guided_choice", "ignored"), ("regex", "enforced")], "regex"),
+    ("sglang", "json_schema", [("json_schema", "enforced")], "response_format"),
+    ("vllm", "auto", [("json_object", "ignored"), ("grammar", "ignored"), ("choice", "enforced")],
+     "structured_outputs"),
+])
+def test_each_server_constrains_through_the_form_it_takes(dialect, configured, probed, field, llm_cfg):
+    cfg = copy.deepcopy(llm_cfg)
+    cfg.agent.decoding = "constrained" if field else "auto"
+    with DialectServer(dialect, answer=WANTED) as server:
+        backend = OpenAIBackend(model_cfg(server.url, structured_output=configured), SAMPLING)
+        agent = LLMAgent(cfg, seed=1, backend=backend)
+        agent.reset({"episode_id": "ep_x", "objective": OBS["objective"]})
+        step = agent.act(OBS)
+    probe = backend.constraint
+    assert [(t.form, t.outcome) for t in probe.tried] == probed
+    refused = [t for t in probe.tried if t.outcome == "refused"]
+    assert len(server.rejected) == len(refused)  # only probes were refused, never a turn
+    for t in refused:  # the server's own words, as its error body says them
+        assert "HTTP 500" in t.detail and "literal_error" in t.detail and LITERAL_ERROR in t.detail
+    if field is None:  # a configured form the server refuses: agent.decoding=auto plays free, and says why
+        assert probe.form == "none" and backend.structured_output == "none" and agent.decoding == "free"
+        assert probe.fallback == ("the server does not enforce model.structured_output=json_schema (it enforces "
+                                  "json_object): actions are free")
+        assert server.requests[-1][1]["messages"] != PROBE_MESSAGES and "response_format" not in server.requests[-1][1]
+        assert not step.model.action_valid  # free: the model's own inadmissible take Cup_9
+        return
+    assert probe.form == probed[-1][0] and probe.fallback is None and backend.structured_output == probe.form
+    (_, turn) = server.requests[-1]
+    assert turn[field] and turn["messages"] != PROBE_MESSAGES
+    # The server answered under the constraint, not what the model wanted: with a form that admits
+    # exactly the admissible actions, one of them; with json_schema's per-field enums (what
+    # OpenAI's strict mode takes) each field is admissible, a verb may meet another's target.
+    answer = json.loads(step.generated_text)
+    if probe.form == "json_schema":
+        props = turn["response_format"]["json_schema"]["schema"]["properties"]
+        assert all(answer[k] in props[k]["enum"] for k in props) and answer["action"] != "take"
+    else:
+        assert step.model.action_valid and step.model.parse_error is None
+        assert step.action in [{k: v for k, v in a.items() if k != "command"} for a in ADMISSIBLE]
+
+
+def test_a_refused_form_stops_a_constrained_run_at_start_in_the_servers_words(llm_cfg, tiny_games, tmp_path):
+    """The issue's llama.cpp run: json_schema refused by every request, each turn a ``look``,
+    exit 0. Now the run stops before its first turn, quoting the server and naming the options."""
+    with DialectServer("llama_cpp_python") as server:
+        cfg = _openai_cfg(llm_cfg, server.url, "fake-model", structured_output="json_schema")
+        cfg.agent.decoding = "constrained"
+        with pytest.raises(BackendConfigError) as info:
+            _collect(cfg, tiny_games, tmp_path / "ep", "oai_refused")
+    msg = str(info.value)
+    assert msg.startswith(f"agent.decoding=constrained: {server.url} does not enforce "
+                          "model.structured_output=json_schema (json_schema: refused: ")
+    assert "HTTP 500" in msg and "literal_error" in msg and LITERAL_ERROR in msg
+    assert "model.structured_output=json_object (this server enforces it)" in msg and "agent.decoding=free" in msg
+    assert all(b["messages"] == PROBE_MESSAGES for _, b in server.requests)  # probes only: no turn was played
+    assert [json.loads(r)["error"]["type"] for _, r in server.rejected] == ["internal_server_error"]
+    assert not (tmp_path / "ep").exists()
+
+
+@pytest.mark.parametrize("server_kind", ["llama_cpp_python", "ignores_everything"])
+def test_a_collect_is_constrained_where_the_server_can_and_says_so_where_not(server_kind, llm_cfg, tiny_games,
+                                                                            tmp_path):
+    """``model.structured_output=auto`` with ``agent.decoding=auto``: against llama-cpp-python's
+    dialect every turn is constrained (json_object) and valid; against a server that takes
+    every field and enforces none, the run goes on free and its metrics say why."""
+    stub = DialectServer("llama_cpp_python", answer=WANTED) if server_kind != "ignores_everything" else FakeOpenAI()
+    with stub as server:
+        cfg = _openai_cfg(llm_cfg, server.url, "fake-model", structured_output="auto")
+        stats = _collect(cfg, tiny_games, tmp_path / "ep", f"oai_auto_{server_kind}")
+    turns = read_parquet(tmp_path / "ep" / "turns.parquet").to_pylist()
+    bodies = [b for _, b in server.requests if b["messages"] != PROBE_MESSAGES]
+    assert len(bodies) == len(turns) > 0
+    record = stats["structured_output"]
+    if server_kind == "llama_cpp_python":
+        assert record["form"] == "json_object" and record["fallback"] is None
+        assert [(t["form"], t["outcome"]) for t in record["tried"]] == [("json_object", "enforced")]
+        assert all(b["response_format"]["type"] == "json_object" for b in bodies)
+        assert all(t["action_valid"] for t in turns)  # invalid action rate 0: the model wanted Cup_9
+        assert {json.loads(t["action"])["action"] for t in turns} != {"take"}
+        return
+    assert record["form"] == "none" and record["configured"] == "auto"
+    assert record["fallback"] == "the server does not enforce model.structured_output=auto: actions are free"
+    assert [(t["form"], t["outcome"]) for t in record["tried"]] == [(str(f), "ignored") for f in PROBE_FORMS]
+    fields = ("response_format", "grammar", "structured_outputs", "guided_choice", "regex")
+    assert not any(k in b for b in bodies for k in fields)
 
 
 # --------------------------------------------------------------------------- token data and tensors
@@ -342,9 +472,10 @@ def served(llm_cfg, tiny_games, tmp_path_factory):
 
 
 def test_a_short_collect_against_transformers_serve(served, llm_cfg, tiny_games, tmp_path, monkeypatch):
-    """Turns, the recorded reason for no tensors (the server returns no logprobs) and the
-    admissible-action constraint sent with every request (``transformers serve`` accepts
-    ``response_format`` and ignores it: the fitted model answers an admissible action)."""
+    """Turns, the recorded reason for no tensors (the server returns no logprobs), and the
+    start-up probe finding that ``transformers serve`` enforces no constraint (it accepts
+    ``response_format`` and ignores it): ``agent.decoding=auto`` plays free, and the
+    metrics say so (the fitted model answers an admissible action all the same)."""
     sent = []
     body_of = OpenAIBackend.request_body
 
@@ -358,6 +489,13 @@ def test_a_short_collect_against_transformers_serve(served, llm_cfg, tiny_games,
     stats = _collect(cfg, tiny_games, tmp_path / "ep", "oai_real")
     turns = read_parquet(tmp_path / "ep" / "turns.parquet").to_pylist()
     episodes = read_parquet(tmp_path / "ep" / "episodes.parquet").to_pylist()
+    probes = [b for b in sent if b["messages"] == PROBE_MESSAGES]
+    sent = [b for b in sent if b["messages"] != PROBE_MESSAGES]
+    record = stats["structured_output"]
+    assert record["tried"][0] == {"form": "json_schema", "outcome": "ignored", "detail": record["tried"][0]["detail"]}
+    assert record["form"] == "none" and record["fallback"].startswith(
+        "the server does not enforce model.structured_output=json_schema")
+    assert len(probes) == len(record["tried"]) and "enforced" not in {t["outcome"] for t in record["tried"]}
     assert len(episodes) == 2 and len(turns) == len(sent) > 0
     for t in turns:
         assert t["stop_reason"] == "eos" and t["tracking_method"] == "none:no_logprobs"
@@ -365,10 +503,7 @@ def test_a_short_collect_against_transformers_serve(served, llm_cfg, tiny_games,
         assert t["action_valid"] and json.loads(t["action"]) == {"action": "look", "target": None}
     assert not (tmp_path / "ep" / "tensors").exists()  # no token data: no tensors, and the rows say why
     assert stats["tracking_methods"] == {"none:no_logprobs": len(turns)}
-    for body, t in zip(sent, turns):
-        obs = json.loads(t["observation"])
-        enum = body["response_format"]["json_schema"]["schema"]["properties"]["action"]["enum"]
-        assert set(enum) == {a["action"] for a in obs["admissible_actions"]} and body["logprobs"] is True
+    assert all("response_format" not in body and body["logprobs"] is True for body in sent)  # free, said above
 
 
 def test_transformers_serve_refuses_another_model_per_turn(served):

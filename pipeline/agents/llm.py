@@ -33,7 +33,15 @@ from pipeline.agents.base import AgentStep, ModelTurn, candidate_actions, clean_
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.seeding import turn_seed
-from pipeline.llm.backends import Backend, BackendError, CachesPrompts, Generation, make_backend
+from pipeline.llm.backends import (
+    Backend,
+    BackendError,
+    CachesPrompts,
+    ConstraintProbe,
+    Generation,
+    SettlesConstraint,
+    make_backend,
+)
 from pipeline.prompts import TURN_VARIABLES, PromptOrganizer, observation_variables, template_slots
 
 # The user turn when the system template already shows the observation (the compact and
@@ -166,6 +174,7 @@ class SharedBackend:
         agents = [make_agent(cfg, seed=t.seed, shared=shared) for t in tasks]
         ...
         shared.prompt_cache_stats()      # None: no backend loaded, or one without a prompt cache
+        shared.constraint_probe()        # None: no server probed for its action constraint
     """
 
     def __init__(self, backend: Backend | None = None):
@@ -181,6 +190,14 @@ class SharedBackend:
         """Prompt tokens reused across turns vs encoded, this run's (a local model's prompt
         cache, :class:`pipeline.llm.backends.CachesPrompts`); None without one."""
         return self.backend.prompt_cache_stats() if isinstance(self.backend, CachesPrompts) else None
+
+    def constraint_probe(self) -> ConstraintProbe | None:
+        """How the server constrained the actions, as probed at start (``model.structured_output``
+        other than ``none``, :class:`pipeline.llm.backends.SettlesConstraint`); None otherwise."""
+        if isinstance(self.backend, SettlesConstraint) and self.backend.constraint is not None \
+                and self.backend.constraint.tried:
+            return self.backend.constraint
+        return None
 
 
 class LLMAgent:
@@ -213,13 +230,18 @@ class LLMAgent:
         if backend is None:
             backend = shared.get(cfg) if shared is not None else make_backend(cfg.model, cfg.sampling)
         self.backend = backend
+        if self.decoding in ("auto", "constrained") and isinstance(backend, SettlesConstraint):
+            # A server is asked once, at start, which constraint it enforces (the agents of a run
+            # share the backend and its answer); constrained without one stops here, in its words.
+            backend.settle_constraint(required=self.decoding == "constrained")
         offered = getattr(backend, "decodings", None)  # None: a stand-in that declares nothing (prompt building)
         if self.decoding == "auto":  # the strongest the backend offers
             self.decoding = "constrained" if offered and "constrained" in offered else "free"
         if offered is not None and self.decoding not in offered:
             raise ConfigError(f"agent.decoding={self.decoding!r}: the {type(backend).__name__} here offers "
                               f"{', '.join(offered)} (constrained with model.backend=openai needs "
-                              "model.structured_output; choice needs a local model: model.backend=transformers)")
+                              "model.structured_output=auto or a form; choice needs a local model: "
+                              "model.backend=transformers)")
         self.organizer = PromptOrganizer.from_config(cfg)
         self.reset({})
 

@@ -86,7 +86,10 @@ class StructuredOutput(StrEnum):
     """How an OpenAI-compatible server constrains the JSON action to the admissible ones."""
 
     none = "none"  # no constraint from the server
-    json_schema = "json_schema"  # response_format (OpenAI, vLLM, SGLang)
+    auto = "auto"  # probe the server once at start: the first form below it enforces (else none, said in metrics)
+    json_schema = "json_schema"  # response_format json_schema (OpenAI, vLLM, SGLang, Ollama, llama.cpp's llama-server)
+    json_object = "json_object"  # response_format json_object + schema (llama-cpp-python's server, llama-server)
+    grammar = "grammar"  # a GBNF grammar of the admissible actions (llama-cpp-python's server, llama-server)
     choice = "choice"  # structured_outputs={"choice": [...]} (vLLM >= 0.12)
     guided_choice = "guided_choice"  # guided_choice (vLLM < 0.12)
     regex = "regex"  # a regex of the admissible actions (SGLang)

@@ -217,6 +217,9 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     cache = shared.prompt_cache_stats()
     if cache is not None:  # prompt tokens reused across turns vs encoded (this run's)
         stats["prompt_cache"] = cache
+    probe = shared.constraint_probe()
+    if probe is not None:  # the form the server enforced, what it said to each, and a fallback to free
+        stats["structured_output"] = asdict(probe)
     shutil.rmtree(ckpt_root, ignore_errors=True)
     return records, stats
 

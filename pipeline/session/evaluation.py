@@ -98,6 +98,7 @@ def evaluate_condition(cfg: Config, root: Path, condition: str) -> tuple[dict, d
     metrics["store_hash"] = store_before
     metrics["wall_time_s"] = stats["wall_time_s"]
     metrics["s_per_turn"] = round(stats["wall_time_s"] / max(1, len(turns)), 4)
-    if "prompt_cache" in stats:
-        metrics["prompt_cache"] = stats["prompt_cache"]
+    for key in ("prompt_cache", "structured_output"):
+        if key in stats:
+            metrics[key] = stats[key]
     return metrics, stats, out_dir

@@ -111,6 +111,7 @@ class FakeOpenAI:
                     body = json.loads(raw)
                 except ValueError:
                     body = {}
+                self.json_body = body  # what a dialect's respond() validates
                 with fake._lock:
                     n = len(fake.requests)
                     # Header names as written in the HTTP docs (clients send them in any case).

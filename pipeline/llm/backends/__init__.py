@@ -20,7 +20,8 @@ conversation, with the JSON action tracked token by token (``pipeline.llm.tracke
   ``model.max_concurrency`` in flight, key from the environment variable
   ``model.api_key_env`` (never logged or stored), retries with exponential backoff on
   connection errors, timeouts, truncated bodies, 408/409/429/5xx; the action constrained
-  to the admissible ones by the server (``model.structured_output``); an opt-in response
+  to the admissible ones by the server (``model.structured_output``, probed once at start:
+  ``SettlesConstraint``); an opt-in response
   cache (``model.cache_dir``, :mod:`~pipeline.llm.backends.cache`).
 
 Runtime failures (a request that still fails after the retries, a failed forward pass)
@@ -45,8 +46,11 @@ from pipeline.llm.backends.base import (
     BackendConfigError,
     BackendError,
     CachesPrompts,
+    ConstraintProbe,
     Generation,
     Messages,
+    ProbeResult,
+    SettlesConstraint,
     plain_prompt,
     render_prompt,
 )
@@ -60,9 +64,12 @@ __all__ = [
     "BackendConfigError",
     "BackendError",
     "CachesPrompts",
+    "ConstraintProbe",
     "Generation",
     "Messages",
     "OpenAIBackend",
+    "ProbeResult",
+    "SettlesConstraint",
     "TransformersBackend",
     "is_local",
     "make_backend",

@@ -130,6 +130,46 @@ class ActionConstrainedBackend(Backend, Protocol):
         ...
 
 
+@dataclass
+class ProbeResult:
+    """What a server did with one form of ``model.structured_output`` in the start-up probe."""
+
+    form: str  # json_schema | json_object | grammar | choice | guided_choice | regex
+    outcome: str  # enforced | ignored (accepted, answer unconstrained) | refused (an error) | failed (no answer)
+    detail: str  # the server's own words (its error), or the answer it gave
+
+
+@dataclass
+class ConstraintProbe:
+    """How a server constrains the JSON action, settled once at start (``metrics/collect.json``:
+    ``structured_output``). ``form`` is what every request carries; ``none`` with a ``fallback``
+    when the server enforces no form and ``agent.decoding=auto`` went on free."""
+
+    configured: str  # model.structured_output
+    form: str  # the form in use: one of StructuredOutput, none when no form is enforced
+    tried: list[ProbeResult]  # in the order probed (empty: nothing probed)
+    fallback: str | None = None  # why the run is free although a constraint was configured
+
+
+@runtime_checkable
+class SettlesConstraint(Protocol):
+    """An optional backend capability: a server's action constraint, probed once at start.
+
+    The ``llm`` agent calls it before it picks its decoding (``agent.decoding`` ``auto`` or
+    ``constrained``); implemented by :class:`~pipeline.llm.backends.openai.OpenAIBackend`."""
+
+    constraint: ConstraintProbe | None  # None until settled
+
+    def settle_constraint(self, required: bool) -> ConstraintProbe:
+        """Probe the server (once; later calls return the first answer) and constrain with what it enforces.
+
+        Raises:
+            BackendConfigError: ``required`` and the server enforces no form (the message
+                quotes the server and names the options).
+        """
+        ...
+
+
 @runtime_checkable
 class CachesPrompts(Protocol):
     """An optional backend capability: a prompt cache whose reuse the run's metrics report

@@ -41,15 +41,34 @@ A turn whose tokens cannot give the ``.pt`` tensors says why in its ``tracking_m
 
 With ``model.logprobs=false`` nothing is asked for and turns say ``none`` (text only).
 
-Constrained actions (``model.structured_output``; the server enforces them):
+Constrained actions (``model.structured_output``; the server enforces them), one form per
+server dialect:
 
-- ``json_schema``: ``response_format={"type": "json_schema", ...}`` whose ``action``,
-  ``target`` (and ``receptacle`` / ``key`` where an admissible action has one) are enums
-  of the admissible values (OpenAI, vLLM, SGLang, llama.cpp). Per field: a verb can meet
-  a target it is not admissible with (the turn is then an inadmissible action);
-- ``choice``: vLLM >= 0.12 ``structured_outputs={"choice": [...]}``, the exact JSON text of
-  each admissible action; ``guided_choice``: the same for vLLM < 0.12 (``guided_choice``);
-- ``regex``: SGLang's ``regex``, an alternation of those exact texts.
+- ``json_schema``: ``response_format={"type": "json_schema", "json_schema": {"schema": ...}}``
+  whose ``action``, ``target`` (and ``receptacle`` / ``key`` where an admissible action has
+  one) are enums of the admissible values (OpenAI, vLLM, SGLang, Ollama's ``/v1``, which
+  turns it into its ``format``, and llama.cpp's C++ ``llama-server``). Per field: a verb can
+  meet a target it is not admissible with (the turn is then an inadmissible action);
+- ``json_object``: ``response_format={"type": "json_object", "schema": ...}``, llama.cpp's
+  dialect (llama-cpp-python's server takes ``type`` only as ``text`` or ``json_object``;
+  ``llama-server`` takes both), with a schema that admits exactly the admissible actions
+  (an ``enum`` of their objects: no verb meets a target it is not admissible with);
+- ``grammar``: a GBNF ``grammar`` whose root is an alternation of the exact JSON text of each
+  admissible action (llama-cpp-python's server, ``llama-server``);
+- ``choice``: vLLM >= 0.12 ``structured_outputs={"choice": [...]}``, those exact texts;
+  ``guided_choice``: the same for vLLM < 0.12 (``guided_choice``);
+- ``regex``: SGLang's ``regex``, an alternation of those exact texts;
+- ``auto``: the first form the server enforces, those that admit exactly the admissible
+  actions first (:data:`PROBE_FORMS`), found by :meth:`OpenAIBackend.settle_constraint`.
+
+Whether a server takes a form is asked, not assumed: the ``llm`` agent calls
+:meth:`OpenAIBackend.settle_constraint` once at start (``agent.decoding`` ``auto`` or
+``constrained``), which sends one tiny request per candidate form whose constraint admits
+exactly one answer. A form is *enforced* when the answer is that one; *refused* when the
+server answers an error (llama-cpp-python: HTTP 500 ``literal_error``), *ignored* when it
+answers something else (``transformers serve``; Ollama's ``/v1`` for fields it does not
+know). With no enforced form ``agent.decoding=constrained`` stops the run there, quoting the
+server; ``auto`` goes on free and says so (``structured_output`` in the run's metrics).
 
 Under a constraint the model writes only the JSON action (no reasoning line, no
 ``memory`` object).
@@ -74,8 +93,10 @@ from pipeline.core.schemas import clean_action
 from pipeline.llm.backends.base import (
     BackendConfigError,
     BackendError,
+    ConstraintProbe,
     Generation,
     Messages,
+    ProbeResult,
     check_seeds,
     plain_prompt,
 )
@@ -99,6 +120,16 @@ NO_TENSOR_REASONS = {
     TOKENS_MISMATCH: "the returned tokens do not spell the returned text",
 }
 
+# The start-up probe (settle_constraint): forms in the order `auto` tries them, those that
+# admit exactly the admissible actions first (llama.cpp's json_object and grammar, vLLM's
+# choice lists, SGLang's regex), then json_schema's per-field enums (OpenAI, Ollama); and
+# one request whose constraint admits a single answer that no unconstrained model would write.
+PROBE_FORMS = (StructuredOutput.json_object, StructuredOutput.grammar, StructuredOutput.choice,
+               StructuredOutput.guided_choice, StructuredOutput.regex, StructuredOutput.json_schema)
+PROBE_ACTION = {"action": "probe", "target": "Probe_0"}
+PROBE_MESSAGES = [{"role": "user", "content": 'Answer with one JSON action, {"action": ..., "target": ...}.'}]
+PROBE_MAX_TOKENS = 48
+
 # Request fields the client takes as arguments; the others go in its extra_body.
 _CLIENT_FIELDS = ("model", "messages", "max_tokens", "seed", "temperature", "top_p", "logprobs", "response_format")
 
@@ -109,7 +140,12 @@ _CONTEXT_RE = re.compile(r"context[ _-]?(length|window|size)|maximum context|max
 
 
 class _Failed(Exception):
-    """One conversation's request failed for good (the message becomes ``Generation.error``)."""
+    """One conversation's request failed for good (the message becomes ``Generation.error``;
+    ``status``: the HTTP status of the server's last answer, None when none came)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
 
 
 async def _sleep(seconds: float) -> None:
@@ -159,8 +195,11 @@ class OpenAIBackend:
             take it, like vLLM, get it through ``model.extra_body``).
 
     Attributes:
-        constrains_actions: ``model.structured_output`` is not ``none``: :meth:`generate`
-            takes ``admissible`` (the ``ActionConstrainedBackend`` capability).
+        constrains_actions: a form of ``model.structured_output`` is in use: :meth:`generate`
+            takes ``admissible`` (the ``ActionConstrainedBackend`` capability). ``auto``
+            constrains only once :meth:`settle_constraint` found a form the server enforces.
+        constraint: the start-up probe's :class:`ConstraintProbe` (None before
+            :meth:`settle_constraint`; the ``SettlesConstraint`` capability).
         requests_sent: HTTP attempts made so far (cache hits make none).
     """
 
@@ -185,12 +224,14 @@ class OpenAIBackend:
                                f"{self.max_concurrency} (>= 1): one is out of range")
         self.want_logprobs = model_cfg.logprobs
         self.extra_body = _plain(model_cfg.extra_body or {})
-        self.structured_output = str(model_cfg.structured_output or StructuredOutput.none)
-        if self.structured_output not in {m.value for m in StructuredOutput}:  # an untyped model_cfg
-            raise BackendError(f"model.structured_output={self.structured_output!r}: expected one of "
+        self.configured_output = str(model_cfg.structured_output or StructuredOutput.none)
+        if self.configured_output not in {m.value for m in StructuredOutput}:  # an untyped model_cfg
+            raise BackendError(f"model.structured_output={self.configured_output!r}: expected one of "
                                f"{' | '.join(StructuredOutput)}")
-        self.constrains_actions = self.structured_output != StructuredOutput.none
-        self.decodings = ("free", "constrained") if self.constrains_actions else ("free",)
+        self.constraint: ConstraintProbe | None = None
+        # The form every constrained request carries; `auto` has none until the probe finds one.
+        self._use_form(StructuredOutput.none if self.configured_output == StructuredOutput.auto
+                       else self.configured_output)
         self.key_env = model_cfg.api_key_env
         key = os.environ.get(self.key_env) or None
         if key is None:
@@ -209,6 +250,11 @@ class OpenAIBackend:
 
     def __repr__(self) -> str:  # never shows the key
         return f"OpenAIBackend(url={self.url!r}, model={self.api_model!r})"
+
+    def _use_form(self, form: str) -> None:
+        self.structured_output = str(form)
+        self.constrains_actions = self.structured_output != StructuredOutput.none
+        self.decodings = ("free", "constrained") if self.constrains_actions else ("free",)
 
     # -- public ---------------------------------------------------------------------
 
@@ -240,9 +286,92 @@ class OpenAIBackend:
             return []
         return self._loop().run(self._generate_all(jobs))
 
+    def settle_constraint(self, required: bool) -> ConstraintProbe:
+        """Which form of ``model.structured_output`` the server enforces, asked once at start.
+
+        One tiny request per candidate form (``auto``: every form of :data:`PROBE_FORMS` until
+        one is enforced; a configured form: that one, and when it fails the others, to name
+        the one that works), each constraining the answer to a single action. The result is
+        logged, kept in :attr:`constraint` (the run's metrics) and decides what every later
+        request carries: the enforced form, or none. Later calls return the first result.
+
+        Args:
+            required: ``agent.decoding=constrained``: a server that enforces no form stops the run.
+
+        Raises:
+            BackendConfigError: ``required`` and no form is enforced: the message quotes what
+                the server answered to each form and names the options.
+        """
+        if self.constraint is None:
+            self.constraint = self._settle()
+        probe = self.constraint
+        if required and probe.form == StructuredOutput.none and probe.tried:
+            raise BackendConfigError(_no_constraint_message(self.base_url, probe))
+        return probe
+
+    def _settle(self) -> ConstraintProbe:
+        configured = self.configured_output
+        if configured == StructuredOutput.none:
+            return ConstraintProbe(configured=configured, form=configured, tried=[])
+        first = PROBE_FORMS if configured == StructuredOutput.auto else (configured,)
+        tried = self._loop().run(self._probe_forms(first))
+        if tried[-1].outcome in ("refused", "ignored") and configured != StructuredOutput.auto:
+            tried += self._loop().run(self._probe_forms([f for f in PROBE_FORMS if f != configured]))
+        enforced = [t.form for t in tried if t.outcome == "enforced"]
+        if configured in enforced:
+            form = configured
+        elif configured == StructuredOutput.auto and enforced:
+            form = enforced[0]
+        else:
+            form = StructuredOutput.none
+        fallback = None
+        if form == StructuredOutput.none:
+            fallback = (f"the server does not enforce model.structured_output={configured}"
+                        + (f" (it enforces {', '.join(enforced)})" if enforced else "") + ": actions are free")
+        probe = ConstraintProbe(configured=configured, form=str(form), tried=tried, fallback=fallback)
+        self._use_form(probe.form)
+        for t in tried:
+            log.info("%s: structured output %s: %s (%s)", self.url, t.form, t.outcome, t.detail)
+        # One line a run always shows (collect and evaluate leave logging at WARNING): which
+        # constraint is in force, and what the server did with each form.
+        log.warning("%s: %s; probed %s", self.url, fallback or f"actions constrained by model.structured_output="
+                    f"{probe.form}", ", ".join(f"{t.form} {t.outcome}" for t in tried))
+        return probe
+
+    async def _probe_forms(self, forms: Sequence[str]) -> list[ProbeResult]:
+        """Probe ``forms`` in order, up to the first one enforced (or one the server did not answer at all)."""
+        self._ensure_client()
+        out: list[ProbeResult] = []
+        for form in forms:
+            out.append(await self._probe(str(form)))
+            if out[-1].outcome in ("enforced", "failed"):
+                break
+        return out
+
+    async def _probe(self, form: str) -> ProbeResult:
+        """One request under ``form`` whose constraint admits only :data:`PROBE_ACTION`."""
+        body = self.request_body(PROBE_MESSAGES, self.sampling.seed, PROBE_MAX_TOKENS, [PROBE_ACTION], form=form)
+        body.update(temperature=0.0, top_p=1.0)  # greedy: an unconstrained model is not lucky by chance
+        body.pop("logprobs", None)
+        try:
+            # A 500 is the server's answer to the form (llama-cpp-python's validation error), not a hiccup.
+            data = await self._request(body, permanent=frozenset({500}))
+        except _Failed as exc:  # an HTTP error is the server refusing the form; no answer at all is a failure
+            return ProbeResult(form, "refused" if exc.status else "failed", self._scrub(str(exc)))
+        gen = parse_chat_response("", data)
+        if gen.error:
+            return ProbeResult(form, "failed", self._scrub(gen.error))
+        answer = " ".join(gen.text.split())[:160]
+        try:
+            ok = json.loads(gen.text) == PROBE_ACTION
+        except ValueError:
+            ok = False
+        return ProbeResult(form, "enforced" if ok else "ignored", self._scrub(f"answered {answer!r}"))
+
     def request_body(self, messages: Messages, seed: int, max_new_tokens: int | None = None,
-                     admissible: Sequence[Mapping[str, Any]] | None = None) -> dict:
-        """The request as sent (JSON body): sampling, logprobs, ``model.extra_body``, the constraint."""
+                     admissible: Sequence[Mapping[str, Any]] | None = None, *, form: str | None = None) -> dict:
+        """The request as sent (JSON body): sampling, logprobs, ``model.extra_body``, the constraint
+        (``form``, default the one in use)."""
         s = self.sampling
         body: dict[str, Any] = {
             "model": self.api_model,
@@ -257,8 +386,9 @@ class OpenAIBackend:
         if self.want_logprobs:
             body["logprobs"] = True
         body.update(json.loads(json.dumps(self.extra_body)))  # a copy: nested dicts are merged below
-        if admissible is not None and self.constrains_actions:
-            for k, v in constraint_fields(self.structured_output, admissible).items():
+        form = self.structured_output if form is None else form
+        if admissible is not None and form != StructuredOutput.none:
+            for k, v in constraint_fields(form, admissible).items():
                 body[k] = {**body[k], **v} if isinstance(body.get(k), dict) and isinstance(v, dict) else v
         return body
 
@@ -290,7 +420,8 @@ class OpenAIBackend:
                 weakref.finalize(self, self._runner.stop)  # a backend dropped without close(): no idle thread
             return self._runner
 
-    async def _generate_all(self, jobs: list[tuple[Messages, dict]]) -> list[Generation]:
+    def _ensure_client(self) -> None:
+        """The client and its slots, made on the loop's thread on first use."""
         if self._client is None:
             openai = _openai()
             # api_key given explicitly (never the client's OPENAI_API_KEY fallback); without
@@ -298,6 +429,9 @@ class OpenAIBackend:
             self._client = openai.AsyncOpenAI(api_key=self._secret or "unused", base_url=self.base_url,
                                               max_retries=0, timeout=self.timeout_s)
             self._slots = asyncio.Semaphore(self.max_concurrency)
+
+    async def _generate_all(self, jobs: list[tuple[Messages, dict]]) -> list[Generation]:
+        self._ensure_client()
         results = await asyncio.gather(*(self._one(m, body) for m, body in jobs), return_exceptions=True)
         for r in results:
             if isinstance(r, BaseException):
@@ -346,8 +480,9 @@ class OpenAIBackend:
             **kwargs, extra_body=extra or None, extra_headers=headers, timeout=self.timeout_s)
         return raw.content
 
-    async def _request(self, body: dict) -> dict:
-        """The response JSON of ``body``; transient failures retried with exponential backoff.
+    async def _request(self, body: dict, permanent: frozenset[int] = frozenset()) -> dict:
+        """The response JSON of ``body``; transient failures retried with exponential backoff
+        (``permanent``: statuses not retried here although they usually are).
 
         Raises:
             _Failed: a permanent failure, or the retries ran out (the message says which).
@@ -355,9 +490,9 @@ class OpenAIBackend:
         """
         openai = _openai()
         attempts = self.max_retries + 1
-        last = ""
+        last, last_status = "", None  # the last failure, and its HTTP status when the server answered
         for attempt in range(attempts):
-            delay = self.backoff_s * (2 ** attempt)
+            delay, last_status = self.backoff_s * (2 ** attempt), None
             try:
                 async with self._slots:  # type: ignore[union-attr]
                     self.requests_sent += 1
@@ -376,10 +511,10 @@ class OpenAIBackend:
                 await self._raise_config_error(status, detail)
                 if status in (400, 413, 422) and _context_too_long(detail):
                     raise _Failed(f"context too long: POST {self.url}: HTTP {status}: {detail} (shorten the prompt "
-                                  f"or lower sampling.max_new_tokens={body.get('max_tokens')})") from None
-                if status not in RETRY_STATUS and status < 500:
-                    raise _Failed(f"POST {self.url}: HTTP {status}: {detail}") from None
-                last = f"HTTP {status}: {detail}"
+                                  f"or lower sampling.max_new_tokens={body.get('max_tokens')})", status) from None
+                if status in permanent or (status not in RETRY_STATUS and status < 500):
+                    raise _Failed(f"POST {self.url}: HTTP {status}: {detail}", status) from None
+                last, last_status = f"HTTP {status}: {detail}", status
                 retry_after = _retry_after(exc.response)
                 if retry_after is not None:
                     delay = max(delay, min(retry_after, MAX_RETRY_AFTER_S))
@@ -391,7 +526,7 @@ class OpenAIBackend:
                 log.warning("POST %s: %s (attempt %d/%d, retrying in %.2fs)", self.url, last, attempt + 1, attempts,
                             delay)
                 await _sleep(delay)
-        raise _Failed(f"POST {self.url} failed after {attempts} attempts: {last}")
+        raise _Failed(f"POST {self.url} failed after {attempts} attempts: {last}", last_status)
 
     async def _raise_config_error(self, status: int, detail: str) -> None:
         """401/403/404: the same for every request: stop the run with what to fix."""
@@ -501,6 +636,29 @@ def action_schema(admissible: Sequence[Mapping[str, Any]]) -> dict:
     return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
 
 
+def action_enum_schema(admissible: Sequence[Mapping[str, Any]]) -> dict:
+    """A JSON schema that admits exactly the admissible actions: an ``enum`` of their objects
+    (llama.cpp's grammar converter writes each as a literal). Not for OpenAI's strict mode,
+    whose root must be an object with properties: :func:`action_schema` is for that."""
+    return {"enum": [json.loads(c) for c in action_choices(admissible)]}
+
+
+def action_grammar(admissible: Sequence[Mapping[str, Any]]) -> str:
+    """A GBNF grammar (llama.cpp's) whose ``root`` is an alternation of :func:`action_choices`."""
+    return "root ::= " + " | ".join(_gbnf_literal(c) for c in action_choices(admissible))
+
+
+def _regex_literal(text: str) -> str:
+    """``text`` as a regex matching itself, escaping only regex syntax (``re.escape`` also escapes
+    spaces, an escape not every server's regex engine takes)."""
+    return re.sub(r"([\\.^$*+?()\[\]{}|])", r"\\\1", text)
+
+
+def _gbnf_literal(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\r", "\\r")
+    return f'"{escaped}"'
+
+
 def constraint_fields(mode: str, admissible: Sequence[Mapping[str, Any]]) -> dict:
     """The request fields that constrain the answer to ``admissible`` (``model.structured_output``)."""
     if mode == "none" or not any(a.get("action") for a in admissible):
@@ -508,18 +666,34 @@ def constraint_fields(mode: str, admissible: Sequence[Mapping[str, Any]]) -> dic
     if mode == "json_schema":
         return {"response_format": {"type": "json_schema", "json_schema": {
             "name": "household_action", "strict": True, "schema": action_schema(admissible)}}}
+    if mode == "json_object":
+        return {"response_format": {"type": "json_object", "schema": action_enum_schema(admissible)}}
+    if mode == "grammar":
+        return {"grammar": action_grammar(admissible)}
     choices = action_choices(admissible)
     if mode == "choice":
         return {"structured_outputs": {"choice": choices}}
     if mode == "guided_choice":
         return {"guided_choice": choices}
     if mode == "regex":
-        return {"regex": "|".join(re.escape(c) for c in choices)}
+        return {"regex": "|".join(_regex_literal(c) for c in choices)}
     raise BackendError(f"model.structured_output={mode!r}: expected one of {' | '.join(StructuredOutput)}")
 
 
 def _unique(values: Any) -> list:
     return list(dict.fromkeys(values))
+
+
+def _no_constraint_message(base_url: str, probe: ConstraintProbe) -> str:
+    """Why ``agent.decoding=constrained`` cannot run against this server, in its own words, and what can."""
+    answers = "; ".join(f"{t.form}: {t.outcome}: {t.detail}" for t in probe.tried)
+    enforced = [t.form for t in probe.tried if t.outcome == "enforced"]
+    options = [f"model.structured_output={enforced[0]} (this server enforces it)"] if enforced else []
+    options += ["agent.decoding=free (or auto: free here, said in the metrics)",
+                "a server that constrains (README: constrained actions by server)"]
+    what = ("enforces no form of model.structured_output=auto" if probe.configured == StructuredOutput.auto
+            else f"does not enforce model.structured_output={probe.configured}")
+    return f"agent.decoding=constrained: {base_url} {what} ({answers}). Options: {'; '.join(options)}"
 
 
 # ----------------------------------------------------------------------------- responses
