@@ -92,6 +92,40 @@ def test_knowledge_from_scene_facts_and_a_verified_plan(tiny_games):
         assert read_knowledge(plan.replace(obj, "Nothing_9").replace(holder, "Nowhere_9"), w, prefs).located == frozenset()
 
 
+def test_verified_plan_is_read_back_and_followed_as_written(cfg, tiny_games, memory):
+    """The oracle's advisories read back into the plan they split (missing or out-of-order
+    parts read as none); the expert follows a true verified plan step by step, preference
+    steps included, and ignores one that names another house's things."""
+    from pipeline.envs.household.generate import GeneratedHouses, HouseSizes
+    from pipeline.memory import read_verified_plan
+    from pipeline.memory.injection import oracle_advisories
+    from pipeline.policy.demos import house_env
+    from pipeline.policy.expert import expert_episode, read_knowledge
+
+    plan = ["go west", "take Key_2", "unlock Cabinet_2 with Key_2", "open Cabinet_2", "take Cup_3 from Cabinet_2",
+            "close Cabinet_2", "lock Cabinet_2 with Key_2"]
+    text = "\n".join(f"  message: {a.message}" for a in oracle_advisories(plan, 3, 800, "s/q"))
+    assert read_verified_plan(text) == plan
+    assert read_verified_plan(text.split("\n", 1)[1]) == []  # steps 1-3 missing
+    assert read_verified_plan("take Cup_3 from Cabinet_2.") == []
+
+    house = next(h for h in GeneratedHouses(HouseSizes(), seed=5, base=cfg.env).houses(40)
+                 if any(c.startswith(("close ", "lock ")) for c in h.quests[0]["plan"]))
+    row = house.row(0)
+    block = "\n".join(a.message for a in oracle_advisories(row["expert_plan"], 2, 800, "g/q00"))
+    with house_env(cfg, house) as env:
+        env.reset()
+        know = read_knowledge(block, env.world, [])  # no preference sentence: only the plan keeps them
+        assert know.verified_plan == tuple(row["expert_plan"])
+        episode = expert_episode(env, know)
+    assert [t.response.partition("\n")[0] for t in episode.turns] == [f"Plan: {c}." for c in row["expert_plan"]]
+    assert episode.won and episode.preferences_ok
+    with house_env(cfg, house) as env:
+        env.reset()
+        other = "\n".join(a.message for a in oracle_advisories(plan, 2, 800, "s/q"))
+        assert read_knowledge(other, env.world, []).verified_plan == ()
+
+
 def test_freeze_prompt_gives_the_mutate_and_read_text_and_keeps_the_organizer(cfg):
     """Each grounding / block case gives the text set_variables + set_memory_block +
     freeze_system_prompt gave, and the shared organizer keeps no task's state."""
@@ -165,6 +199,59 @@ def test_plan_drills_are_first_turns_copying_a_new_verified_plan(cfg, tiny_games
     assert {training_unit(d.demo_id) for d in drills} == {f"{DRILL_PREFIX}{r['scene_id']}_{r['quest_id']}"
                                                          for r in tiny_games.rows if r["split"] == "train"}
     assert training_unit("demo_scene_00_q01_03") == "demo_scene_00_q01_03"
+
+
+def test_generated_house_demos_and_drills_read_only_their_own_house(cfg, tiny_games, memory):
+    """Demonstrations in generated houses cycle through the prompt variants; a drill is the
+    oracle's first turn in one more house; none is an eval layout or objective; eight
+    drills make one training unit."""
+    import re
+
+    from pipeline.envs.household.generate import layout_key
+    from pipeline.policy.demos import DRILL_PREFIX, generated_demos, render_demos, training_houses, training_unit
+    from pipeline.prompts import PromptOrganizer
+
+    gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 8, "generated_drills": 9}}})
+    demos = generated_demos(gen, tiny_games.rows, tiny_games.scenes, memory, PromptOrganizer.from_config(gen))
+    episodes = [d for d in demos if not d.demo_id.startswith(DRILL_PREFIX)]
+    drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
+    assert len(episodes) == 8 and len(drills) == 9
+    # the prompt variants in turn (the tiny store's placebo block equals none or C2's: dropped as a duplicate)
+    assert {"plain", "plain+C2", "plain+C2_oracle"} <= {d.variant.name for d in episodes}
+    assert sum(d.episode.won for d in episodes) >= 6  # a big house can outlast the tiny world's 15 steps
+    assert {training_unit(d.demo_id) for d in drills} == {f"{DRILL_PREFIX}gen_00000", f"{DRILL_PREFIX}gen_00001"}
+    eval_rows = [r for r in tiny_games.rows if r["split"] == "eval"]
+    assert not {d.task["objective"] for d in demos} & {r["objective"] for r in eval_rows}
+    houses = training_houses(gen, tiny_games.rows, tiny_games.scenes).houses(17)
+    assert not {layout_key(h.spec) for h in houses} & {layout_key(tiny_games.scenes[r["scene_id"]]) for r in eval_rows}
+    for t in render_demos(gen, drills):
+        steps = re.findall(r"that solve this exact task: ([^;.]*)", t.messages[0]["content"])
+        assert t.response.startswith(f"Plan: {steps[0]}.")
+    # The probe's houses are another stream: none is a training house.
+    probe = training_houses(gen, tiny_games.rows, tiny_games.scenes, heldout=True).houses(17)
+    assert not {layout_key(h.spec) for h in probe} & {layout_key(h.spec) for h in houses}
+
+
+def test_incontext_probe_scores_first_steps_of_held_out_houses(cfg, tiny_games, memory):
+    """The probe asks for the first action of held-out generated houses with and without the
+    oracle advisory; a model that has learned nothing scores the same under both."""
+    import torch
+
+    from pipeline.policy.incontext import InContextProbe
+    from pipeline.policy.model import build_model, train_tokenizer
+
+    torch.set_num_threads(1)
+    probe = InContextProbe.build(cfg, tiny_games.rows, tiny_games.scenes, memory, n=4)
+    assert [t.kind for t in probe.tasks] == ["oracle", "plain"] * 4
+    for t in probe.tasks:
+        assert t.answer in [a["command"] for a in t.admissible]
+        assert ("that solve this exact task: " + t.answer in t.messages[0]["content"]) == (t.kind == "oracle")
+    tok = train_tokenizer([m["content"] for t in probe.tasks for m in t.messages], vocab_size=400)
+    model = build_model(tok, OmegaConf.create(TINY_POLICY), seed=0)
+    score = probe.score(model, tok)
+    assert score["tasks"] == 4 and set(score) == {"oracle_first_step", "plain_first_step", "tasks"}
+    assert all(0.0 <= score[k] <= 1.0 for k in ("oracle_first_step", "plain_first_step"))
+    assert probe.score(model, tok) == score  # greedy, no cache: the same model scores the same
 
 
 def test_scene_grounding_is_what_the_ground_and_merge_stages_write(cfg, memory, tmp_path):

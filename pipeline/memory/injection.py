@@ -406,6 +406,29 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
     return best
 
 
+VERIFIED_STEPS = "that solve this exact task: "  # what only the positive control's advisories say
+_VERIFIED_RE = re.compile(r"Verified steps (\d+)-(\d+) of (\d+) " + re.escape(VERIFIED_STEPS) + r"([^\n]*?)\.?(?:\n|$)")
+
+
+def read_verified_plan(text: str) -> list[str]:
+    """The verified plan a prompt's oracle advisories state, steps in order (the inverse of
+    :func:`oracle_advisories`; ``[]`` when the text has none, or its parts do not join
+    into one plan: steps missing, repeated or out of order)."""
+    parts = []
+    for m in _VERIFIED_RE.finditer(text or ""):
+        a, b, n = int(m.group(1)), int(m.group(2)), int(m.group(3))
+        steps = [s.strip() for s in m.group(4).split(";") if s.strip()]
+        if len(steps) != b - a + 1:
+            return []
+        parts.append((a, b, n, steps))
+    plan: list[str] = []
+    for a, b, n, steps in sorted(parts):
+        if a != len(plan) + 1 or n != parts[0][2]:
+            return []
+        plan += steps
+    return plan if plan and len(plan) == parts[0][2] else []
+
+
 def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key: str) -> list[AdvisoryV1_1]:
     """The positive control's advisories: the task's own expert plan, true and task-specific.
 
@@ -422,7 +445,7 @@ def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key:
         part = steps[start:start + size]
         a, b = start + 1, start + size
         start += size
-        message = f"Verified steps {a}-{b} of {len(steps)} that solve this exact task: {'; '.join(part)}."
+        message = f"Verified steps {a}-{b} of {len(steps)} {VERIFIED_STEPS}{'; '.join(part)}."
         out.append(AdvisoryV1_1(
             advisory_id=f"adv_{k + 1:06d}", advisory_type="successful_override", message=message[:max_chars],
             strength="strong", relevance_score=1.0,

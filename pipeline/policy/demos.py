@@ -332,20 +332,33 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
     is this quest's (see :mod:`pipeline.envs.household.generate`).
     """
     pol = cfg.model.policy
-    if pol.generated_houses <= 0:
+    n_houses, n_drills = max(0, pol.generated_houses), max(0, pol.generated_drills)
+    if n_houses + n_drills == 0:
         return []
+    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
     out = []
-    for house in training_houses(cfg, manifest, scenes).houses(pol.generated_houses):
+    for k, house in enumerate(training_houses(cfg, manifest, scenes).houses(n_houses + n_drills)):
         row = house.row(0)
         all_scenes = {**scenes, house.scene_id: house.spec}
         variants = prompt_variants(cfg, memory, row, organizer)
-        index = int(house.scene_id.rsplit("_", 1)[1])
-        v = variants[index % len(variants)]
+        drill = k >= n_houses
+        if drill:  # the oracle's first turn: copy the first step, keep the rest as the plan
+            v = next((x for x in variants if x.source in oracle_names), None)
+            if v is None:
+                continue
+        else:
+            v = variants[int(house.scene_id.rsplit("_", 1)[1]) % len(variants)]
         prompt = freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block)
         rng = crc_rng(cfg.seed, "generated", house.scene_id)
-        episode = play_expert(cfg, Path("."), all_scenes, row, prompt, rng=rng, slip_prob=pol.slip_prob,
-                              env=house_env(cfg, house))
-        out.append(Demo(f"gen_{house.scene_id}", row, v, {}, episode, 0))
+        episode = play_expert(cfg, Path("."), all_scenes, row, prompt, rng=rng,
+                              slip_prob=0.0 if drill else pol.slip_prob, env=house_env(cfg, house))
+        if drill:
+            j = k - n_houses
+            first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
+            # eight drills make one training unit (training_unit: the part before the last "_")
+            out.append(Demo(f"{DRILL_PREFIX}gen_{j // 8:05d}_{j % 8:02d}", row, v, {}, first, j))
+        else:
+            out.append(Demo(f"gen_{house.scene_id}", row, v, {}, episode, 0))
         if progress is not None:
             progress(1)
     return out

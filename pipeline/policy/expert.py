@@ -47,6 +47,7 @@ from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NA
 from pipeline.envs.household.planner import breadth_first, shortest_plan
 from pipeline.envs.household.text import preference_text, read_locations, things_in_commands
 from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference
+from pipeline.memory import read_verified_plan
 
 # The positive control's advisories (C2_oracle, pipeline.memory.injection) say their steps
 # "solve this exact task"; the commands they write name where the task's objects are.
@@ -66,6 +67,7 @@ class Knowledge:
 
     located: frozenset[str] = frozenset()
     preferences: tuple = ()
+    verified_plan: tuple[str, ...] = ()
 
 
 def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, Any]]) -> Knowledge:
@@ -86,14 +88,20 @@ def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, A
                 continue
             located.add(loc.holder)
         located.add(loc.thing)
+    verified: tuple[str, ...] = ()
     if VERIFIED_PLAN in (text or ""):  # a verified plan names where its objects are
         located.update(name for name in things_in_commands(text) if world.room_of(name) is not None)
+        plan = read_verified_plan(text)
+        # True here only if every name it uses is one of this house's (another task's plan is not)
+        if plan and all(world.kinds.get(tok) is not None or tok in DIRECTIONS_CYCLE
+                        for cmd in plan for tok in cmd.split()[1:] if tok not in ("from", "into", "on", "with")):
+            verified = tuple(plan)
     prefs = []
     for p in preferences:
         _, kind, target = parse_preference(p)
         if preference_text(kind, target) in (text or ""):
             prefs.append(dict(p))
-    return Knowledge(frozenset(located), tuple(prefs))
+    return Knowledge(frozenset(located), tuple(prefs), verified)
 
 
 @dataclass
@@ -135,7 +143,21 @@ class BeliefExpert:
         self.visited: list[str] = []
         self.searched: list[str] = []  # containers whose contents the expert has seen
         self.search_steps = 0
+        # A verified plan the prompt states is followed step by step, as written, until a
+        # step is not possible or something else was done (then the expert plans itself).
+        self.verified = list(knowledge.verified_plan)
+        self.verified_done = 0
+        self.off_verified = not self.verified
         self.observe()
+
+    def did(self, command: str | None) -> None:
+        """Record the command just played (keeps the place in a verified plan)."""
+        if self.off_verified:
+            return
+        if self.verified_done < len(self.verified) and command == self.verified[self.verified_done]:
+            self.verified_done += 1
+        else:
+            self.off_verified = True
 
     # -- belief ----------------------------------------------------------------------
 
@@ -183,6 +205,10 @@ class BeliefExpert:
 
     def decide(self) -> Decision:
         """The next command: the plan when everything it needs is known, else a search step."""
+        if not self.off_verified and self.verified_done < len(self.verified) \
+                and self.verified[self.verified_done] in self.env.admissible:
+            k = self.verified_done
+            return Decision(self.verified[k], "plan", self.verified[k + 1:], [])
         plan = self.plan()
         if not plan:
             return Decision("look", "plan", [], [])
@@ -347,6 +373,7 @@ def expert_episode(env: Any, knowledge: Knowledge, *, slip_prob: float = 0.0, rn
             cmd = decision.command
         last = (cmd, action)
         obs, _, done, info = env.step(action)
+        expert.did(info.get("command"))
         expert.observe()
     return DemoEpisode(turns, bool(info.get("won")), bool(info.get("preferences_ok")), expert.search_steps)
 
