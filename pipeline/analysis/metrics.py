@@ -18,6 +18,10 @@ prints one row per condition with ``success_rate.value``, ``success_rate.ci_low`
   from resampling whole episodes, since turns of one episode are not independent.
 - ``gate_pass_rate`` / ``injection_rate``: share of the condition's rendered prompts whose
   memory gate passed / that carry an injected memory block (null without prompts).
+- ``backend_error_turns`` / ``backend_error_rate``: turns whose model call failed
+  (``stop_reason == "error"``: the fallback action was taken) and their share of all turns
+  (:func:`backend_errors`). A run above ``agent.max_error_fraction`` never gets this far:
+  the stage stops instead of writing a result of a broken server.
 """
 
 from __future__ import annotations
@@ -62,6 +66,16 @@ def _condition_of(episodes: list[dict]) -> str:
     return names[0] if names else ""
 
 
+def backend_errors(turns: Rows) -> dict[str, Any]:
+    """``{"backend_error_turns", "backend_error_rate"}``: turns whose model call failed, and their share.
+
+    A failed call is recorded as ``stop_reason == "error"`` (``agent.on_backend_error=record``).
+    """
+    turns = list(turns)
+    n = sum(t.get("stop_reason") == "error" for t in turns)
+    return {"backend_error_turns": n, "backend_error_rate": round(n / len(turns), 6) if turns else 0.0}
+
+
 def check_turns(episodes: list[dict], turns: list[dict]) -> None:
     """Every episode's ``num_turns`` equals its rows in turns (else the files do not belong together)."""
     counts = Counter(t["episode_id"] for t in turns)
@@ -81,8 +95,8 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
     Args:
         episodes_rows: Episode rows (``EPISODE_SCHEMA``) of one condition: list of dicts
             or a ``pyarrow.Table``.
-        turns_rows: Their turns (``TURN_SCHEMA``); checked against ``num_turns``. None
-            skips the check.
+        turns_rows: Their turns (``TURN_SCHEMA``); checked against ``num_turns`` and counted
+            for the backend errors. None skips both.
         prompts_rows: The condition's rendered prompts (``data/prompts/<C>.parquet``),
             one row per task with ``gate_ok`` and ``injected``; None or [] gives null
             gate metrics.
@@ -97,8 +111,9 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
         ValueError: Mixed conditions, or turns that do not match the episodes.
     """
     episodes = sorted(as_rows(episodes_rows), key=lambda e: str(e["episode_id"]))
-    if turns_rows is not None:
-        check_turns(episodes, as_rows(turns_rows))
+    turn_list = as_rows(turns_rows) if turns_rows is not None else None
+    if turn_list is not None:
+        check_turns(episodes, turn_list)
     prompts = sorted(as_rows(prompts_rows), key=lambda p: (str(p.get("scene_id")), str(p.get("quest_id"))))
     seed, n_resamples, level = bootstrap_settings(cfg)
 
@@ -135,4 +150,6 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
         "bootstrap": {"method": "percentile", "samples": n_resamples, "ci_level": level, "seed": seed},
     }
     out.update({name: est[name].as_dict() for name in METRICS})
+    if turn_list is not None:
+        out.update(backend_errors(turn_list))
     return out

@@ -310,6 +310,7 @@ def _check_policy(p: PolicyConfig) -> None:
 def _check_agent(a: AgentConfig) -> None:
     _require(0 <= a.epsilon <= 1, "agent.epsilon", a.epsilon, "in [0, 1]")
     _require(a.batch_size >= 1, "agent.batch_size", a.batch_size, ">= 1")
+    _require(0 <= a.max_error_fraction <= 1, "agent.max_error_fraction", a.max_error_fraction, "in [0, 1]")
 
 
 def _check_memory(m: MemoryConfig) -> None:

@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterator
 from tqdm import tqdm
 
 import pipeline
+from pipeline.analysis.metrics import backend_errors
 from pipeline.agents import Agent, make_agent, plays_with_model
 from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
@@ -37,7 +38,7 @@ from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.envs import Env, make_env
 from pipeline.llm.accounting import token_statistics
-from pipeline.llm.backends import is_local
+from pipeline.llm.backends import BackendError, is_local
 from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
 from pipeline.session.online import play_online
@@ -212,6 +213,12 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     records = _play_checkpointed(cfg, tasks, factories, ckpts, desc,
                                  online=(root, ckpt_root) if online and root is not None else None)
     wall = time.perf_counter() - t0
+    try:
+        check_backend_errors(cfg, [t for r in records for t in r["turns"]], desc, first_error=shared.first_error)
+    except BackendError:
+        # replayed, not resumed, once the server is fixed: a checkpointed failed turn is no result
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        raise
     episodes, turns = write_collection(out_dir, records)
     stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
     cache = shared.prompt_cache_stats()
@@ -219,6 +226,29 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
         stats["prompt_cache"] = cache
     shutil.rmtree(ckpt_root, ignore_errors=True)
     return records, stats
+
+
+def check_backend_errors(cfg: Config, turns: list[dict], desc: str, *, first_error: str | None = None) -> None:
+    """Stop a run whose model calls failed on more than ``agent.max_error_fraction`` of its turns.
+
+    ``agent.on_backend_error=record`` keeps a single failed call as a failed turn; a run
+    where most calls failed (an unreachable server, a refused request, a storm of 500s)
+    measured the server, not the agent, and must not be read as a result.
+
+    Raises:
+        BackendError: naming the counts, the limit and the first failure (``first_error``,
+            when this process saw it; else the first failed turn).
+    """
+    counts = backend_errors(turns)
+    limit = cfg.agent.max_error_fraction
+    if counts["backend_error_turns"] and counts["backend_error_rate"] > limit:
+        if first_error is None:
+            t = next(t for t in turns if t.get("stop_reason") == "error")
+            first_error = f"episode {t['episode_id']} turn {t['turn_index']}"
+        raise BackendError(
+            f"{desc}: the model call failed on {counts['backend_error_turns']} of {len(turns)} turns "
+            f"({counts['backend_error_rate']:.0%}), more than agent.max_error_fraction={limit:g}, so nothing was "
+            f"written; the first failure: {first_error}. Fix the server or model settings and rerun")
 
 
 def online_loop(cfg: Config) -> bool:
