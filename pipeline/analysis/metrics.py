@@ -32,6 +32,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from pipeline.core.conf_schema import Config
+from pipeline.core.schemas import backend_errors
 from pipeline.core.seeding import labelled_rng
 from pipeline.core.stats import Estimate, bootstrap_mean, bootstrap_ratio
 
@@ -64,16 +65,6 @@ def _condition_of(episodes: list[dict]) -> str:
     if len(names) > 1:
         raise ValueError(f"episodes of several conditions mixed in one metrics call: {names}")
     return names[0] if names else ""
-
-
-def backend_errors(turns: Rows) -> dict[str, Any]:
-    """``{"backend_error_turns", "backend_error_rate"}``: turns whose model call failed, and their share.
-
-    A failed call is recorded as ``stop_reason == "error"`` (``agent.on_backend_error=record``).
-    """
-    turns = list(turns)
-    n = sum(t.get("stop_reason") == "error" for t in turns)
-    return {"backend_error_turns": n, "backend_error_rate": round(n / len(turns), 6) if turns else 0.0}
 
 
 def check_turns(episodes: list[dict], turns: list[dict]) -> None:

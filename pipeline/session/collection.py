@@ -30,12 +30,12 @@ from typing import Any, Callable, Iterator
 from tqdm import tqdm
 
 import pipeline
-from pipeline.analysis.metrics import backend_errors
 from pipeline.agents import Agent, make_agent, plays_with_model
 from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env
 from pipeline.llm.accounting import token_statistics
 from pipeline.llm.backends import BackendError, is_local

@@ -23,9 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.analysis.metrics import backend_errors
 from pipeline.core.io import ArtifactError, read_parquet, write_parquet
-from pipeline.core.schemas import SCHEMA_VERSION, episodes_table, turns_table
+from pipeline.core.schemas import SCHEMA_VERSION, backend_errors, episodes_table, turns_table
 
 EPISODES_FILE = "episodes.parquet"
 TURNS_FILE = "turns.parquet"
