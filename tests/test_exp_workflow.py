@@ -165,3 +165,20 @@ def test_a_bad_model_setting_stops_the_run_before_any_output_is_touched(repo: Pa
     assert (repo / "out.txt").read_text() == "0"  # never deleted
     assert "sk-proj-4f9Q2xY7Lm3Nq8Rt" not in err + (repo / "params.yaml").read_text()
     assert (repo / ".checkpoints" / "params_checked").is_file()  # persist: the stamp survives a failed check
+
+
+def test_reprocheck_compares_the_workspace_with_the_lock_and_says_so(repo: Path):
+    """An output changed after `dvc repro` wrote the lock (a resumed or hand-run stage) is caught,
+    though dvc.lock still matches the committed one."""
+    check = [sys.executable, "-m", "pipeline.tools.reprocheck"]
+    p = _run(repo, *check)
+    assert "workspace outputs vs dvc.lock: every cached output reproduced" in p.stdout
+    assert "dvc.lock vs HEAD's: every cached output reproduced" in p.stdout
+    (repo / "out.txt").write_text("0 (rewritten by a resumed stage)")
+    p = _run(repo, *check, ok=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "workspace outputs vs dvc.lock: 1 output(s) differ" in p.stdout and "out.txt: md5 " in p.stdout
+    assert "dvc.lock vs HEAD's: every cached output reproduced" in p.stdout
+    (repo / "out.txt").unlink()
+    p = _run(repo, *check, ok=False)
+    assert p.returncode == 1 and "out.txt: not produced" in p.stdout
