@@ -183,6 +183,12 @@ class SharedBackend:
             self.backend = make_backend(cfg.model, cfg.sampling)
         return self.backend
 
+    def start_batch(self) -> None:
+        """Before a batch of episodes: the backend's prompt cache is emptied, so the batch's
+        turns are computed from the same state whether the run was resumed or not."""
+        if isinstance(self.backend, CachesPrompts):
+            self.backend.clear_prompt_cache()
+
     def prompt_cache_stats(self) -> dict[str, int] | None:
         """Prompt tokens reused across turns vs encoded, this run's (a local model's prompt
         cache, :class:`pipeline.llm.backends.CachesPrompts`); None without one."""

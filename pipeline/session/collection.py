@@ -210,7 +210,7 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     shared = SharedBackend()
     factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
     t0 = time.perf_counter()
-    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc,
+    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc, shared,
                                  online=(root, ckpt_root) if online and root is not None else None)
     wall = time.perf_counter() - t0
     try:
@@ -258,7 +258,7 @@ def online_loop(cfg: Config) -> bool:
 
 
 def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,
-                       online: tuple[Path, Path] | None = None) -> list[dict]:
+                       shared: SharedBackend, online: tuple[Path, Path] | None = None) -> list[dict]:
     """:func:`pipeline.session.rollout.play` under a progress bar, Ctrl-C flag and thread cap.
 
     ``online=(root, work_dir)`` plays seed 000's online loop (:func:`pipeline.session.online.play_online`).
@@ -280,7 +280,8 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
                             agent_name=str(cfg.agent.name), model_name=model_name,
                             preference_in_success=cfg.user.preference_in_success,
                             unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
-                            should_stop=interrupted.is_set)
+                            should_stop=interrupted.is_set, whole_batches=plays_with_model(cfg.agent),
+                            on_batch_start=shared.start_batch)
 
             if online is None:
                 records = play_some(tasks)

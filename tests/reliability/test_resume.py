@@ -290,3 +290,40 @@ class _NoEnv:
         from types import SimpleNamespace
 
         return SimpleNamespace(lines=[], status="WiP")
+
+
+def _llm_eval_project(project, model_dir: Path, cond: str) -> None:
+    """The tiny project's prompts rendered (rule agent: fast), then the llm agent on a tiny local model."""
+    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", cond)
+    project.configure("agent=llm", "model=local", f"model.name_or_path={model_dir}", "agent.batch_size=2",
+                      "sampling.max_new_tokens=12", "env.max_steps=6")
+
+
+def _every_file(project, folder: str) -> dict[str, bytes]:
+    """Every file under ``folder`` (Parquet and tensors), by relative path."""
+    base = project.root / folder
+    return {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_included(project, tiny_model_dir,
+                                                                                      tmp_path):
+    """Issue 32, finding 1: the two eval tasks share one batch; the run is killed after the first
+    episode's checkpoint. The rerun replays the batch whole (a turn is computed in the batch of an
+    uninterrupted run, from an emptied prompt cache), so every byte matches, tensors included."""
+    cond = "C1"
+    _llm_eval_project(project, tiny_model_dir, cond)
+    folder = f"data/eval/{cond}"
+    project.run("evaluate", "--condition", cond)
+    reference = _every_file(project, folder)
+    assert sum(name.startswith("tensors/") for name in reference) == 2
+    shutil.rmtree(project.root / folder)
+
+    done = project.run("evaluate", "--condition", cond, env={"REL_KILL_AFTER_CHECKPOINTS": "1"}, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert len(project.checkpoint_files(f"evaluate-{cond}")) == 1
+    log = tmp_path / "started.txt"
+    rerun = project.run("evaluate", "--condition", cond, env={"REL_LOG_STARTS": str(log)})
+    assert "replaying a batch of 2 whole (1 of its episodes were checkpointed)" in rerun.stderr
+    assert len(_started(log)) == 2
+    assert _every_file(project, folder) == reference
