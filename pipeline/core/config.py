@@ -109,6 +109,8 @@ def compose(root: Path | None = None, overrides: Iterable[str] = (), *, keep_ove
     already recorded (after an edit of ``conf/`` on top of an applied experiment).
     """
     root = root or project_root()
+    if not (root / CONF_DIR).is_dir():
+        _require_project(root)
     kept = recorded.hydra_overrides(recorded.read(root)) if keep_overrides else []
     text = compose_text(root, [*kept, *overrides])
     base = yaml.safe_load(compose_text(root)) if (overrides or kept) else None
@@ -181,6 +183,13 @@ def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
     return folder / h.hexdigest()[:32]
 
 
+def _require_project(root: Path) -> None:
+    """Raise when ``root`` is no project root (a stage or check started outside the project)."""
+    if not ((root / "dvc.yaml").is_file() and (root / CONF_DIR).is_dir()):
+        raise ConfigError(f"{root} is not inside the project: no folder from here up holds dvc.yaml and {CONF_DIR}/; "
+                          "run the command from the project's root (or a folder below it)")
+
+
 def _remember(stamp: Path | None) -> None:
     if stamp is None:
         return
@@ -206,6 +215,7 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
     root = root or project_root()
     params_path = root / PARAMS_FILE
     if not params_path.exists():
+        _require_project(root)
         raise ConfigError(f"{params_path} is missing: run `python -m pipeline.core.config compose`")
     current = params_path.read_text(encoding="utf-8")
     try:
@@ -488,6 +498,7 @@ def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictCo
     try:
         raw = OmegaConf.load(path)
     except FileNotFoundError as exc:
+        _require_project(root)
         raise ConfigError(f"{path} is missing: run `python -m pipeline.core.config compose`") from exc
     return validate(raw)
 

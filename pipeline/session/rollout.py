@@ -77,9 +77,7 @@ class Checkpoints:
     """One JSON (+ optional .pt) per finished episode under a config-hash-keyed folder."""
 
     def __init__(self, root: Path | None):
-        self.root = root
-        if root is not None:
-            root.mkdir(parents=True, exist_ok=True)
+        self.root = root  # made by the first save: a run that fails before any episode leaves no empty folder
 
     def path(self, episode_id: str) -> Path:
         assert self.root is not None
