@@ -438,6 +438,7 @@ def _check_agent(a: AgentConfig) -> None:
     _require(0 <= a.epsilon <= 1, "agent.epsilon", a.epsilon, "in [0, 1]")
     _require(a.batch_size >= 1, "agent.batch_size", a.batch_size, ">= 1")
     _count(a.reasoning_max_tokens, "agent.reasoning_max_tokens", 1)
+    _count(a.workers, "agent.workers", 1)
     _require(0 <= a.max_error_fraction <= 1, "agent.max_error_fraction", a.max_error_fraction, "in [0, 1]")
 
 
@@ -503,10 +504,19 @@ def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictCo
     return validate(raw)
 
 
-def config_hash(cfg: DictConfig | dict, *keys: str) -> str:
-    """Stable short hash of the given config subtrees (all of it when no keys)."""
+def config_hash(cfg: DictConfig | dict, *keys: str, ignore: Iterable[str] = ()) -> str:
+    """Stable short hash of the given config subtrees (all of it when no keys), without the
+    dotted keys in ``ignore``."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
     part = {k: _select(container, k) for k in keys} if keys else container
+    part = json.loads(json.dumps(part, default=str)) if ignore else part  # a copy to prune
+    for dotted in ignore:
+        *parents, leaf = dotted.split(".")
+        node = part
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
     blob = json.dumps(part, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import shutil
 import signal
 import sys
@@ -35,6 +36,7 @@ from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.core.numerics import pin
 from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env
 from pipeline.llm.accounting import token_statistics
@@ -42,12 +44,20 @@ from pipeline.llm.backends import BackendError, is_local
 from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
 from pipeline.session.online import play_online
-from pipeline.session.rollout import Checkpoints, Task, play
+from pipeline.session.rollout import Checkpoints, Task, batches, play
 from pipeline.users import FileFeedback, User, make_user
 
 # Config subtrees whose change invalidates checkpointed episodes.
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
                    "grounding.online", "numerics")
+# Keys of those subtrees that decide how a run is played or judged, never what an episode is:
+# left out, so changing them reuses checkpoints and keeps every recorded config hash.
+CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction")
+
+
+def collection_hash(cfg: Config) -> str:
+    """The config hash a collection's episodes and checkpoints are keyed and labelled by."""
+    return config_hash(cfg, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED)
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:
@@ -150,7 +160,7 @@ def checkpoint_dir(cfg: Config, root: Path, tasks: list[Task], ckpt_name: str, f
     DVC deletes a stage's outs before rerunning it, so checkpoints live beside them, keyed
     so that a changed config or input never reuses them (:func:`inputs_hash`).
     """
-    key = f"{config_hash(cfg, *CHECKPOINT_KEYS)}-{inputs_hash(cfg, root, tasks, feedback_source)}"
+    key = f"{collection_hash(cfg)}-{inputs_hash(cfg, root, tasks, feedback_source)}"
     return root / cfg.paths.checkpoints / ckpt_name / key
 
 
@@ -200,7 +210,7 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     so it never mixes files of two runs. The checkpoints are removed once it is written.
     """
     for t in tasks:  # provenance: which config produced the episode (the store records it)
-        t.metadata.setdefault("config_hash", config_hash(cfg, *CHECKPOINT_KEYS))
+        t.metadata.setdefault("config_hash", collection_hash(cfg))
     ckpt_root = checkpoint_dir(cfg, root, tasks, ckpt_name, feedback_source)
     ckpts = Checkpoints(ckpt_root)
     resumed = sum(ckpts.load(t.episode_id) is not None for t in tasks)
@@ -210,6 +220,8 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     shared = SharedBackend()
     factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
     t0 = time.perf_counter()
+    if cfg.agent.workers > 1 and not online:  # the batches side by side; then every record from its checkpoint
+        _play_in_workers(cfg, root, tasks, scenes, ckpt_root, desc, feedback_source)
     records = _play_checkpointed(cfg, tasks, factories, ckpts, desc, shared,
                                  online=(root, ckpt_root) if online and root is not None else None)
     wall = time.perf_counter() - t0
@@ -296,6 +308,57 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
     return records
 
 
+def _worker_batches(tasks: list[Task], batch_size: int, k: int, n: int) -> list[Task]:
+    """The tasks of worker ``k`` of ``n``: every n-th batch of the fixed partition (whole batches,
+    so :func:`~pipeline.session.rollout.play` cuts them into the same batches again)."""
+    return [t for i, b in enumerate(batches(tasks, batch_size)) if i % n == k for t in b]
+
+
+def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
+                 feedback_source: Any) -> None:
+    """One worker process: pin the numerics, play its batches into the shared checkpoints."""
+    pin(cfg.numerics, load_torch=plays_with_model(cfg.agent) and is_local(cfg.model))
+    shared = SharedBackend()
+    factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
+    _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared)
+
+
+def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
+                     feedback_source: Any) -> None:
+    """Play the tasks' batches in ``agent.workers`` processes (batch i in worker i mod n), each
+    writing its finished episodes to the checkpoints the caller then assembles.
+
+    Each batch is computed exactly as in one process (the same batch, the prompt cache
+    emptied before it, ``numerics.threads`` threads), so the outputs are the same bytes.
+    Workers are started fresh (``spawn``): torch and the model load in each.
+
+    Raises:
+        ArtifactError: a worker failed (its own message is printed above).
+    """
+    size = cfg.agent.batch_size if cfg.agent.batched else 1
+    n = min(cfg.agent.workers, len(batches(tasks, size)))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker_main, name=f"worker-{k}",
+                         args=(cfg, root, _worker_batches(tasks, size, k, n), scenes, ckpt_root,
+                               f"{desc} worker {k}/{n}", feedback_source)) for k in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); wait for them
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        raise
+    failed = [p.name for p in procs if p.exitcode != 0]
+    if failed:
+        raise ArtifactError(f"{desc}: {', '.join(failed)} of agent.workers={n} failed (exit "
+                            f"{', '.join(str(p.exitcode) for p in procs if p.exitcode != 0)}; their messages are "
+                            f"above); the finished episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
+
+
 def write_collection(out_dir: Path, records: list[dict]) -> tuple[list[dict], list[dict]]:
     """Replace ``out_dir`` with the records' episodes, turns and tensors; return (episodes, turns)."""
     episodes = [r["episode"] for r in records]
@@ -358,7 +421,7 @@ def collect_shard(cfg: Config, root: Path, tasks: list[Task], k: int, n: int, ou
                               desc=f"collect [{cfg.agent.name}] shard {k}/{n}", feedback_source=feedback_source,
                               online=online_loop(cfg))
     atomic_write_json(out_dir / SHARD_FILE, {
-        "shard": k, "num_shards": n, "config_hash": config_hash(cfg, *CHECKPOINT_KEYS),
+        "shard": k, "num_shards": n, "config_hash": collection_hash(cfg),
         "episode_ids": sorted(t.episode_id for t in part), "wall_time_s": stats["wall_time_s"]})
     return stats
 
@@ -370,7 +433,7 @@ def merge_shards(cfg: Config, tasks: list[Task], shard_dirs: list[Path], out_dir
         ArtifactError: a shard folder without its ``shard.json``, shards of another config
             or another split into N, a missing or repeated shard or episode.
     """
-    want_hash = config_hash(cfg, *CHECKPOINT_KEYS)
+    want_hash = collection_hash(cfg)
     want_ids = [t.episode_id for t in tasks]
     seen: dict[int, Path] = {}
     episodes: list[dict] = []
