@@ -316,11 +316,16 @@ def _worker_batches(tasks: list[Task], batch_size: int, k: int, n: int) -> list[
 
 def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
                  feedback_source: Any) -> None:
-    """One worker process: pin the numerics, play its batches into the shared checkpoints."""
-    pin(cfg.numerics, load_torch=plays_with_model(cfg.agent) and is_local(cfg.model))
-    shared = SharedBackend()
-    factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
-    _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared)
+    """One worker process: pin the numerics, play its batches into the shared checkpoints.
+    An expected failure is one ``error:`` line (exit 1), as a stage reports it."""
+    try:
+        pin(cfg.numerics, load_torch=plays_with_model(cfg.agent) and is_local(cfg.model))
+        shared = SharedBackend()
+        factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
+        _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared)
+    except (ConfigError, ArtifactError, BackendError, FileNotFoundError) as exc:
+        print(f"error: {desc}: {exc}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
@@ -351,7 +356,9 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()
-        raise
+        print(f"\ninterrupted: the workers' finished episodes are kept in {ckpt_root}; rerun the stage to finish "
+              "the rest", file=sys.stderr)
+        raise SystemExit(130)
     failed = [p.name for p in procs if p.exitcode != 0]
     if failed:
         raise ArtifactError(f"{desc}: {', '.join(failed)} of agent.workers={n} failed (exit "
