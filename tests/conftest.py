@@ -62,3 +62,17 @@ def tiny_games(tiny_cfg, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("tiny_project")
     return build_games(tiny_cfg, root, progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A local model directory the ``llm`` agent loads like a user's (``model=local``): a
+    randomly initialised 1-layer GPT-2 (untrained: diverse, mostly invalid answers) and a
+    byte-level BPE tokenizer trained here on the system template. No download, ~1 s."""
+    from pipeline.llm.tiny import CHAT_TEMPLATE, save_model_dir, tiny_gpt2, train_tokenizer
+
+    texts = [(ROOT / "conf" / "templates" / "system_compact.txt").read_text(encoding="utf-8"),
+             '{"action": "open", "target": "Fridge_0"} {"action": "go", "target": "north"}'] * 10
+    tok = train_tokenizer(texts, vocab_size=400, chat_template=CHAT_TEMPLATE)
+    model = tiny_gpt2(tok, n_layer=1, n_embd=32, n_head=2, n_positions=4096, seed=1)
+    return save_model_dir(tmp_path_factory.mktemp("tiny_model") / "model", model, tok)

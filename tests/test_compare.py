@@ -326,3 +326,20 @@ def test_a_large_clear_effect_is_called_and_its_mde_reported():
     assert 0.1 < head["mde"] < 0.3
     cl = head["success_diff_cluster"]
     assert cl["value"] == pytest.approx(1 / 3) and cl["ci_low"] <= cl["value"] <= cl["ci_high"]
+
+
+def test_backend_errors_are_counted_per_condition_and_named_in_the_report():
+    """Turns whose model call failed (stop_reason=error) are counted in the metrics and the report
+    names them; a clean run's report says nothing of them (its bytes do not change)."""
+    from pipeline.analysis.report import markdown_tables
+
+    man = _manifest(1, 4)
+    d = _condition("C1", man, [1, 0, 1, 1])
+    clean = condition_metrics(d.episodes, d.turns, d.prompts, _cfg())
+    assert clean["backend_error_turns"] == 0 and clean["backend_error_rate"] == 0.0
+    assert "Model calls failed" not in markdown_tables({"conditions": [clean]})
+    for t in d.turns[:3]:
+        t["stop_reason"] = "error"
+    m = condition_metrics(d.episodes, d.turns, d.prompts, _cfg())
+    assert m["backend_error_turns"] == 3 and m["backend_error_rate"] == pytest.approx(3 / m["num_turns"], abs=1e-6)
+    assert f"C1: 3 of {m['num_turns']} turns" in markdown_tables({"conditions": [m]})

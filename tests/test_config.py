@@ -264,3 +264,75 @@ def test_restated_default_check_sees_one(tmp_path: Path):
     assert _restated(_rooted(conf / "condition" / "C1.yaml", conf), conf_schema.Config, {}) == ["condition.C1.placebo"]
     greedy = conf / "sampling" / "greedy.yaml"
     assert _restated(_rooted(greedy, conf), conf_schema.Config, _inherited(greedy, conf)) == ["sampling.top_k"]
+
+
+# --------------------------------------------------------------------------- checked before anything is touched
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("env.train_quests_per_scene=-1", "env.train_quests_per_scene=-1: expected >= 0"),
+        ("env.eval_quests_per_scene=-1", "env.eval_quests_per_scene=-1: expected >= 1"),
+        ("model.policy.n_layer=0", "model.policy.n_layer=0: expected >= 1"),
+        ("sampling.temperature=inf", "sampling.temperature=inf: expected > 0 and finite"),
+        ("model.timeout_s=-1", "model.timeout_s=-1.0: expected a finite number > 0"),
+        ("model.max_retries=-2", "model.max_retries=-2: expected >= 0"),
+        ("model.policy.slip_prob=1.5", "model.policy.slip_prob=1.5: expected in [0, 1]"),
+        ("agent.max_error_fraction=2", "agent.max_error_fraction=2.0: expected in [0, 1]"),
+        ("user.preferences_per_scene=-1", "user.preferences_per_scene=-1: expected >= 0"),
+        ("env.reward.win=nan", "env.reward.win=nan: expected a finite number"),
+    ],
+)
+def test_out_of_range_values_are_refused_at_compose_naming_the_key(repo: Path, override: str, key: str):
+    before = (repo / "params.yaml").read_bytes()
+    with pytest.raises(C.ConfigError) as err:
+        C.compose(repo, [override])
+    assert f"params key {key}" in str(err.value)
+    assert (repo / "params.yaml").read_bytes() == before  # nothing written
+
+
+KEY = "sk-proj-4f9Q2xY7Lm3Nq8Rt"  # what a key typed into the wrong field looks like (made up)
+
+
+def test_a_key_in_api_key_env_is_refused_and_never_written(repo: Path):
+    before = (repo / "params.yaml").read_bytes()
+    with pytest.raises(C.ConfigError, match="model.api_key_env: expected the name of an environment variable") as err:
+        C.compose(repo, [f"model.api_key_env={KEY}"])
+    assert KEY not in str(err.value)
+    assert (repo / "params.yaml").read_bytes() == before
+    assert not (repo / "params.overrides.yaml").exists() or KEY not in (repo / "params.overrides.yaml").read_text()
+    # `dvc exp run -S` writes params.yaml itself, then check_params runs: refused and blanked out
+    (repo / "params.yaml").write_text(C.compose_text(repo, [f"model.api_key_env={KEY}"]))
+    with pytest.raises(C.ConfigError, match="api_key_env") as err:
+        C.check(repo, record=True)
+    assert KEY not in str(err.value) and KEY not in (repo / "params.yaml").read_text()
+    C.compose(repo, ["model.api_key_env=MY_SERVER_KEY"])  # a variable name is fine
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["model=local", "model.name_or_path=models/missing"], "model.name_or_path='models/missing': expected an "
+                                                               "existing model directory"),
+        (["model=local", "model.name_or_path=conf"], "holds no config.json and weights"),
+        (["model=local"], "model.name_or_path=None: expected a local model directory"),
+        (["model=openai", "model.api_model=null"], "model.api_model=None: expected the model name"),
+        (["model=openai", "model.base_url=null", "model.api_model=m"], "model.base_url=None: expected the endpoint"),
+    ],
+)
+def test_check_params_refuses_a_model_source_that_is_not_there(repo: Path, overrides: list, message: str):
+    (repo / "models").mkdir()
+    C.compose(repo, ["agent=llm", *overrides])  # compose takes it (the model may come later) ...
+    with pytest.raises(C.ConfigError) as err:
+        C.check(repo, record=True)  # ... check_params, the first stage of every `dvc repro`, does not
+    assert message in str(err.value)
+
+
+def test_check_params_accepts_a_complete_model_directory(repo: Path):
+    model = repo / "models" / "mine"
+    model.mkdir(parents=True)
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        (model / name).write_text("{}")
+    C.compose(repo, ["agent=llm", "model=local", "model.name_or_path=models/mine"])
+    C.check(repo, record=True)

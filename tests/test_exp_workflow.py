@@ -29,6 +29,7 @@ stages:
     outs:
       - ${paths.checkpoints}/params_checked:
           cache: false
+          persist: true
       - params.overrides.yaml:
           cache: false
           persist: true
@@ -145,3 +146,39 @@ def test_reprocheck_lists_the_outputs_a_repro_did_not_reproduce(repo: Path):
     p = _run(repo, *check, ok=False)
     assert p.returncode == 1 and "1 output(s) differ" in p.stdout and "out.txt: md5 " in p.stdout
     assert "params_checked" not in p.stdout  # cache: false outputs (stamps, metrics) are not artifacts
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["agent=llm", "model=local", "model.name_or_path=models/mine/missing"], "expected an existing model directory"),
+    (["agent=llm", "model=openai", "model.api_model=null"], "model.api_model=None"),
+    (["model.api_key_env=sk-proj-4f9Q2xY7Lm3Nq8Rt"], "model.api_key_env: expected the name of an environment"),
+])
+def test_a_bad_model_setting_stops_the_run_before_any_output_is_touched(repo: Path, overrides: list, message: str):
+    """The model source and the key variable are checked by check_params: DVC runs it first, so a
+    failing check leaves every other stage's outputs (and the check's own stamp) as they were."""
+    (repo / "dvc.yaml").write_text(DVC_YAML.replace("str(load_params().seed)", "'changed'"))
+    args = [a for o in overrides for a in ("-S", o)]
+    p = _run(repo, "dvc", "exp", "run", *args, ok=False)
+    err = p.stdout + p.stderr
+    assert p.returncode != 0 and message in err, err[-3000:]
+    assert "Running stage 'seeded'" not in err
+    assert (repo / "out.txt").read_text() == "0"  # never deleted
+    assert "sk-proj-4f9Q2xY7Lm3Nq8Rt" not in err + (repo / "params.yaml").read_text()
+    assert (repo / ".checkpoints" / "params_checked").is_file()  # persist: the stamp survives a failed check
+
+
+def test_reprocheck_compares_the_workspace_with_the_lock_and_says_so(repo: Path):
+    """An output changed after `dvc repro` wrote the lock (a resumed or hand-run stage) is caught,
+    though dvc.lock still matches the committed one."""
+    check = [sys.executable, "-m", "pipeline.tools.reprocheck"]
+    p = _run(repo, *check)
+    assert "workspace outputs vs dvc.lock: every cached output reproduced" in p.stdout
+    assert "dvc.lock vs HEAD's: every cached output reproduced" in p.stdout
+    (repo / "out.txt").write_text("0 (rewritten by a resumed stage)")
+    p = _run(repo, *check, ok=False)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "workspace outputs vs dvc.lock: 1 output(s) differ" in p.stdout and "out.txt: md5 " in p.stdout
+    assert "dvc.lock vs HEAD's: every cached output reproduced" in p.stdout
+    (repo / "out.txt").unlink()
+    p = _run(repo, *check, ok=False)
+    assert p.returncode == 1 and "out.txt: not produced" in p.stdout

@@ -215,3 +215,23 @@ def test_stage_main_end_to_end(tmp_path, monkeypatch):
     (tmp_path / "data/episodes/turns.parquet").unlink()
     assert stage.main() == 1  # one-line error, nothing overwritten
     assert first == {p: (tmp_path / "data/store" / p).read_bytes() for p in first}
+
+
+@pytest.mark.parametrize("change", ["remove_row", "plant_row"])
+def test_a_row_removed_from_or_planted_in_the_table_is_refused_naming_the_file(tmp_path, change):
+    """The hash is checked on the table retrieval reads, not only on the JSONL export beside it."""
+    store = build_store(*tables(), splits=["train"], config_hash="c", reader=READER)
+    write_store(store, tmp_path)
+    table = read_parquet(tmp_path / STORE_PARQUET)
+    table = table.slice(1) if change == "remove_row" else pa.concat_tables([table, table.slice(0, 1)])
+    write_parquet(table, tmp_path / STORE_PARQUET)  # still valid Parquet; JSONL and hash untouched
+    with pytest.raises(ArtifactError, match=f"{STORE_PARQUET}: its {3 if change == 'remove_row' else 5} entries "
+                                            "hash to .* modified outside the store stage"):
+        load_store(tmp_path)
+
+
+def test_a_missing_jsonl_export_is_an_error_not_a_skipped_check(tmp_path):
+    write_store(build_store(*tables(), splits=["train"], config_hash="c", reader=READER), tmp_path)
+    (tmp_path / STORE_JSONL).unlink()
+    with pytest.raises(ArtifactError, match=f"missing .*{STORE_JSONL}"):
+        load_store(tmp_path)

@@ -179,12 +179,24 @@ class SharedBackend:
 
     def __init__(self, backend: Backend | None = None):
         self.backend = backend
+        self.first_error: str | None = None  # the first failed call this run recorded (names the cause)
+
+    def note_error(self, where: str, error: str) -> None:
+        """Remember the first failed model call of the run (``agent.on_backend_error=record``)."""
+        if self.first_error is None:
+            self.first_error = f"{where}: {error}"
 
     def get(self, cfg: Config) -> Backend:
         """The shared backend (built from ``cfg.model`` and ``cfg.sampling`` on first use)."""
         if self.backend is None:
             self.backend = make_backend(cfg.model, cfg.sampling)
         return self.backend
+
+    def start_batch(self) -> None:
+        """Before a batch of episodes: the backend's prompt cache is emptied, so the batch's
+        turns are computed from the same state whether the run was resumed or not."""
+        if isinstance(self.backend, CachesPrompts):
+            self.backend.clear_prompt_cache()
 
     def prompt_cache_stats(self) -> dict[str, int] | None:
         """Prompt tokens reused across turns vs encoded, this run's (a local model's prompt
@@ -227,6 +239,7 @@ class LLMAgent:
         self.batch_size = max(1, agent_cfg.batch_size)
         self.decoding = str(agent_cfg.decoding)
         self.reasoning_max_tokens = agent_cfg.reasoning_max_tokens
+        self.shared = shared
         if backend is None:
             backend = shared.get(cfg) if shared is not None else make_backend(cfg.model, cfg.sampling)
         self.backend = backend
@@ -326,8 +339,10 @@ class LLMAgent:
         seed = self.current_seed()
         if gen.error:
             if self.on_backend_error == "fail":
-                raise BackendError(f"episode {self.episode_id} turn {self.turn}: {gen.error}")
+                raise BackendError(f"episode {self.episode_id} turn {self.turn}: {gen.error} (agent.on_backend_error=fail)")
             action, parsed, error = None, None, f"backend error: {gen.error}"
+            if self.shared is not None:
+                self.shared.note_error(f"episode {self.episode_id} turn {self.turn}", gen.error)
         else:
             action, parsed, error = parse_action(gen.action_text, obs)
             if gen.chosen_index is not None:

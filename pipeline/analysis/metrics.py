@@ -18,6 +18,10 @@ prints one row per condition with ``success_rate.value``, ``success_rate.ci_low`
   from resampling whole episodes, since turns of one episode are not independent.
 - ``gate_pass_rate`` / ``injection_rate``: share of the condition's rendered prompts whose
   memory gate passed / that carry an injected memory block (null without prompts).
+- ``backend_error_turns`` / ``backend_error_rate``: turns whose model call failed
+  (``stop_reason == "error"``: the fallback action was taken) and their share of all turns
+  (:func:`backend_errors`). A run above ``agent.max_error_fraction`` never gets this far:
+  the stage stops instead of writing a result of a broken server.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 
 from pipeline.core.conf_schema import Config
+from pipeline.core.schemas import backend_errors
 from pipeline.core.seeding import labelled_rng
 from pipeline.core.stats import Estimate, bootstrap_mean, bootstrap_ratio
 
@@ -81,8 +86,8 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
     Args:
         episodes_rows: Episode rows (``EPISODE_SCHEMA``) of one condition: list of dicts
             or a ``pyarrow.Table``.
-        turns_rows: Their turns (``TURN_SCHEMA``); checked against ``num_turns``. None
-            skips the check.
+        turns_rows: Their turns (``TURN_SCHEMA``); checked against ``num_turns`` and counted
+            for the backend errors. None skips both.
         prompts_rows: The condition's rendered prompts (``data/prompts/<C>.parquet``),
             one row per task with ``gate_ok`` and ``injected``; None or [] gives null
             gate metrics.
@@ -97,8 +102,9 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
         ValueError: Mixed conditions, or turns that do not match the episodes.
     """
     episodes = sorted(as_rows(episodes_rows), key=lambda e: str(e["episode_id"]))
-    if turns_rows is not None:
-        check_turns(episodes, as_rows(turns_rows))
+    turn_list = as_rows(turns_rows) if turns_rows is not None else None
+    if turn_list is not None:
+        check_turns(episodes, turn_list)
     prompts = sorted(as_rows(prompts_rows), key=lambda p: (str(p.get("scene_id")), str(p.get("quest_id"))))
     seed, n_resamples, level = bootstrap_settings(cfg)
 
@@ -135,4 +141,6 @@ def condition_metrics(episodes_rows: Any, turns_rows: Any, prompts_rows: Any, cf
         "bootstrap": {"method": "percentile", "samples": n_resamples, "ci_level": level, "seed": seed},
     }
     out.update({name: est[name].as_dict() for name in METRICS})
+    if turn_list is not None:
+        out.update(backend_errors(turn_list))
     return out

@@ -166,6 +166,11 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                      _f(m["generated_tokens_per_episode"]["value"], 0)])
     parts += [_table(["condition", "episodes", "success", "won", "reward", "turns", "invalid rate", "repeated rate",
                       "gate pass", "prompt tok/ep", "gen tok/ep"], rows), ""]
+    failed = [f"{m['condition']}: {m['backend_error_turns']} of {m['num_turns']} turns"
+              for m in metrics.get("conditions", []) if m.get("backend_error_turns")]
+    if failed:  # below agent.max_error_fraction (else evaluate stopped), but not nothing
+        parts += [f"**Model calls failed** (recorded as failed turns, the fallback action taken): {'; '.join(failed)}.",
+                  ""]
     parts += label_hint_table(metrics)
 
     details = metrics.get("details", [])

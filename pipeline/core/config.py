@@ -22,7 +22,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import math
 import os
+import re
 import sys
 import tempfile
 from importlib.metadata import PackageNotFoundError, version
@@ -33,8 +35,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core import conf_schema
-from pipeline.core.conf_schema import (AgentConfig, AgentName, Config, EnvConfig, FeedbackSource, MemoryConfig,
-                                       NumericsConfig, PolicyConfig, SamplingConfig, UserConfig)
+from pipeline.core.conf_schema import (AgentConfig, AgentName, Backend, Config, EnvConfig, ExperimentConfig,
+                                       FeedbackSource, GroundingGenerator, MemoryConfig, ModelConfig, NumericsConfig,
+                                       PolicyConfig, RewardConfig, SamplingConfig, UserConfig)
 from pipeline.core import overrides as recorded
 from pipeline.core.io import atomic_write_text
 
@@ -106,6 +109,8 @@ def compose(root: Path | None = None, overrides: Iterable[str] = (), *, keep_ove
     already recorded (after an edit of ``conf/`` on top of an applied experiment).
     """
     root = root or project_root()
+    if not (root / CONF_DIR).is_dir():
+        _require_project(root)
     kept = recorded.hydra_overrides(recorded.read(root)) if keep_overrides else []
     text = compose_text(root, [*kept, *overrides])
     base = yaml.safe_load(compose_text(root)) if (overrides or kept) else None
@@ -178,6 +183,13 @@ def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
     return folder / h.hexdigest()[:32]
 
 
+def _require_project(root: Path) -> None:
+    """Raise when ``root`` is no project root (a stage or check started outside the project)."""
+    if not ((root / "dvc.yaml").is_file() and (root / CONF_DIR).is_dir()):
+        raise ConfigError(f"{root} is not inside the project: no folder from here up holds dvc.yaml and {CONF_DIR}/; "
+                          "run the command from the project's root (or a folder below it)")
+
+
 def _remember(stamp: Path | None) -> None:
     if stamp is None:
         return
@@ -203,6 +215,7 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
     root = root or project_root()
     params_path = root / PARAMS_FILE
     if not params_path.exists():
+        _require_project(root)
         raise ConfigError(f"{params_path} is missing: run `python -m pipeline.core.config compose`")
     current = params_path.read_text(encoding="utf-8")
     try:
@@ -213,7 +226,8 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
     stamp = _stamp_path(root, current, params) if use_stamp and not record else None
     if stamp is not None and stamp.is_file():
         return
-    validate(OmegaConf.create(params))
+    _refuse_key_in_key_env(root, params)
+    check_model_source(validate(OmegaConf.create(params)), root)
     expected = compose_text(root)
     composed = yaml.safe_load(expected)
     if in_exp:
@@ -251,6 +265,84 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
     )
 
 
+# What `model.api_key_env` must look like: the *name* of an environment variable, never a key.
+ENV_VAR_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+_REFUSED_KEY = "REFUSED_NOT_AN_ENV_VAR_NAME"
+
+
+def _key_env_error(value: Any) -> ConfigError:
+    # The value is not shown: a string that is no variable name is most likely the key itself.
+    return ConfigError(f"params key model.api_key_env: expected the name of an environment variable "
+                       f"({ENV_VAR_NAME.pattern}, e.g. OPENAI_API_KEY), got a {len(str(value))}-character value that "
+                       "is not one (not shown: it may be the key itself); put the key in that variable, never in "
+                       "the config")
+
+
+def _refuse_key_in_key_env(root: Path, params: Any) -> None:
+    """Refuse a ``model.api_key_env`` that is no variable name, and blank it out of
+    ``params.yaml`` and ``params.overrides.yaml`` (``dvc exp run -S`` writes params.yaml
+    before any check runs): a key typed into the wrong field must not be committed."""
+    value = (params.get("model") or {}).get("api_key_env") if isinstance(params, dict) else None
+    if value is None or ENV_VAR_NAME.match(str(value)):
+        return
+    for name in (PARAMS_FILE, recorded.OVERRIDES_FILE):
+        path = root / name
+        if path.is_file() and str(value) in (text := path.read_text(encoding="utf-8")):
+            atomic_write_text(path, text.replace(str(value), _REFUSED_KEY))
+    raise ConfigError(f"{_key_env_error(value)} (its value was replaced by {_REFUSED_KEY} in {PARAMS_FILE})")
+
+
+def _model_needed(cfg: Config) -> bool:
+    """Whether a stage of this config runs the model (the llm agent, the llm grounding writer)."""
+    return cfg.agent.name == AgentName.llm or cfg.grounding.generator == GroundingGenerator.llm
+
+
+def check_model_source(cfg: Config, root: Path) -> None:
+    """Check that the configured model can be reached, before any stage runs.
+
+    ``check_params`` calls it (through :func:`check`), so a bad model setting stops
+    ``dvc repro`` before DVC deletes any stage's outputs. Only when a stage runs the model
+    (:func:`_model_needed`); a model the DAG builds itself (``model.train_policy``: the
+    ``policy`` stage; ``model.gguf.file``: the ``convert`` stage) is not looked for.
+
+    - ``model.backend=transformers``: ``model.name_or_path`` is set and is a directory
+      holding a model (``config.json`` and weights) and a tokenizer. A name that is no
+      local path (``org/name`` whose ``org`` is not a folder here) is taken as a hub id.
+    - ``model.backend=openai``: ``model.base_url`` (``http(s)://...``) and
+      ``model.api_model`` are set.
+
+    Raises:
+        ConfigError: naming the key and what is missing.
+    """
+    m = cfg.model
+    if not _model_needed(cfg):
+        return
+    if m.backend == Backend.openai:
+        _require(bool(m.base_url) and str(m.base_url).startswith(("http://", "https://")), "model.base_url",
+                 m.base_url, "the endpoint's URL up to /v1 (http://host:port/v1) with model.backend=openai")
+        _require(bool(m.api_model), "model.api_model", m.api_model,
+                 "the model name the endpoint serves with model.backend=openai")
+        return
+    if m.train_policy or m.gguf.file:
+        return  # built by the policy / convert stage
+    _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path,
+             "a local model directory with agent=llm (model=policy trains one)")
+    name = str(m.name_or_path)
+    path = Path(name) if Path(name).is_absolute() else root / name
+    parts = Path(name).parts
+    hub_id = (not path.exists() and not name.startswith((".", "/", "~")) and len(parts) == 2
+              and not (root / parts[0]).exists())
+    if hub_id:
+        return
+    _require(path.is_dir(), "model.name_or_path", name, f"an existing model directory ({path} does not exist)")
+    files = {p.name for p in path.iterdir()}
+    weights = any(f.endswith((".safetensors", ".bin", ".safetensors.index.json", ".bin.index.json")) for f in files)
+    _require("config.json" in files and weights, "model.name_or_path", name,
+             f"a model directory: {path} holds no config.json and weights (*.safetensors or *.bin)")
+    _require(bool({"tokenizer.json", "tokenizer_config.json", "tokenizer.model"} & files), "model.name_or_path",
+             name, f"a model directory with its tokenizer: {path} holds no tokenizer.json / tokenizer_config.json")
+
+
 def _require(cond: bool, key: str, value: Any, expected: str) -> None:
     if not cond:
         raise ConfigError(f"params key {key}={value!r}: expected {expected}")
@@ -271,11 +363,29 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_memory(typed.memory)
     _check_conditions(typed)
     _check_numerics(typed.numerics)
+    _check_model(typed.model)
+    _check_reward(typed.env.reward)
+    _check_experiment(typed.experiment)
     return typed
 
 
+def _count(value: int, key: str, least: int = 0) -> None:
+    _require(value >= least, key, value, f">= {least}")
+
+
+def _probability(value: float, key: str) -> None:
+    _require(0 <= value <= 1, key, value, "in [0, 1]")
+
+
+def _positive(value: float, key: str, *, zero: bool = False) -> None:
+    """A finite duration / size / rate: > 0 (``zero``: >= 0)."""
+    ok = math.isfinite(value) and (value >= 0 if zero else value > 0)
+    _require(ok, key, value, f"a finite number {'>= 0' if zero else '> 0'}")
+
+
 def _check_sampling(s: SamplingConfig) -> None:
-    _require(s.temperature > 0, "sampling.temperature", s.temperature, "> 0")
+    _require(s.temperature > 0 and math.isfinite(s.temperature), "sampling.temperature", s.temperature,
+             "> 0 and finite")
     _require(0 < s.top_p <= 1, "sampling.top_p", s.top_p, "in (0, 1]")
     _require(s.top_k >= 0, "sampling.top_k", s.top_k, ">= 0")
     _require(s.max_new_tokens >= 1, "sampling.max_new_tokens", s.max_new_tokens, ">= 1")
@@ -291,11 +401,16 @@ def _check_env(e: EnvConfig) -> None:
              f"in [0, {e.containers_per_scene}]")
     _require(1 <= e.objects_per_scene <= 8, "env.objects_per_scene", e.objects_per_scene, "in [1, 8]")
     _require(e.compile_workers >= 1, "env.compile_workers", e.compile_workers, ">= 1")
+    _count(e.supporters_per_scene, "env.supporters_per_scene")
+    _count(e.train_quests_per_scene, "env.train_quests_per_scene")
+    _count(e.eval_quests_per_scene, "env.eval_quests_per_scene", 1)
+    _count(e.min_quest_length, "env.min_quest_length", 1)
 
 
 def _check_user(u: UserConfig) -> None:
     _require(0 <= u.feedback_prob <= 1, "user.feedback_prob", u.feedback_prob, "in [0, 1]")
     _require(0 <= u.noise <= 1, "user.noise", u.noise, "in [0, 1]")
+    _count(u.preferences_per_scene, "user.preferences_per_scene")
     _require(u.source != FeedbackSource.file or bool(u.feedback_file), "user.feedback_file", u.feedback_file,
              "a JSONL path when user.source=file")
 
@@ -305,16 +420,53 @@ def _check_policy(p: PolicyConfig) -> None:
     _require(p.demos_per_quest >= 1, "model.policy.demos_per_quest", p.demos_per_quest, ">= 1")
     _require(p.plan_drills >= 0, "model.policy.plan_drills", p.plan_drills, ">= 0 (0: none)")
     _require(p.epochs >= 1, "model.policy.epochs", p.epochs, ">= 1")
+    _probability(p.rule_epsilon, "model.policy.rule_epsilon")
+    _probability(p.slip_prob, "model.policy.slip_prob")
+    _count(p.explore_cap, "model.policy.explore_cap")
+    for key in ("vocab_size", "hidden_size", "intermediate_size", "n_layer", "n_head", "max_positions",
+                "episodes_per_batch"):
+        _count(getattr(p, key), f"model.policy.{key}", 1)
+    _require(p.hidden_size % p.n_head == 0, "model.policy.hidden_size", p.hidden_size,
+             f"a multiple of model.policy.n_head={p.n_head}")
+    _positive(p.lr, "model.policy.lr")
+    _count(p.warmup_steps, "model.policy.warmup_steps")
+    _positive(p.weight_decay, "model.policy.weight_decay", zero=True)
+    _count(p.evaluate_tasks, "model.policy.evaluate_tasks")
 
 
 def _check_agent(a: AgentConfig) -> None:
     _require(0 <= a.epsilon <= 1, "agent.epsilon", a.epsilon, "in [0, 1]")
     _require(a.batch_size >= 1, "agent.batch_size", a.batch_size, ">= 1")
+    _count(a.reasoning_max_tokens, "agent.reasoning_max_tokens", 1)
+    _count(a.workers, "agent.workers", 1)
+    _require(0 <= a.max_error_fraction <= 1, "agent.max_error_fraction", a.max_error_fraction, "in [0, 1]")
 
 
 def _check_memory(m: MemoryConfig) -> None:
     _require(1 <= m.topk <= 3, "memory.topk", m.topk, "in [1, 3]")
     _require(0 <= m.relevance_threshold <= 1, "memory.relevance_threshold", m.relevance_threshold, "in [0, 1]")
+    _count(m.max_message_chars, "memory.max_message_chars", 1)
+    _count(m.label_hint_min_commands, "memory.label_hint_min_commands", 1)
+
+
+def _check_model(m: ModelConfig) -> None:
+    if not ENV_VAR_NAME.match(m.api_key_env):
+        raise _key_env_error(m.api_key_env)
+    _positive(m.timeout_s, "model.timeout_s")
+    _count(m.max_retries, "model.max_retries")
+    _positive(m.backoff_s, "model.backoff_s", zero=True)
+    _count(m.max_concurrency, "model.max_concurrency", 1)
+    _positive(m.prompt_cache_mb, "model.prompt_cache_mb", zero=True)
+
+
+def _check_reward(r: RewardConfig) -> None:
+    for key in ("win", "repeat_penalty", "first_visit_bonus", "first_examine_bonus", "examine_reward",
+                "invalid_penalty", "step_cost"):
+        _require(math.isfinite(getattr(r, key)), f"env.reward.{key}", getattr(r, key), "a finite number")
+
+
+def _check_experiment(x: ExperimentConfig) -> None:
+    _count(x.bootstrap_samples, "experiment.bootstrap_samples", 1)
 
 
 def _check_numerics(n: NumericsConfig) -> None:
@@ -347,14 +499,24 @@ def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictCo
     try:
         raw = OmegaConf.load(path)
     except FileNotFoundError as exc:
+        _require_project(root)
         raise ConfigError(f"{path} is missing: run `python -m pipeline.core.config compose`") from exc
     return validate(raw)
 
 
-def config_hash(cfg: DictConfig | dict, *keys: str) -> str:
-    """Stable short hash of the given config subtrees (all of it when no keys)."""
+def config_hash(cfg: DictConfig | dict, *keys: str, ignore: Iterable[str] = ()) -> str:
+    """Stable short hash of the given config subtrees (all of it when no keys), without the
+    dotted keys in ``ignore``."""
     container = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True) if isinstance(cfg, DictConfig) else cfg
     part = {k: _select(container, k) for k in keys} if keys else container
+    part = json.loads(json.dumps(part, default=str)) if ignore else part  # a copy to prune
+    for dotted in ignore:
+        *parents, leaf = dotted.split(".")
+        node = part
+        for k in parents:
+            node = node.get(k) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
     blob = json.dumps(part, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

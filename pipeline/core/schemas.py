@@ -142,6 +142,16 @@ class TurnRecord:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
+def backend_errors(turns: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """``{"backend_error_turns", "backend_error_rate"}``: turns whose model call failed, and their share.
+
+    A failed call is recorded as ``stop_reason == "error"`` (``agent.on_backend_error=record``).
+    """
+    turns = list(turns)
+    n = sum(t.get("stop_reason") == "error" for t in turns)
+    return {"backend_error_turns": n, "backend_error_rate": round(n / len(turns), 6) if turns else 0.0}
+
+
 def arrow_schema(record: type) -> pa.Schema:
     """The Arrow schema of a record dataclass, field by field, every column nullable.
 

@@ -123,6 +123,10 @@ class PromptKVCache:
             self.entries.remove(entry)
             total -= entry.nbytes
 
+    def clear(self) -> None:
+        """Forget every entry (the reuse counts stay)."""
+        self.entries.clear()
+
     def stats(self) -> dict[str, int]:
         """``reused_tokens`` / ``encoded_tokens`` (prompt tokens taken from the cache /
         run through the model), ``entries``, ``bytes``."""

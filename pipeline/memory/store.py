@@ -464,12 +464,22 @@ def write_store(store: EpisodicStore, out_dir: str | Path) -> str:
 
 
 def load_store(store_dir: str | Path, *, tie_seed: Optional[int] = None, verify: bool = True) -> EpisodicStore:
-    """Load the store written by :func:`write_store`.
+    """Load the store written by :func:`write_store`, checked against its recorded hash.
+
+    The hash is recomputed from the Parquet table, the data every reader of the store
+    uses (retrieval, rendering): a row planted in or removed from the table is refused,
+    naming the file, even though it is still valid Parquet. The JSONL export is a
+    companion that must exist and hash the same (``sha256sum`` checks it by hand).
 
     Args:
-        store_dir: Folder holding ``episodic_store.parquet`` and ``store_hash.txt``.
+        store_dir: Folder holding ``episodic_store.parquet``, ``episodic_store.jsonl`` and
+            ``store_hash.txt``.
         tie_seed: Retrieval tie-breaking seed (use the config's ``seed``).
-        verify: Check ``store_hash.txt`` against the JSONL export's bytes.
+        verify: Check the table and the JSONL export against ``store_hash.txt``.
+
+    Raises:
+        ArtifactError: a missing file, or a table or export that does not hash to the
+            recorded hash (the store was modified outside the store stage).
     """
     d = Path(store_dir)
     table = read_parquet(d / STORE_PARQUET)
@@ -477,11 +487,18 @@ def load_store(store_dir: str | Path, *, tie_seed: Optional[int] = None, verify:
     if not hash_path.exists():
         raise ArtifactError(f"missing {hash_path} (rerun the store stage: `dvc repro store`)")
     recorded = hash_path.read_text(encoding="utf-8").strip()
-    if verify and (d / STORE_JSONL).exists():
-        actual = sha256_file(d / STORE_JSONL)
-        if actual != recorded:
-            raise ArtifactError(
-                f"{d / STORE_JSONL} has sha256 {actual[:12]}… but {hash_path} records {recorded[:12]}…: "
-                "the store was modified outside the store stage (rerun `dvc repro store`)"
-            )
-    return EpisodicStore(table, store_hash=recorded, tie_seed=tie_seed)
+    store = EpisodicStore(table, tie_seed=tie_seed)
+    if not verify:
+        store._store_hash = recorded
+        return store
+    rerun = "the store was modified outside the store stage (rerun `dvc repro store`)"
+    if store.store_hash != recorded:  # computed from the table: what retrieval reads
+        raise ArtifactError(f"{d / STORE_PARQUET}: its {len(store)} entries hash to {store.store_hash[:12]}… but "
+                            f"{hash_path} records {recorded[:12]}…: {rerun}")
+    if not (d / STORE_JSONL).is_file():
+        raise ArtifactError(f"missing {d / STORE_JSONL}, the store's JSONL export: {rerun}")
+    actual = sha256_file(d / STORE_JSONL)
+    if actual != recorded:
+        raise ArtifactError(f"{d / STORE_JSONL} has sha256 {actual[:12]}… but {hash_path} records {recorded[:12]}…: "
+                            f"{rerun}")
+    return store

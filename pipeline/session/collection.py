@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import shutil
 import signal
 import sys
@@ -35,18 +36,28 @@ from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.core.numerics import pin
+from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env
 from pipeline.llm.accounting import token_statistics
-from pipeline.llm.backends import is_local
+from pipeline.llm.backends import BackendError, is_local
 from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
 from pipeline.session.online import play_online
-from pipeline.session.rollout import Checkpoints, Task, play
+from pipeline.session.rollout import Checkpoints, Task, batches, play
 from pipeline.users import FileFeedback, User, make_user
 
 # Config subtrees whose change invalidates checkpointed episodes.
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
                    "grounding.online", "numerics")
+# Keys of those subtrees that decide how a run is played or judged, never what an episode is:
+# left out, so changing them reuses checkpoints and keeps every recorded config hash.
+CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction")
+
+
+def collection_hash(cfg: Config) -> str:
+    """The config hash a collection's episodes and checkpoints are keyed and labelled by."""
+    return config_hash(cfg, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED)
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:
@@ -149,7 +160,7 @@ def checkpoint_dir(cfg: Config, root: Path, tasks: list[Task], ckpt_name: str, f
     DVC deletes a stage's outs before rerunning it, so checkpoints live beside them, keyed
     so that a changed config or input never reuses them (:func:`inputs_hash`).
     """
-    key = f"{config_hash(cfg, *CHECKPOINT_KEYS)}-{inputs_hash(cfg, root, tasks, feedback_source)}"
+    key = f"{collection_hash(cfg)}-{inputs_hash(cfg, root, tasks, feedback_source)}"
     return root / cfg.paths.checkpoints / ckpt_name / key
 
 
@@ -199,7 +210,7 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     so it never mixes files of two runs. The checkpoints are removed once it is written.
     """
     for t in tasks:  # provenance: which config produced the episode (the store records it)
-        t.metadata.setdefault("config_hash", config_hash(cfg, *CHECKPOINT_KEYS))
+        t.metadata.setdefault("config_hash", collection_hash(cfg))
     ckpt_root = checkpoint_dir(cfg, root, tasks, ckpt_name, feedback_source)
     ckpts = Checkpoints(ckpt_root)
     resumed = sum(ckpts.load(t.episode_id) is not None for t in tasks)
@@ -209,9 +220,17 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     shared = SharedBackend()
     factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
     t0 = time.perf_counter()
-    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc,
+    if cfg.agent.workers > 1 and not online:  # the batches side by side; then every record from its checkpoint
+        _play_in_workers(cfg, root, tasks, scenes, ckpt_root, desc, feedback_source)
+    records = _play_checkpointed(cfg, tasks, factories, ckpts, desc, shared,
                                  online=(root, ckpt_root) if online and root is not None else None)
     wall = time.perf_counter() - t0
+    try:
+        check_backend_errors(cfg, [t for r in records for t in r["turns"]], desc, first_error=shared.first_error)
+    except BackendError:
+        # replayed, not resumed, once the server is fixed: a checkpointed failed turn is no result
+        shutil.rmtree(ckpt_root, ignore_errors=True)
+        raise
     episodes, turns = write_collection(out_dir, records)
     stats = collection_stats(cfg, episodes, turns, wall=wall, resumed=resumed)
     cache = shared.prompt_cache_stats()
@@ -224,6 +243,29 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     return records, stats
 
 
+def check_backend_errors(cfg: Config, turns: list[dict], desc: str, *, first_error: str | None = None) -> None:
+    """Stop a run whose model calls failed on more than ``agent.max_error_fraction`` of its turns.
+
+    ``agent.on_backend_error=record`` keeps a single failed call as a failed turn; a run
+    where most calls failed (an unreachable server, a refused request, a storm of 500s)
+    measured the server, not the agent, and must not be read as a result.
+
+    Raises:
+        BackendError: naming the counts, the limit and the first failure (``first_error``,
+            when this process saw it; else the first failed turn).
+    """
+    counts = backend_errors(turns)
+    limit = cfg.agent.max_error_fraction
+    if counts["backend_error_turns"] and counts["backend_error_rate"] > limit:
+        if first_error is None:
+            t = next(t for t in turns if t.get("stop_reason") == "error")
+            first_error = f"episode {t['episode_id']} turn {t['turn_index']}"
+        raise BackendError(
+            f"{desc}: the model call failed on {counts['backend_error_turns']} of {len(turns)} turns "
+            f"({counts['backend_error_rate']:.0%}), more than agent.max_error_fraction={limit:g}, so nothing was "
+            f"written; the first failure: {first_error}. Fix the server or model settings and rerun")
+
+
 def online_loop(cfg: Config) -> bool:
     """Whether collection runs seed 000's online loop (:mod:`pipeline.session.online`): on
     with ``grounding.online``, for an agent that reads its prompt."""
@@ -231,7 +273,7 @@ def online_loop(cfg: Config) -> bool:
 
 
 def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,
-                       online: tuple[Path, Path] | None = None) -> list[dict]:
+                       shared: SharedBackend, online: tuple[Path, Path] | None = None) -> list[dict]:
     """:func:`pipeline.session.rollout.play` under a progress bar, Ctrl-C flag and thread cap.
 
     ``online=(root, work_dir)`` plays seed 000's online loop (:func:`pipeline.session.online.play_online`).
@@ -253,7 +295,8 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
                             agent_name=str(cfg.agent.name), model_name=model_name,
                             preference_in_success=cfg.user.preference_in_success,
                             unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
-                            should_stop=interrupted.is_set)
+                            should_stop=interrupted.is_set, whole_batches=plays_with_model(cfg.agent),
+                            on_batch_start=shared.start_batch)
 
             if online is None:
                 records = play_some(tasks)
@@ -266,6 +309,64 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
         print(f"\nstopped: {kept()}", file=sys.stderr)
         raise
     return records
+
+
+def _worker_batches(tasks: list[Task], batch_size: int, k: int, n: int) -> list[Task]:
+    """The tasks of worker ``k`` of ``n``: every n-th batch of the fixed partition (whole batches,
+    so :func:`~pipeline.session.rollout.play` cuts them into the same batches again)."""
+    return [t for i, b in enumerate(batches(tasks, batch_size)) if i % n == k for t in b]
+
+
+def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
+                 feedback_source: Any) -> None:
+    """One worker process: pin the numerics, play its batches into the shared checkpoints.
+    An expected failure is one ``error:`` line (exit 1), as a stage reports it."""
+    try:
+        pin(cfg.numerics, load_torch=plays_with_model(cfg.agent) and is_local(cfg.model))
+        shared = SharedBackend()
+        factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
+        _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared)
+    except (ConfigError, ArtifactError, BackendError, FileNotFoundError) as exc:
+        print(f"error: {desc}: {exc}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
+                     feedback_source: Any) -> None:
+    """Play the tasks' batches in ``agent.workers`` processes (batch i in worker i mod n), each
+    writing its finished episodes to the checkpoints the caller then assembles.
+
+    Each batch is computed exactly as in one process (the same batch, the prompt cache
+    emptied before it, ``numerics.threads`` threads), so the outputs are the same bytes.
+    Workers are started fresh (``spawn``): torch and the model load in each.
+
+    Raises:
+        ArtifactError: a worker failed (its own message is printed above).
+    """
+    size = cfg.agent.batch_size if cfg.agent.batched else 1
+    n = min(cfg.agent.workers, len(batches(tasks, size)))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_worker_main, name=f"worker-{k}",
+                         args=(cfg, root, _worker_batches(tasks, size, k, n), scenes, ckpt_root,
+                               f"{desc} worker {k}/{n}", feedback_source)) for k in range(n)]
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join()
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); wait for them
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+        print(f"\ninterrupted: the workers' finished episodes are kept in {ckpt_root}; rerun the stage to finish "
+              "the rest", file=sys.stderr)
+        raise SystemExit(130)
+    failed = [p.name for p in procs if p.exitcode != 0]
+    if failed:
+        raise ArtifactError(f"{desc}: {', '.join(failed)} of agent.workers={n} failed (exit "
+                            f"{', '.join(str(p.exitcode) for p in procs if p.exitcode != 0)}; their messages are "
+                            f"above); the finished episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
 
 
 def write_collection(out_dir: Path, records: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -330,7 +431,7 @@ def collect_shard(cfg: Config, root: Path, tasks: list[Task], k: int, n: int, ou
                               desc=f"collect [{cfg.agent.name}] shard {k}/{n}", feedback_source=feedback_source,
                               online=online_loop(cfg))
     atomic_write_json(out_dir / SHARD_FILE, {
-        "shard": k, "num_shards": n, "config_hash": config_hash(cfg, *CHECKPOINT_KEYS),
+        "shard": k, "num_shards": n, "config_hash": collection_hash(cfg),
         "episode_ids": sorted(t.episode_id for t in part), "wall_time_s": stats["wall_time_s"]})
     return stats
 
@@ -342,7 +443,7 @@ def merge_shards(cfg: Config, tasks: list[Task], shard_dirs: list[Path], out_dir
         ArtifactError: a shard folder without its ``shard.json``, shards of another config
             or another split into N, a missing or repeated shard or episode.
     """
-    want_hash = config_hash(cfg, *CHECKPOINT_KEYS)
+    want_hash = collection_hash(cfg)
     want_ids = [t.episode_id for t in tasks]
     seen: dict[int, Path] = {}
     episodes: list[dict] = []

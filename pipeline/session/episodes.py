@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.core.io import ArtifactError, read_parquet, write_parquet
-from pipeline.core.schemas import SCHEMA_VERSION, episodes_table, turns_table
+from pipeline.core.schemas import SCHEMA_VERSION, backend_errors, episodes_table, turns_table
 
 EPISODES_FILE = "episodes.parquet"
 TURNS_FILE = "turns.parquet"
@@ -115,6 +115,7 @@ def statistics(episodes: list[dict], turns: list[dict]) -> dict:
         "repeated_action_rate": _rate(sum(bool(t["repeated"]) for t in turns), n_turns),
         "feedback_lines_per_turn": _rate(sum(len(t["feedback_lines"] or []) for t in turns), n_turns),
         "generated_tokens_per_turn": _rate(sum(gen_tokens), len(gen_tokens)) if gen_tokens else 0.0,
+        **backend_errors(turns),
     }
 
 

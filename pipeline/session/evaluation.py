@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 from pipeline.analysis.metrics import condition_metrics
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
-from pipeline.core.io import ArtifactError, read_parquet
+from pipeline.core.io import ArtifactError, read_parquet, sha256_text
 from pipeline.memory.store import STORE_HASH
 from pipeline.session.collection import load_games, run_collection
 from pipeline.session.rollout import Task, tasks_from_manifest
@@ -44,8 +44,14 @@ def check_rendered_store(prompt_rows: list[dict], store_hash: str, condition: st
 
 
 def attach_prompts(tasks: list[Task], prompt_rows: list[dict], condition: str, prompts_path: Path) -> None:
-    """Give each task its rendered system prompt; every task must have exactly one."""
+    """Give each task its rendered system prompt; every task must have exactly one, whose
+    text still hashes to the ``prompt_sha256`` ``render`` recorded beside it."""
     by_task = {(r["scene_id"], r["quest_id"]): r for r in prompt_rows}
+    for r in prompt_rows:
+        if r.get("prompt_sha256") and sha256_text(r["system_prompt"]) != r["prompt_sha256"]:
+            raise ArtifactError(f"{prompts_path}: the system prompt of {r['scene_id']}/{r['quest_id']} does not hash "
+                                f"to its recorded prompt_sha256 {r['prompt_sha256'][:12]}…: the file was modified "
+                                f"outside the render stage (`dvc repro render@{condition}`)")
     missing = [t.episode_id for t in tasks if (t.scene_id, t.quest_id) not in by_task]
     if missing:
         raise ArtifactError(f"{prompts_path} has no prompt for {len(missing)} eval task(s), e.g. {missing[0]}: "

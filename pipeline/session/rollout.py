@@ -1,14 +1,21 @@
 """The collection loop shared by ``collect`` and ``evaluate``: play tasks, record turns.
 
 A plain function over narrow interfaces (``env.reset/step``, ``agent.act``,
-``user.step_feedback``). Up to ``batch_size`` episodes run at once; agents that can
-generate for several observations in one call (the llm agent) expose
-``act_many(agents, observations)`` and get one batched call per step across all running
-episodes, finished episodes dropping out. Every episode's randomness comes from its own
-task seed, so results do not depend on which episodes share a batch.
+``user.step_feedback``). The tasks are cut into a fixed partition of batches
+(:func:`batches`: consecutive runs of ``batch_size`` tasks, a function of the task list
+and the batch size only), played one batch after the other; agents that can generate for
+several observations in one call (the llm agent) expose ``act_many(agents, observations)``
+and get one batched call per step across the batch's running episodes, finished episodes
+dropping out. Every episode's randomness comes from its own task seed.
 
-Finished episodes are checkpointed one file per episode (``ckpt_dir``) as they complete,
-so an interrupted run resumes without redoing them and assembles byte-identical outputs.
+Which episodes share a batch moves a model's floating-point results (padding, the shapes
+of the matrix products, the prompt cache's contents): so every turn is computed in the
+same batch, from the same state, whether the run was interrupted or not. Finished
+episodes are checkpointed one file per episode as they complete; with
+``whole_batches=True`` (a model that plays in batches) a rerun loads a batch only when
+all its episodes are checkpointed and otherwise replays it whole, and ``on_batch_start``
+(the prompt cache's reset) runs before every batch, so a resumed run writes the same
+bytes as an uninterrupted one, tensors included.
 """
 
 from __future__ import annotations
@@ -70,9 +77,7 @@ class Checkpoints:
     """One JSON (+ optional .pt) per finished episode under a config-hash-keyed folder."""
 
     def __init__(self, root: Path | None):
-        self.root = root
-        if root is not None:
-            root.mkdir(parents=True, exist_ok=True)
+        self.root = root  # made by the first save: a run that fails before any episode leaves no empty folder
 
     def path(self, episode_id: str) -> Path:
         assert self.root is not None
@@ -105,6 +110,13 @@ class Checkpoints:
     def save(self, episode_id: str, record: dict) -> None:
         if self.root is not None:
             atomic_write_text(self.path(episode_id), json.dumps(record, ensure_ascii=False, sort_keys=True))
+
+
+def batches(tasks: list[Task], batch_size: int) -> list[list[Task]]:
+    """The fixed partition of ``tasks`` into batches: consecutive runs of ``batch_size``
+    (the last one shorter). Resume and shards work in these units (module docstring)."""
+    size = max(1, int(batch_size))
+    return [tasks[i:i + size] for i in range(0, len(tasks), size)]
 
 
 def _feedback_columns(lines: list[str], unknown: str = "keep") -> dict:
@@ -250,27 +262,21 @@ def play(
     progress: Any = None,
     save_tensors: Callable[[Path, list[dict]], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    whole_batches: bool = False,
+    on_batch_start: Callable[[], None] | None = None,
 ) -> list[dict]:
-    """Play every task; return one record ``{"episode", "turns", "tensors"}`` per task.
+    """Play every task, batch by batch (:func:`batches`); return one record
+    ``{"episode", "turns", "tensors"}`` per task.
 
-    Records of episodes already checkpointed are loaded instead of replayed.
-    ``should_stop`` is asked before every step; when it says so, ``KeyboardInterrupt`` is
-    raised (a Ctrl-C whose exception a destructor swallowed still stops the run).
+    Records of episodes already checkpointed are loaded instead of replayed; with
+    ``whole_batches`` only when every episode of their batch is (else the batch is
+    replayed whole: its turns are then computed exactly as in an uninterrupted run).
+    ``on_batch_start`` runs before a batch is played. ``should_stop`` is asked before
+    every step; when it says so, ``KeyboardInterrupt`` is raised (a Ctrl-C whose
+    exception a destructor swallowed still stops the run).
     """
     checkpoints = checkpoints or Checkpoints(None)
     records: dict[str, dict] = {}
-    pending = []
-    for t in tasks:
-        rec = checkpoints.load(t.episode_id)
-        if rec is not None:
-            records[t.episode_id] = rec
-            if progress is not None:
-                progress.update(1)
-        else:
-            pending.append(t)
-
-    queue = list(pending)
-    active: list[_Slot] = []
 
     def finish(slot: _Slot, info: dict) -> None:
         rec = _episode_record(slot, info, agent_name=agent_name, model_name=model_name,
@@ -281,18 +287,33 @@ def play(
         if progress is not None:
             progress.update(1)
 
-    while queue or active:
+    for batch in batches(tasks, batch_size):
+        loaded = {t.episode_id: rec for t in batch if (rec := checkpoints.load(t.episode_id)) is not None}
+        if whole_batches and 0 < len(loaded) < len(batch):
+            print(f"replaying a batch of {len(batch)} whole ({len(loaded)} of its episodes were checkpointed): each "
+                  "turn is computed in the batch of an uninterrupted run", file=sys.stderr)
+            loaded = {}
+        records.update(loaded)
+        if progress is not None and loaded:
+            progress.update(len(loaded))
+        pending = [t for t in batch if t.episode_id not in loaded]
+        if not pending:
+            continue
         if should_stop is not None and should_stop():
             raise KeyboardInterrupt
-        while queue and len(active) < max(1, batch_size):
-            active.append(_start_slot(queue.pop(0), make_env, make_agent, make_user))
-        steps = _act_all(active)
-        still = []
-        for slot, step in zip(active, steps):
-            done, info = _take_step(slot, step, unknown_feedback)
-            if done:
-                finish(slot, info)
-            else:
-                still.append(slot)
-        active = still
+        if on_batch_start is not None:
+            on_batch_start()
+        active = [_start_slot(t, make_env, make_agent, make_user) for t in pending]
+        while active:
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt
+            steps = _act_all(active)
+            still = []
+            for slot, step in zip(active, steps):
+                done, info = _take_step(slot, step, unknown_feedback)
+                if done:
+                    finish(slot, info)
+                else:
+                    still.append(slot)
+            active = still
     return [records[t.episode_id] for t in tasks]

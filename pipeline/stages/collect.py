@@ -57,6 +57,11 @@ def main(argv: list[str] | None = None) -> int:
         tasks = tasks_from_manifest(manifest, split="train", master_seed=cfg.seed)
         if not tasks:
             raise ConfigError("the games manifest has no train quests (env.train_quests_per_scene=0?)")
+        stray = feedback_source.unmatched(t.episode_id for t in tasks) if feedback_source is not None else []
+        if stray:
+            print(f"warning: {feedback_source.path}: records of {len(stray)} episode id(s) that are no train task of "
+                  f"this config are ignored: {', '.join(stray[:3])}{', ...' if len(stray) > 3 else ''} "
+                  f"(ids look like {tasks[0].episode_id})", file=sys.stderr)
         out_dir = root / cfg.paths.episodes
         if args.merge:
             stats = merge_shards(cfg, tasks, [Path(d) for d in args.merge], out_dir)

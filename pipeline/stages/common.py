@@ -14,14 +14,11 @@ from pipeline.llm.backends import BackendError
 
 def stage_error(exc: BaseException) -> int:
     """Exit code 1 with a one-line message for an expected failure of a stage that plays
-    the agent (bad config or artifact, or a backend error under
-    ``agent.on_backend_error=fail``); re-raise anything else (a bug keeps its traceback).
+    the agent (bad config or artifact, a backend error under ``agent.on_backend_error=fail``,
+    or more failed turns than ``agent.max_error_fraction``; the message says which); re-raise anything else (a bug keeps its traceback).
     Call it from an ``except Exception`` clause."""
-    if isinstance(exc, (ConfigError, ArtifactError, NumericsError, FileNotFoundError, ValueError)):
+    if isinstance(exc, (ConfigError, ArtifactError, NumericsError, FileNotFoundError, ValueError, BackendError)):
         print(f"error: {exc}", file=sys.stderr)
-        return 1
-    if isinstance(exc, BackendError):
-        print(f"error: {exc} (agent.on_backend_error=fail)", file=sys.stderr)
         return 1
     raise exc
 

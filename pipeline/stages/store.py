@@ -16,12 +16,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline.core.config import ConfigError, config_hash, load_params, project_root
+from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_parquet
 from pipeline.envs import fact_reader
 from pipeline.memory.build import build_store, store_metrics
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET, write_store
-from pipeline.session.collection import CHECKPOINT_KEYS
+from pipeline.session.collection import collection_hash
 
 
 def main() -> int:
@@ -35,7 +35,7 @@ def main() -> int:
         # recorded for episodes whose metadata has none.
         store = build_store(
             read_parquet(episodes_path), read_parquet(turns_path), reader=fact_reader(cfg),
-            splits=splits, config_hash=config_hash(cfg, *CHECKPOINT_KEYS),
+            splits=splits, config_hash=collection_hash(cfg),
             episodes_name=str(episodes_path), turns_name=str(turns_path),
         )
         out = root / cfg.paths.store

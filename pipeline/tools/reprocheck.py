@@ -1,14 +1,16 @@
 """Did this machine reproduce the committed artifacts? Compares data-output hashes.
 
-    python -m pipeline.tools.reprocheck                 # after `make repro`: dvc.lock vs the committed one
+    python -m pipeline.tools.reprocheck                 # after `make repro`: workspace vs dvc.lock vs committed
     python -m pipeline.tools.reprocheck --rev HEAD~1    # ... vs another revision's
     python -m pipeline.tools.reprocheck --scratch env=tiny --golden ci/repro_tiny.json
     python -m pipeline.tools.reprocheck --scratch env=tiny --golden ci/repro_tiny.json --update
 
-The first form reads the workspace ``dvc.lock`` (rewritten by ``dvc repro``) and the one
-committed at ``--rev``, and lists every cached output (``data/...``: DVC-cached, not the
-``cache: false`` metrics, plots and stamps, which carry wall-clock times) whose hash
-differs. ``--scratch`` copies the project's code and config into a temporary git + DVC
+The first form makes two comparisons and says which: the outputs in the workspace
+(hashed as ``dvc status`` hashes them) against the workspace ``dvc.lock``, so a file changed
+after the lock was written (a resumed or hand-run stage, an edit) is caught, and that
+``dvc.lock`` against the one committed at ``--rev``. It lists every cached output
+(``data/...``: DVC-cached, not the ``cache: false`` metrics, plots and stamps, which carry
+wall-clock times) whose hash differs in either. ``--scratch`` copies the project's code and config into a temporary git + DVC
 repository, composes ``params.yaml`` with the given overrides, runs ``dvc repro`` there
 and compares the result with a committed golden file (``--update`` rewrites it): CI runs
 it on a small config so every change that moves an artifact byte is seen.
@@ -50,6 +52,21 @@ def cached_outputs(root: Path) -> set[str]:
         return {str(out.def_path) for stage in repo.index.stages for out in stage.outs if out.use_cache}
 
 
+def workspace_hashes(root: Path, keep: set[str] | None = None) -> dict[str, str]:
+    """``{output path: md5}`` of the cached outputs as they are in ``root``'s workspace now
+    (DVC's own hashing: a directory's is its ``.dir`` md5); a missing output is left out."""
+    from dvc.repo import Repo  # deferred: heavy (DVC)
+
+    out: dict[str, str] = {}
+    with Repo(str(root)) as repo:
+        for stage in repo.index.stages:
+            for o in stage.outs:
+                path = str(o.def_path)
+                if o.use_cache and (keep is None or path in keep) and o.exists:
+                    out[path] = str(o.get_hash().value)
+    return dict(sorted(out.items()))
+
+
 def lock_hashes(lock_text: str, keep: set[str] | None = None) -> dict[str, str]:
     """``{output path: md5}`` from a ``dvc.lock`` text (only ``keep``'s paths when given)."""
     doc = yaml.safe_load(lock_text) or {}
@@ -82,12 +99,16 @@ def committed_lock(root: Path, rev: str) -> str:
     return p.stdout
 
 
-def check_workspace(root: Path, rev: str) -> list[str]:
+def check_workspace(root: Path, rev: str) -> dict[str, list[str]]:
+    """``{what was compared: lines that differ}``: the workspace's outputs vs its ``dvc.lock``,
+    then that lock vs the one committed at ``rev``."""
     lock = root / "dvc.lock"
     if not lock.exists():
         raise ReproCheckError(f"{lock} does not exist: run `make repro` (or `dvc repro`) first")
     keep = cached_outputs(root)
-    return compare(lock_hashes(committed_lock(root, rev), keep), lock_hashes(lock.read_text(), keep))
+    locked = lock_hashes(lock.read_text(), keep)
+    return {"workspace outputs vs dvc.lock": compare(locked, workspace_hashes(root, keep)),
+            f"dvc.lock vs {rev}'s": compare(lock_hashes(committed_lock(root, rev), keep), locked)}
 
 
 def scratch_repro(src: Path, overrides: list[str], work: Path) -> dict[str, str]:
@@ -132,8 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     root = project_root()
     try:
         if args.scratch is None:
-            diffs = check_workspace(root, args.rev)
-            what = f"dvc.lock vs {args.rev}'s"
+            results = check_workspace(root, args.rev)
         else:
             if not args.golden:
                 raise ReproCheckError("--scratch needs --golden FILE")
@@ -159,19 +179,23 @@ def main(argv: list[str] | None = None) -> int:
                                       f"({exc}); write it with --update") from exc
             if overrides != list(args.scratch):
                 raise ReproCheckError(f"{golden} was written for overrides {overrides}, not {list(args.scratch)}")
-            diffs = compare(expected, actual)
             what = f"scratch `dvc repro` ({' '.join(args.scratch) or 'default config'}, {took:.0f} s) vs {golden.name}"
+            results = {what: compare(expected, actual)}
     except ReproCheckError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    if diffs:
-        print(f"{what}: {len(diffs)} output(s) differ:")
-        for line in diffs:
-            print(f"  {line}")
+    for what, diffs in results.items():
+        if diffs:
+            print(f"{what}: {len(diffs)} output(s) differ:")
+            for line in diffs:
+                print(f"  {line}")
+        else:
+            print(f"{what}: every cached output reproduced")
+    if any(results.values()):
         print("Same code and config should give the same bytes: see docs/reproducibility.md. If the change is "
-              "intended, commit the new dvc.lock (or rerun with --update for a golden file).")
+              "intended, commit the new dvc.lock (or rerun with --update for a golden file); a workspace that "
+              "differs from its dvc.lock: `dvc status` names the stage, `dvc repro` reruns it.")
         return 1
-    print(f"{what}: every cached output reproduced")
     return 0
 
 

@@ -92,6 +92,11 @@ class FileFeedback:
         canonical = format_feedback_line(ftype, body)
         self.records.setdefault(str(rec["episode_id"]), {}).setdefault(step, []).append((canonical, status))
 
+    def unmatched(self, episode_ids: Iterable[str]) -> list[str]:
+        """The file's episode ids that are none of ``episode_ids`` (sorted): their lines reach no
+        episode, most likely a typo or a file written for another world."""
+        return sorted(set(self.records) - {str(e) for e in episode_ids})
+
     def for_episode(self, episode_id: str, scene_spec: Mapping[str, Any] | None = None,
                     quest_row: Mapping[str, Any] | None = None) -> "FileFeedback":
         """A view of the same records that answers for one episode."""

@@ -261,3 +261,48 @@ def test_a_server_that_trickles_bytes_is_cut_off_at_the_timeout():
     assert gen.error
     # With a deadline of timeout_s (0.4 s) for the attempt, it reads about 4 bytes.
     assert len(sent) < 20, f"the client read all {len(sent)} trickled bytes"
+
+
+# --------------------------------------------------------------------------- a broken backend fails loudly
+
+
+def _closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unreachable_project(project, *extra: str) -> None:
+    project.configure("agent=llm", "model=openai", f"model.base_url=http://127.0.0.1:{_closed_port()}/v1",
+                      "model.api_model=fake-model", f"model.timeout_s={TIMEOUT_S}", "model.max_retries=0",
+                      "model.logprobs=false", *extra)
+
+
+def test_an_unreachable_server_stops_the_stage_with_the_cause(project):
+    """Every model call fails (connection refused) under the default on_backend_error=record:
+    exit 1 naming the counts, the limit and the first failure; nothing written, no checkpoint kept."""
+    _unreachable_project(project)
+    proc = project.run("collect", env={"OPENAI_API_KEY": "unused"}, check=False)
+    err = proc.stderr
+    assert proc.returncode == 1, err[-2000:]
+    assert "Traceback" not in err
+    assert "the model call failed on 30 of 30 turns (100%), more than agent.max_error_fraction=0.5" in err
+    assert "the first failure: episode ep_train_" in err and "turn 0" in err
+    assert "(agent.on_backend_error=fail)" not in err  # the setting was `record`: not blamed
+    assert not (project.root / "data" / "episodes").exists()
+    assert project.checkpoint_files() == []  # a rerun with the server fixed replays every episode
+
+
+def test_backend_errors_are_counted_in_the_metrics_below_the_limit(project):
+    """With the limit raised the run completes, and the metrics say how many turns failed."""
+    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1")
+    _unreachable_project(project, "agent.max_error_fraction=1.0")
+    project.run("collect", env={"OPENAI_API_KEY": "unused"})
+    collect = json.loads((project.root / "metrics" / "collect.json").read_text())
+    assert collect["backend_error_turns"] == collect["num_turns"] == 30 and collect["backend_error_rate"] == 1.0
+    project.run("evaluate", "--condition", "C1", env={"OPENAI_API_KEY": "unused"})
+    ev = json.loads((project.root / "metrics" / "eval" / "C1.json").read_text())
+    assert ev["backend_error_turns"] == ev["num_turns"] > 0 and ev["backend_error_rate"] == 1.0

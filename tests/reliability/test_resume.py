@@ -290,3 +290,71 @@ class _NoEnv:
         from types import SimpleNamespace
 
         return SimpleNamespace(lines=[], status="WiP")
+
+
+def _llm_eval_project(project, model_dir: Path, cond: str) -> None:
+    """The tiny project's prompts rendered (rule agent: fast), then the llm agent on a tiny local model."""
+    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", cond)
+    project.configure("agent=llm", "model=local", f"model.name_or_path={model_dir}", "agent.batch_size=2",
+                      "sampling.max_new_tokens=12", "env.max_steps=6")
+
+
+def _every_file(project, folder: str) -> dict[str, bytes]:
+    """Every file under ``folder`` (Parquet and tensors), by relative path."""
+    base = project.root / folder
+    return {p.relative_to(base).as_posix(): p.read_bytes() for p in sorted(base.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_included(project, tiny_model_dir,
+                                                                                      tmp_path):
+    """Issue 32, finding 1: the two eval tasks share one batch; the run is killed after the first
+    episode's checkpoint. The rerun replays the batch whole (a turn is computed in the batch of an
+    uninterrupted run, from an emptied prompt cache), so every byte matches, tensors included."""
+    cond = "C1"
+    _llm_eval_project(project, tiny_model_dir, cond)
+    folder = f"data/eval/{cond}"
+    project.run("evaluate", "--condition", cond)
+    reference = _every_file(project, folder)
+    assert sum(name.startswith("tensors/") for name in reference) == 2
+    shutil.rmtree(project.root / folder)
+
+    done = project.run("evaluate", "--condition", cond, env={"REL_KILL_AFTER_CHECKPOINTS": "1"}, check=False)
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert len(project.checkpoint_files(f"evaluate-{cond}")) == 1
+    log = tmp_path / "started.txt"
+    rerun = project.run("evaluate", "--condition", cond, env={"REL_LOG_STARTS": str(log)})
+    assert "replaying a batch of 2 whole (1 of its episodes were checkpointed)" in rerun.stderr
+    assert len(_started(log)) == 2
+    assert _every_file(project, folder) == reference
+
+
+@pytest.mark.slow
+def test_llm_evaluate_in_two_worker_processes_gives_the_same_bytes(project, tiny_model_dir):
+    """agent.workers=2 plays the fixed partition's batches side by side (batch i in worker i mod 2):
+    each batch is computed as in one process, so every file matches, tensors included."""
+    cond = "C1"
+    _llm_eval_project(project, tiny_model_dir, cond)
+    folder = f"data/eval/{cond}"
+    project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
+                      "sampling.max_new_tokens=12", "env.max_steps=6")
+    project.run("evaluate", "--condition", cond)
+    reference = _every_file(project, folder)
+    shutil.rmtree(project.root / folder)
+    project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
+                      "sampling.max_new_tokens=12", "env.max_steps=6", "agent.workers=2")
+    proc = project.run("evaluate", "--condition", cond)
+    assert "worker 1/2" in proc.stderr
+    assert _every_file(project, folder) == reference
+
+
+def test_how_a_run_is_played_or_judged_is_not_part_of_its_config_hash(tiny_cfg):
+    """agent.workers and agent.max_error_fraction never change what an episode is: checkpoints stay
+    valid, and the config hash recorded in every episode (and the store) keeps its bytes."""
+    from omegaconf import OmegaConf
+
+    from pipeline.session.collection import collection_hash
+
+    other = OmegaConf.merge(tiny_cfg, {"agent": {"workers": 3, "max_error_fraction": 0.1}})
+    assert collection_hash(other) == collection_hash(tiny_cfg)
+    assert collection_hash(OmegaConf.merge(tiny_cfg, {"agent": {"batch_size": 3}})) != collection_hash(tiny_cfg)

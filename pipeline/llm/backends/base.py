@@ -180,6 +180,11 @@ class CachesPrompts(Protocol):
         """Prompt tokens reused from the cache and encoded since it was set; entries and bytes held."""
         ...
 
+    def clear_prompt_cache(self) -> None:
+        """Drop every cached prompt (the counts stay): what follows is computed from a clean
+        state, as after a restart (a collection calls it before every batch)."""
+        ...
+
 
 def plain_prompt(messages: Messages) -> str:
     """The prompt format for tokenizers without a chat template (and for stored API prompts).

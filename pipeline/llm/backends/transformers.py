@@ -273,6 +273,11 @@ class TransformersBackend:
             log.info("prompt cache off: %s has sliding-window or hybrid cache layers", self.name)
         self.prompt_cache = PromptKVCache(int(max_mb * (1 << 20))) if max_mb > 0 and plain else None
 
+    def clear_prompt_cache(self) -> None:
+        """Drop every cached prompt, keeping the counts (:class:`~pipeline.llm.backends.base.CachesPrompts`)."""
+        if self.prompt_cache is not None:
+            self.prompt_cache.clear()
+
     def prompt_cache_stats(self) -> dict[str, int]:
         """Prompt tokens reused from the cache and encoded by the model since the cache was
         set (zeros when it is off); entries and bytes held."""
