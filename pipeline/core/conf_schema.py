@@ -278,16 +278,18 @@ class AgentConfig:
     knowledge_base: Optional[str] = None
     """``rag``: knowledge base JSON, from the project root (null: conf/knowledge/household_kb.json)."""
     batch_size: int = 56
-    """``llm``: environments played at once, one batched call per step (results do not depend on it)."""
+    """``llm``: environments played at once, one batched call per step (the tasks' fixed partition into batches:
+    success does not depend on it, a model's tensor bytes do)."""
     batched: bool = True
     """``llm``: batched generation (false: seed 003's one-at-a-time simulator)."""
     fallback_action: ActionConfig = field(default_factory=ActionConfig)
     """Taken when the agent's output is unparseable or inadmissible."""
     on_backend_error: OnBackendError = OnBackendError.record
     """``record``: a failed model call is a recorded failed turn; ``fail``: the stage stops."""
-    workers: int = 1
+    workers: int = 2
     """Processes that play a collection's batches side by side (``evaluate``; not the online loop), each on
-    ``numerics.threads`` threads; whole batches of the fixed partition, so the bytes do not depend on it."""
+    ``numerics.threads`` threads; whole batches of the fixed partition, so the bytes do not depend on it
+    (2: the two batches of the default's 112 eval tasks on a 2-core machine; fixed here, never by the machine)."""
     max_error_fraction: float = 0.5
     """Most backend-failed turns a run may hold, as a fraction of its turns (in [0, 1]); more stops the stage
     (exit 1, nothing written) whatever ``on_backend_error`` says: a broken server is never a result."""
