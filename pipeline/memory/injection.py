@@ -406,6 +406,32 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
     return best
 
 
+# A positive-control message: "Verified steps 1-4 of 10 that solve this exact task: go west; ...; take Key_2."
+VERIFIED_STEPS = "Verified steps {a}-{b} of {n} that solve this exact task: {steps}."
+_VERIFIED_RE = re.compile(r"Verified steps (\d+)-(\d+) of (\d+) that solve this exact task: ([^.\n]*)\.")
+
+
+def read_verified_steps(text: str | None) -> list[str]:
+    """The plan that :func:`oracle_advisories`' messages in ``text`` state, in order: the
+    steps of every whole message (one cut by the length bound, or whose step count does
+    not match its range, says nothing), as long as they run on from step 1 without a gap.
+
+    >>> read_verified_steps("Verified steps 3-3 of 3 that solve this exact task: drop Cup_3. "
+    ...                     "Verified steps 1-2 of 3 that solve this exact task: go west; take Cup_3.")
+    ['go west', 'take Cup_3', 'drop Cup_3']
+    """
+    parts: dict[int, list[str]] = {}
+    for m in _VERIFIED_RE.finditer(text or ""):
+        a, b = int(m[1]), int(m[2])
+        steps = [s.strip() for s in m[4].split(";") if s.strip()]
+        if b - a + 1 == len(steps):
+            parts.setdefault(a, steps)
+    plan: list[str] = []
+    while len(plan) + 1 in parts:
+        plan += parts[len(plan) + 1]
+    return plan
+
+
 def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key: str) -> list[AdvisoryV1_1]:
     """The positive control's advisories: the task's own expert plan, true and task-specific.
 
@@ -422,7 +448,7 @@ def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key:
         part = steps[start:start + size]
         a, b = start + 1, start + size
         start += size
-        message = f"Verified steps {a}-{b} of {len(steps)} that solve this exact task: {'; '.join(part)}."
+        message = VERIFIED_STEPS.format(a=a, b=b, n=len(steps), steps="; ".join(part))
         out.append(AdvisoryV1_1(
             advisory_id=f"adv_{k + 1:06d}", advisory_type="successful_override", message=message[:max_chars],
             strength="strong", relevance_score=1.0,
