@@ -373,5 +373,8 @@ def test_the_reader_sits_beside_the_model_with_the_models_utilisation():
     m = C.compare(data, man, cfg, episodes).metrics
     assert m["reader"]["comparisons"]["C2_vs_C1"]["utilisation"]["value"] is None
     assert "the placebo helps the reader" in headline_lines(m)[1]
+    # an oracle worth nothing to the reader: the pipeline is broken, and the report says so first
+    episodes["C2_oracle"] = episodes["C1"]
+    assert "**BROKEN**" in headline_lines(C.compare(data, man, cfg, episodes).metrics)[0]
     # without the reader's episodes, no reader section
     assert "reader" not in C.compare(data, man, cfg).metrics

@@ -109,6 +109,8 @@ def ceiling_control_lines(metrics: Mapping[str, Any]) -> list[str]:
             lines.append(f"reader positive control: {ctl['treatment']} vs {ctl['control']}: the reader's difference "
                          f"{_signed(ctl['reader_diff'])} (Holm p={_p(ctl['reader_p_holm'])}): "
                          + ("**ok**, the oracle's text is worth a wide margin to an agent that uses it" if ctl["ok"] else
+                            "**not shown**: the reader gains, but not significantly on this many tasks" if
+                            (ctl["reader_diff"] or 0) > 0 else
                             "**BROKEN**: the oracle's text does not help even an agent that acts on every statement; "
                             "a failing pipeline (render, advisories), not a failing model"))
         else:
