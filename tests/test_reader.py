@@ -28,6 +28,10 @@ pytestmark = pytest.mark.filterwarnings("ignore:Game .* is not fully supported")
 # --------------------------------------------------------------------------- the parsers
 
 
+def fact_reader_of_household():
+    return fact_reader(SimpleNamespace(env=SimpleNamespace(name="household")))
+
+
 def test_the_users_sentences_read_back_as_facts():
     text = " ".join([location_sentence("Key_1", ("on", "Table_0"), "Kitchen"),
                      location_sentence("Cup_3", ("at", "Bathroom"), None),
@@ -42,10 +46,6 @@ def test_the_users_sentences_read_back_as_facts():
     # the world's reader adds what a command named in prose did
     assert fact_reader_of_household().read_text("What you need is right here: take Cup_3 from Cabinet_2.") == (
         fact("took", "Cup_3", "Cabinet_2"),)
-
-
-def fact_reader_of_household():
-    return fact_reader(SimpleNamespace(env=SimpleNamespace(name="household")))
 
 
 def test_the_memorys_scene_facts_read_back_as_the_facts_they_came_from():
