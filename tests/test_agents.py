@@ -232,7 +232,7 @@ def test_seed004_style_observation_without_admissible_actions():
 def test_unknown_agent_name_is_named():
     with pytest.raises(ValueError, match=r"agent.name='gpt'.*react, rag, llm"):
         make_agent({"agent": {"name": "gpt"}}, seed=0)
-    assert AGENT_NAMES == ("react", "rag", "llm")
+    assert AGENT_NAMES == ("react", "rag", "llm", "reader")
 
 
 def test_make_agent_reads_the_composed_config(tmp_path):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from omegaconf import OmegaConf
 
 from pipeline.session.episodes import write_episodes
 from pipeline.core.conf_schema import Config
@@ -221,10 +222,15 @@ def _project(tmp_path: Path, conditions=CONDITIONS) -> Path:
     write_parquet(manifest_table(man), root / "data/games/manifest.parquet", sort_by=["scene_id", "quest_id"])
     outcomes = {"C2_oracle": [1, 1, 1, 1, 1, 1], "C0": [0, 0, 0, 0, 1, 0], "C1": [0, 1, 0, 0, 1, 0], "C2": [1, 1, 1, 0, 1, 1], "C2_silent": [0, 1, 0, 0, 1, 0],
                 "C2_placebo": [0, 1, 1, 0, 1, 0]}
+    # what evaluate_reader@C writes: the reader's outcomes on the same tasks
+    reader = {"C2_oracle": [1, 1, 1, 1, 1, 1], "C0": [0, 0, 1, 0, 1, 0], "C1": [1, 1, 0, 0, 1, 0], "C2": [1, 1, 0, 1, 1, 1],
+              "C2_silent": [1, 1, 0, 0, 1, 0], "C2_placebo": [1, 1, 0, 0, 1, 0]}
     for c in conditions:
         d = _condition(c, man, outcomes[c])
         write_episodes(root / "data/eval" / c, d.episodes, d.turns)
         write_parquet(pa.Table.from_pylist(d.prompts), root / "data/prompts" / f"{c}.parquet")
+        r = _condition(c, man, reader[c])
+        write_episodes(root / "data/eval_reader" / c, r.episodes, r.turns)
     return root
 
 
@@ -250,6 +256,11 @@ def test_stage_main_writes_metrics_plots_report_reproducibly(tmp_path, monkeypat
         png = first[f"reports/{name}.png"]
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert json.loads(first["plots/success_by_condition.json"])[0]["condition"] == "C0"
+    # The reader beside the model: its controls read first, its section in the report.
+    assert out.startswith("reader positive control: C2_oracle vs C1")
+    assert m["reader"]["conditions"]["C2"] == {"model": m["reader"]["conditions"]["C2"]["model"],
+                                              "reader": {**m["reader"]["conditions"]["C2"]["reader"], "value": 0.833333}}
+    assert "## What each condition's text is worth (the reader)" in report
     # Rerun: byte-identical outputs (seeded bootstrap, no timestamps, PNG without metadata).
     assert compare_stage.main() == 0
     assert _outputs(root) == first
@@ -343,3 +354,44 @@ def test_backend_errors_are_counted_per_condition_and_named_in_the_report():
     m = condition_metrics(d.episodes, d.turns, d.prompts, _cfg())
     assert m["backend_error_turns"] == 3 and m["backend_error_rate"] == pytest.approx(3 / m["num_turns"], abs=1e-6)
     assert f"C1: 3 of {m['num_turns']} turns" in markdown_tables({"conditions": [m]})
+
+
+def test_the_reader_sits_beside_the_model_with_the_models_utilisation():
+    """The reader's difference is what a condition's text is worth; the model's share of it
+    is utilisation; the reader's controls: the oracle must beat C1, the placebo must not help."""
+    from pipeline.analysis.report import headline_lines
+
+    man = _manifest(4, 15)  # 60 tasks
+    model = {"C1": [0] * 60, "C2": [1] * 10 + [0] * 50, "C2_oracle": [1] * 12 + [0] * 48, "C2_placebo": [0] * 60}
+    reader = {"C1": [0] * 20 + [1] * 20 + [0] * 20, "C2": [1] * 40 + [0] * 20, "C2_oracle": [1] * 60,
+              "C2_placebo": [0] * 25 + [1] * 15 + [0] * 20}
+    data = {c: _condition(c, man, w) for c, w in model.items()}
+    episodes = {c: _condition(c, man, w).episodes for c, w in reader.items()}
+    cfg = OmegaConf.merge(_cfg(comparisons=[["C2", "C1"], ["C2", "C2_placebo"]], positive_controls=[["C2_oracle", "C1"]],
+                               checks=[]), {"condition": {"C2_placebo": {"placebo": True}}})
+    m = C.compare(data, man, cfg, episodes).metrics
+    r = m["reader"]
+    assert r["conditions"]["C2"]["reader"]["value"] == pytest.approx(2 / 3, abs=1e-6)
+    assert r["conditions"]["C2"]["model"]["value"] == pytest.approx(1 / 6, abs=1e-6)
+    c2 = r["comparisons"]["C2_vs_C1"]
+    assert c2["reader_diff"]["value"] == pytest.approx(1 / 3, abs=1e-6) and (c2["reader_b"], c2["reader_c"]) == (20, 0)
+    assert c2["utilisation"]["value"] == pytest.approx(0.5, abs=1e-6)  # (10/60) / (20/60)
+    assert c2["utilisation"]["ci_low"] <= 0.5 <= c2["utilisation"]["ci_high"]
+    assert c2["reader_verdict"] == "better" and c2["reader_p_holm"] is not None
+    controls = {c["check"]: c for c in r["controls"]}
+    assert controls["positive_control"]["ok"] and controls["placebo"]["ok"]
+    assert controls["placebo"]["reader_diff"] == pytest.approx(-5 / 60, abs=1e-6)
+    lines = headline_lines(m)
+    assert lines[0].startswith("reader positive control: C2_oracle vs C1") and "**ok**" in lines[0]
+    assert lines[1].startswith("reader placebo check: C2_placebo vs C1") and "**ok**" in lines[1]
+    # a reader that gains nothing: no utilisation; a placebo that helps it, said so
+    episodes["C2"] = episodes["C1"]
+    episodes["C2_placebo"] = _condition("C2_placebo", man, [1] * 60).episodes
+    m = C.compare(data, man, cfg, episodes).metrics
+    assert m["reader"]["comparisons"]["C2_vs_C1"]["utilisation"]["value"] is None
+    assert "the placebo helps the reader" in headline_lines(m)[1]
+    # an oracle worth nothing to the reader: the pipeline is broken, and the report says so first
+    episodes["C2_oracle"] = episodes["C1"]
+    assert "**BROKEN**" in headline_lines(C.compare(data, man, cfg, episodes).metrics)[0]
+    # without the reader's episodes, no reader section
+    assert "reader" not in C.compare(data, man, cfg).metrics

@@ -97,7 +97,7 @@ def test_verified_plan_is_read_back_and_followed_as_written(cfg, tiny_games, mem
     parts read as none); the expert follows a true verified plan step by step, preference
     steps included, and ignores one that names another house's things."""
     from pipeline.envs.household.generate import GeneratedHouses, HouseSizes
-    from pipeline.memory import read_verified_plan
+    from pipeline.memory import read_verified_steps
     from pipeline.memory.injection import oracle_advisories
     from pipeline.policy.demos import house_env
     from pipeline.policy.expert import expert_episode, read_knowledge
@@ -105,9 +105,9 @@ def test_verified_plan_is_read_back_and_followed_as_written(cfg, tiny_games, mem
     plan = ["go west", "take Key_2", "unlock Cabinet_2 with Key_2", "open Cabinet_2", "take Cup_3 from Cabinet_2",
             "close Cabinet_2", "lock Cabinet_2 with Key_2"]
     text = "\n".join(f"  message: {a.message}" for a in oracle_advisories(plan, 3, 800, "s/q"))
-    assert read_verified_plan(text) == plan
-    assert read_verified_plan(text.split("\n", 1)[1]) == []  # steps 1-3 missing
-    assert read_verified_plan("take Cup_3 from Cabinet_2.") == []
+    assert read_verified_steps(text) == plan
+    assert read_verified_steps(text.split("\n", 1)[1]) == []  # steps 1-3 missing
+    assert read_verified_steps("take Cup_3 from Cabinet_2.") == []
 
     house = next(h for h in GeneratedHouses(HouseSizes(), seed=5, base=cfg.env).houses(40)
                  if any(c.startswith(("close ", "lock ")) for c in h.quests[0]["plan"]))

@@ -3,7 +3,8 @@
 The project copy used here has a three-stage ``dvc.yaml``: the real ``check_params``, a
 stand-in for ``evaluate`` (``fake_evaluate.py``: eval episodes, turns and prompts whose
 outcomes depend on the seed and the condition, plus ``metrics/eval/<C>.json`` written
-with the real :func:`pipeline.analysis.metrics.condition_metrics`) and the real ``compare``.
+with the real :func:`pipeline.analysis.metrics.condition_metrics`) and the real ``compare``
+(with ``experiment.reader=false``: no ``evaluate_reader`` here).
 """
 
 from __future__ import annotations
@@ -100,8 +101,9 @@ def _env():
 @pytest.mark.slow
 def test_multirun_two_jobs_with_joblib(project, tmp_path):
     sweep_dir = tmp_path / "sweeps"
+    # experiment.reader=false: this three-stage DAG has no evaluate_reader for compare to read
     cmd = [sys.executable, "-m", "pipeline.tools.sweep", "-m", "seed=0,1", "experiment.bootstrap_samples=200",
-           "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}"]
+           "experiment.reader=false", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", f"hydra.sweep.dir={sweep_dir}"]
     res = subprocess.run(cmd, cwd=project, env=_env(), capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     # The summary table: one row per job, success per condition, paired differences.

@@ -1,4 +1,5 @@
-"""Agents that play the household games: ``react`` and ``rag`` (rule-based, seed 004) and ``llm``.
+"""Agents that play the household games: ``react`` and ``rag`` (rule-based, seed 004), ``llm``, and
+``reader`` (a rule agent acting on exactly what its prompt states: a condition's information ceiling).
 
     agent = make_agent(cfg, seed=task.seed)   # cfg: the composed config (or its `agent` group)
     agent.reset({"episode_id": ..., "objective": ..., "seed": ...})
@@ -18,9 +19,11 @@ from pipeline.agents.base import AgentStep
 from pipeline.agents.llm import LLMAgent
 from pipeline.agents.rag import RAGAgent
 from pipeline.agents.react import ReActAgent
+from pipeline.agents.reader import ReaderAgent
 from pipeline.core.conf_schema import AgentConfig, AgentName, Config
+from pipeline.envs import fact_reader
 
-AGENT_NAMES = tuple(str(name) for name in AgentName)  # ("react", "rag", "llm")
+AGENT_NAMES = tuple(str(name) for name in AgentName)  # ("react", "rag", "llm", "reader")
 
 __all__ = ["AGENT_NAMES", "Agent", "AgentStep", "BatchedAgent", "make_agent", "plays_with_model"]
 
@@ -29,7 +32,7 @@ class Agent(Protocol):
     """What the rollout needs from an agent: one episode at a time, one action per observation.
 
     Attributes:
-        name: the agent's ``agent.name`` (``react`` | ``rag`` | ``llm``).
+        name: the agent's ``agent.name`` (``react`` | ``rag`` | ``llm`` | ``reader``).
     """
 
     name: str
@@ -58,7 +61,7 @@ def make_agent(cfg: Config | AgentConfig, seed: int = 0, **kwargs: Any) -> Agent
 
     Args:
         cfg: the composed config (``cfg.agent`` is used) or the ``agent`` group itself
-            (the ``llm`` agent needs the composed config).
+            (the ``llm`` and ``reader`` agents need the composed config: the model, the world).
         seed: base seed of the agent's random draws.
         **kwargs: passed to the llm agent only (e.g. ``shared``, a
             :class:`pipeline.agents.llm.SharedBackend`, to reuse a loaded model).
@@ -75,6 +78,10 @@ def make_agent(cfg: Config | AgentConfig, seed: int = 0, **kwargs: Any) -> Agent
         return RAGAgent(agent_cfg, seed=seed)
     if name == AgentName.llm:
         return LLMAgent(cfg, seed=seed, **kwargs)
+    if name == AgentName.reader:
+        if "env" not in cfg:
+            raise ValueError("agent.name=reader reads its world's facts: make_agent needs the composed config")
+        return ReaderAgent(agent_cfg, seed=seed, facts=fact_reader(cfg))
     raise ValueError(f"agent.name={name!r}: unknown agent, expected one of {', '.join(AGENT_NAMES)}")
 
 

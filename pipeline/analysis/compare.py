@@ -3,7 +3,8 @@
 The library behind the ``compare`` stage (``python -m pipeline.stages.compare``)::
 
     data = {c: load_condition(root, cfg, c) for c in cfg.condition}
-    result = compare(data, manifest_rows, cfg)       # CompareResult, nothing written
+    reader = load_reader(root, cfg)                  # the reader's episodes per condition (evaluate_reader@C)
+    result = compare(data, manifest_rows, cfg, reader)       # CompareResult, nothing written
     write_outputs(result, root, cfg)                 # compare.json, plots/*.json, reports/
 
 Inputs, for every condition: ``data/eval/<C>/episodes.parquet`` and ``turns.parquet``
@@ -18,6 +19,9 @@ paired by ``episode_id`` (the same task played with the same seed under both con
   p-values over the comparisons);
 - reward and turns: difference of means with a paired bootstrap interval;
 - the same per scene, per quest length and per scene split.
+
+With the reader's episodes (``experiment.reader``), each condition's information ceiling
+and the model's utilisation of it beside every comparison (:mod:`pipeline.analysis.ceiling`).
 
 For every pair of ``experiment.identical_prompts`` (C1, C2_silent) the rendered system
 prompts are compared byte by byte, task by task (and the first turn's prompt hash where
@@ -39,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipeline.analysis.ceiling import reader_ceiling
 from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
 from pipeline.analysis.report import label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
@@ -351,7 +356,8 @@ def prompt_identities(data: Mapping[str, ConditionData], cfg: Config) -> tuple[l
     return identity, skipped
 
 
-def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[str, Any]], cfg: Config) -> CompareResult:
+def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[str, Any]], cfg: Config,
+            reader: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> CompareResult:
     """The stage's core: metrics, paired comparisons, prompt checks and plot rows.
 
     Args:
@@ -359,6 +365,8 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
         manifest_rows: Games manifest rows (``scene_id``, ``quest_id``, ``quest_length``,
             ``scene_split``).
         cfg: The composed config (``seed``, ``experiment.*``).
+        reader: ``{condition: the reader's episode rows}`` (:func:`load_reader`); None
+            (or empty): no reader, no ``reader`` section.
 
     Returns:
         A :class:`CompareResult`. Comparisons naming a condition absent from ``data`` are
@@ -390,6 +398,9 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
                         for d in details},
         "prompt_identity": {r["name"]: {"tasks_compared": r["tasks_compared"], "mismatches": r["mismatches"]}
                             for r in identity},
+        # Each condition's information ceiling and the model's share of it (issue 31).
+        **({"reader": reader_ceiling({c: d.episodes for c, d in data.items()}, reader, details, cfg)}
+           if reader else {}),
         # Lists: the details (DVC's table skips lists; the JSON keeps everything).
         "details": details,
         "skipped_comparisons": skipped + identity_skipped,
@@ -436,6 +447,25 @@ def load_condition(root: Path, cfg: Config, condition: str) -> ConditionData:
         turns=read_parquet(turns_path, columns=[c for c in TURN_COLUMNS if c in names]).to_pylist(),
         prompts=read_parquet(prompts).to_pylist(),
     )
+
+
+def load_reader(root: Path, cfg: Config) -> dict[str, list[dict]]:
+    """The reader's episode rows per condition (``evaluate_reader@C``); empty with
+    ``experiment.reader=false`` (the stage then writes only a skip marker).
+
+    Raises:
+        ArtifactError: the reader is on and a condition's episodes are missing.
+    """
+    if not cfg.experiment.reader:
+        return {}
+    out = {}
+    for c in cfg.condition:
+        path = root / cfg.paths.eval_reader / c / "episodes.parquet"
+        if not path.is_file():
+            raise ArtifactError(f"condition {c}: missing {path} (run `dvc repro evaluate_reader@{c}`, or set "
+                                "experiment.reader=false)")
+        out[c] = read_parquet(path).to_pylist()
+    return out
 
 
 def write_outputs(result: CompareResult, root: Path, cfg: Config) -> list[Path]:

@@ -101,9 +101,56 @@ def _level_pct(metrics: Mapping[str, Any]) -> str:
     return f"{round(100 * float(_settings(metrics).get('ci_level', 0.95)))}%"
 
 
-def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
-    """One line per comparison and per prompt check: what a person reads first."""
+def ceiling_control_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """The reader's controls (:mod:`pipeline.analysis.ceiling`): read before anything else."""
     lines = []
+    for ctl in (metrics.get("reader") or {}).get("controls", []):
+        if ctl["check"] == "positive_control":
+            lines.append(f"reader positive control: {ctl['treatment']} vs {ctl['control']}: the reader's difference "
+                         f"{_signed(ctl['reader_diff'])} (Holm p={_p(ctl['reader_p_holm'])}): "
+                         + ("**ok**, the oracle's text is worth a wide margin to an agent that uses it" if ctl["ok"] else
+                            "**not shown**: the reader gains, but not significantly on this many tasks" if
+                            (ctl["reader_diff"] or 0) > 0 else
+                            "**BROKEN**: the oracle's text does not help even an agent that acts on every statement; "
+                            "a failing pipeline (render, advisories), not a failing model"))
+        else:
+            lines.append(f"reader placebo check: {ctl['treatment']} vs {ctl['control']}: the reader's difference "
+                         f"{_signed(ctl['reader_diff'])}: " + ("**ok** (no help)" if ctl["ok"] else
+                                                               "**the placebo helps the reader**: its text is not "
+                                                               "content-free"))
+    return lines
+
+
+def ceiling_markdown(metrics: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: every condition's success for the model and the reader (its ceiling),
+    every comparison's difference for both, and the model's utilisation."""
+    ceiling = metrics.get("reader")
+    if not ceiling:
+        return []
+    level = _level_pct(metrics)
+    rows = [[c, _ci(v["model"]), _ci(v["reader"]) if "reader" in v else "–"] for c, v in ceiling["conditions"].items()]
+    parts = ["## What each condition's text is worth (the reader)", "",
+             "The reader (`agent=reader`, `evaluate_reader@C`) plays the same tasks with the same prompts and acts on "
+             "exactly what its prompt states: its success is the condition's information ceiling, its difference "
+             "is what the treatment's text is worth, and the model's difference over the reader's is the share "
+             f"of it the model realises (utilisation; {level} interval resampling tasks).", "",
+             _table(["condition", "model success", "reader success (ceiling)"], rows), ""]
+    rows = [[f"{v['treatment']} − {v['control']}", v["role"], v["n_pairs"], _ci(v["model_diff"], signed=True),
+             _ci(v["reader_diff"], signed=True), f"{v['reader_b']} / {v['reader_c']}", _p(v["reader_p_value"]),
+             _p(v["reader_p_holm"]), v["reader_verdict"], _ci(v["utilisation"])]
+            for v in ceiling["comparisons"].values()]
+    parts += [_table(["comparison", "role", "pairs", "model Δ success", "reader Δ success", "reader b / c",
+                      "reader p (McNemar)", "reader p (Holm)", "reader verdict", "utilisation (model Δ / reader Δ)"],
+                     rows) if rows else "_no comparison_", "",
+              "Utilisation is shown only where the reader's difference is not 0: a text worth nothing to an agent "
+              "that uses all of it leaves nothing to realise.", ""]
+    return parts
+
+
+def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """One line per comparison and per prompt check: what a person reads first (the
+    reader's controls first of all)."""
+    lines = ceiling_control_lines(metrics)
     level = _level_pct(metrics)
     details = metrics.get("details", [])
     # Controls first (positive controls, then checks: identical by construction), then the
@@ -255,6 +302,7 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> s
     parts += [f"- {line}" for line in headline_lines(metrics)] or ["- (no comparison configured)"]
     parts.append("")
     parts += ["Transcripts: [episodes.html](episodes.html), every eval task's runs side by side, turn by turn.", ""]
+    parts += ceiling_markdown(metrics)
     captions = {
         "success_by_condition": "Success rate per condition with its bootstrap interval.",
         "paired_differences": "Paired difference in success (treatment − control): a bar that crosses 0 means no "

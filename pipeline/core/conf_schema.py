@@ -43,11 +43,12 @@ class EnvName(StrEnum):
 
 
 class AgentName(StrEnum):
-    """Agents that can play: rule-based ``react`` / ``rag`` (seed 004) or ``llm``."""
+    """Agents that can play: rule-based ``react`` / ``rag`` (seed 004), ``llm``, or ``reader`` (acts on its prompt's statements)."""
 
     react = "react"
     rag = "rag"
     llm = "llm"
+    reader = "reader"  # pipeline/agents/reader.py: a condition's information ceiling (issue 31)
 
 
 class OnBackendError(StrEnum):
@@ -169,6 +170,8 @@ class PathsConfig:
     """Rendered system prompts per condition."""
     eval: str = "data/eval"
     """Evaluation episodes per condition."""
+    eval_reader: str = "data/eval_reader"
+    """The reader's evaluation episodes per condition (each condition's information ceiling)."""
     demos: str = "data/demos"
     """The default policy's demonstrations (stage ``demos``)."""
     policy: str = "data/policy"
@@ -608,6 +611,9 @@ class ExperimentConfig:
     """Share of tasks whose outcome differs between two conditions, assumed for the power figures."""
     identical_prompts: List[List[str]] = field(default_factory=list)
     """Condition pairs whose rendered prompts must be byte-identical task by task (checked, reported)."""
+    reader: bool = True
+    """Play every condition's prompts with ``agent=reader`` too (``evaluate_reader@C``): each condition's information
+    ceiling, and the model's share of it (utilisation) in the report."""
 
 
 @dataclass

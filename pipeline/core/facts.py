@@ -9,6 +9,7 @@ its prompt) take these facts and never parse prose::
     # (Fact("here", ("Kitchen",)), Fact("at", ("Fridge_0", "Kitchen")), Fact("closed", ("Fridge_0",)), ...)
     step = reader.read_turn(turn_row)                    # a recorded turn, typed (StepFacts)
     step.seen, step.did, step.after
+    reader.read_text(grounding)                          # what a prompt's sentences state, typed
 
 The shared vocabulary (an environment may add predicates of its own; a reader keeps what
 it understands and passes the rest on unchanged, see :mod:`pipeline.memory.scene`):
@@ -75,7 +76,7 @@ class StepFacts:
 
 
 class FactReader(Protocol):
-    """Reads a recorded turn (a row of ``turns.parquet``) as typed facts.
+    """Reads a recorded turn (a row of ``turns.parquet``), or a text, as typed facts.
 
     Each environment family supplies one (:func:`pipeline.envs.fact_reader`): a recorded
     observation is the dict the agent saw, in its world's own shape, so only its world
@@ -85,4 +86,10 @@ class FactReader(Protocol):
     def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
         """The typed facts of one turn row (its ``observation``, ``command`` and
         ``env_feedback``; a missing or empty field gives no facts)."""
+        ...
+
+    def read_text(self, text: str | None) -> tuple[Fact, ...]:
+        """What the world's sentences in a text state (a prompt's grounding and advisory
+        block: where things are, routes, the user's preferences, what a command named in
+        prose did), in the order they appear; text it does not know states nothing."""
         ...

@@ -339,6 +339,39 @@ def mcnemar_table(treatment: Iterable[bool], control: Iterable[bool]) -> dict[st
             "neither": int((~t & ~c).sum())}
 
 
+def ratio_of_paired_diffs(num_t: Sequence[float], num_c: Sequence[float], den_t: Sequence[float],
+                          den_c: Sequence[float], *, n_resamples: int, level: float,
+                          rng: np.random.Generator) -> Estimate:
+    """``mean(num_t - num_c) / mean(den_t - den_c)`` over tasks, with an interval that
+    resamples tasks (all four outcomes of a task stay together).
+
+    The model's utilisation of a condition (its success difference over the reader's, on
+    the same tasks). No value when the denominator's difference is 0; resamples whose
+    denominator is 0 are left out of the interval.
+
+    Example:
+        >>> est = ratio_of_paired_diffs([1, 1, 0, 0], [0, 1, 0, 0], [1, 1, 1, 0], [0, 0, 1, 0],
+        ...                             n_resamples=200, level=0.95, rng=np.random.default_rng(0))
+        >>> est.value
+        0.5
+    """
+    cols = [np.asarray(list(x), dtype=np.float64) for x in (num_t, num_c, den_t, den_c)]
+    if len({c.size for c in cols}) != 1:
+        raise PairingError(f"ratio_of_paired_diffs: columns of lengths {[c.size for c in cols]}")
+    n = cols[0].size
+    den = float((cols[2] - cols[3]).mean()) if n else 0.0
+    if n == 0 or den == 0:
+        return Estimate(None, None, None, n)
+
+    def ratio(a: np.ndarray, b: np.ndarray, c: np.ndarray, d: np.ndarray) -> np.ndarray:
+        dd = (c - d).mean(axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return np.where(dd != 0, (a - b).mean(axis=1) / np.where(dd != 0, dd, 1.0), np.nan)
+
+    samples = bootstrap_statistic(cols, ratio, n_resamples=n_resamples, rng=rng)
+    return _estimate(float((cols[0] - cols[1]).mean()) / den, samples, level, n)
+
+
 def paired_binary(treatment: Sequence[bool], control: Sequence[bool], *, n_resamples: int, level: float,
                   rng: np.random.Generator) -> dict[str, Any]:
     """Everything reported for a paired binary outcome (success under two conditions).

@@ -22,7 +22,7 @@ from pipeline.memory.injection import (
     check_condition,
     draw_placebo,
     merge_slot,
-    read_verified_plan,
+    read_verified_steps,
     should_inject_advisory_with_reason,
 )
 from pipeline.memory.retrieval import RetrievalHit, RetrievalIndex, Retriever, retrieve_loop
@@ -57,7 +57,7 @@ from pipeline.memory.store import (
 )
 
 __all__ = [
-    "read_verified_plan",
+    "read_verified_steps",
     "AdvisoryBuilder", "AdvisoryBundleMetaV1_1", "AdvisoryBundleV1_1", "AdvisoryConstraintsV1_1", "AdvisoryV1_1",
     "CaseSummaryV1_1", "CorrectionV1_1", "EpisodicMemoryEntryV1_1", "EpisodicStore", "EvaluationV1_1",
     "EvidenceV1_1", "FeedbackByTypeV1_1", "InjectionController", "InputSignatureV1_1", "MemorySlot",

@@ -406,27 +406,30 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
     return best
 
 
-VERIFIED_STEPS = "that solve this exact task: "  # what only the positive control's advisories say
-_VERIFIED_RE = re.compile(r"Verified steps (\d+)-(\d+) of (\d+) " + re.escape(VERIFIED_STEPS) + r"([^\n]*?)\.?(?:\n|$)")
+# A positive-control message: "Verified steps 1-4 of 10 that solve this exact task: go west; ...; take Key_2."
+VERIFIED_STEPS = "Verified steps {a}-{b} of {n} that solve this exact task: {steps}."
+_VERIFIED_RE = re.compile(r"Verified steps (\d+)-(\d+) of (\d+) that solve this exact task: ([^.\n]*)\.")
 
 
-def read_verified_plan(text: str) -> list[str]:
-    """The verified plan a prompt's oracle advisories state, steps in order (the inverse of
-    :func:`oracle_advisories`; ``[]`` when the text has none, or its parts do not join
-    into one plan: steps missing, repeated or out of order)."""
-    parts = []
+def read_verified_steps(text: str | None) -> list[str]:
+    """The plan that :func:`oracle_advisories`' messages in ``text`` state, in order: the
+    steps of every whole message (one cut by the length bound, or whose step count does
+    not match its range, says nothing), as long as they run on from step 1 without a gap.
+
+    >>> read_verified_steps("Verified steps 3-3 of 3 that solve this exact task: drop Cup_3. "
+    ...                     "Verified steps 1-2 of 3 that solve this exact task: go west; take Cup_3.")
+    ['go west', 'take Cup_3', 'drop Cup_3']
+    """
+    parts: dict[int, list[str]] = {}
     for m in _VERIFIED_RE.finditer(text or ""):
-        a, b, n = int(m.group(1)), int(m.group(2)), int(m.group(3))
-        steps = [s.strip() for s in m.group(4).split(";") if s.strip()]
-        if len(steps) != b - a + 1:
-            return []
-        parts.append((a, b, n, steps))
+        a, b = int(m[1]), int(m[2])
+        steps = [s.strip() for s in m[4].split(";") if s.strip()]
+        if b - a + 1 == len(steps):
+            parts.setdefault(a, steps)
     plan: list[str] = []
-    for a, b, n, steps in sorted(parts):
-        if a != len(plan) + 1 or n != parts[0][2]:
-            return []
-        plan += steps
-    return plan if plan and len(plan) == parts[0][2] else []
+    while len(plan) + 1 in parts:
+        plan += parts[len(plan) + 1]
+    return plan
 
 
 def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key: str) -> list[AdvisoryV1_1]:
@@ -445,7 +448,7 @@ def oracle_advisories(plan: Sequence[str], count: int, max_chars: int, task_key:
         part = steps[start:start + size]
         a, b = start + 1, start + size
         start += size
-        message = f"Verified steps {a}-{b} of {len(steps)} {VERIFIED_STEPS}{'; '.join(part)}."
+        message = VERIFIED_STEPS.format(a=a, b=b, n=len(steps), steps="; ".join(part))
         out.append(AdvisoryV1_1(
             advisory_id=f"adv_{k + 1:06d}", advisory_type="successful_override", message=message[:max_chars],
             strength="strong", relevance_score=1.0,

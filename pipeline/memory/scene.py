@@ -12,6 +12,8 @@ commands::
     #  "Kitchen -> south -> Bathroom", "Mug_1 was on Table_0 in the Kitchen", "Drawer_1 in the Kitchen was empty"]
     text = with_scene_facts(rationale, facts)                   # they ride in case_summary.rationale_summary
     rationale, facts = split_scene_facts(text)
+    read_scene_facts("Key_1 was in Drawer_0 in the Bedroom")    # back as typed facts (a reader of its prompt)
+    # (Fact("in", ("Key_1", "Drawer_0")), Fact("at", ("Drawer_0", "Bedroom")))
 
 It reads the shared vocabulary of :mod:`pipeline.core.facts` (``here``, ``at``, ``in``,
 ``on``, ``open``, ``locked``, ``empty``, ``exit``; ``took``, ``unlocked``, ``went``). A
@@ -21,10 +23,11 @@ first seen, written in fact notation: a new world needs no change here.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from pipeline.core.facts import Fact, StepFacts, first
+from pipeline.core.facts import Fact, StepFacts, fact, first
 
 MAX_SUMMARY_CHARS = 600
 # Scene facts ride in ``rationale_summary`` after this marker, separated by FACT_SEPARATOR
@@ -220,3 +223,47 @@ def split_scene_facts(text: str) -> tuple[str, list[str]]:
     head, _, tail = text.rpartition(SCENE_FACTS_MARKER)
     tail = tail[:-1] if tail.endswith(".") else tail
     return head, [f for f in tail.split(FACT_SEPARATOR) if f.strip()]
+
+
+# --------------------------------------------------------------------------- reading them back
+
+# The sentences of SceneLog.facts(), in any text (an advisory carries them after its lead);
+# names are single words, a fact holds no "." or ";". A fact cut by a message's length
+# bound matches only when what is left is a whole sentence of this form.
+_N = r"([A-Za-z][A-Za-z0-9_]*)"
+_FLOOR_RE = re.compile(rf"\b{_N} was on the floor of the {_N}\b")
+_PLACE_RE = re.compile(rf"\b{_N} was (in|on) (?!the\b){_N}(?: in the {_N})?(?=[;.]|$)")
+_LOCKED_RE = re.compile(rf"\b{_N}(?: in the {_N})? is locked(?: \({_N} unlocks it\))?")
+_ROUTE_RE = re.compile(rf"\b{_N} -> {_N} -> {_N}\b")
+_EMPTY_RE = re.compile(rf"\b{_N}(?: in the {_N})? was empty\b")
+_OTHER_RE = re.compile(r"\b([a-z_]+)\(([A-Za-z0-9_, ]*)\)")
+
+
+def read_scene_facts(text: str | None) -> tuple[Fact, ...]:
+    """The typed facts that the scene-fact sentences of :meth:`SceneLog.facts` state, in
+    ``text`` (their inverse, in the order the sentences appear).
+
+    ``"Key_1 was in Drawer_0 in the Bedroom"`` -> ``in(Key_1, Drawer_0), at(Drawer_0, Bedroom)``;
+    ``"Mug_2 was on the floor of the Kitchen"`` -> ``at(Mug_2, Kitchen)``; ``"Chest_2 in the
+    Bedroom is locked (Key_1 unlocks it)"`` -> ``locked(Chest_2), at(Chest_2, Bedroom),
+    unlocked(Chest_2, Key_1)`` (the key that unlocked it); ``"Kitchen -> south -> Bathroom"`` ->
+    ``exit(Kitchen, south, Bathroom)``; ``"Drawer_1 in the Kitchen was empty"`` -> ``empty(Drawer_1),
+    at(Drawer_1, Kitchen)``; a world's own fact in fact notation (``temperature(Beaker_1, hot)``) as it is.
+    """
+    text = text or ""
+    found: list[tuple[int, tuple[Fact, ...]]] = []
+    for m in _FLOOR_RE.finditer(text):
+        found.append((m.start(), (fact("at", m[1], m[2]),)))
+    for m in _PLACE_RE.finditer(text):
+        found.append((m.start(), (fact(m[2], m[1], m[3]),) + ((fact("at", m[3], m[4]),) if m[4] else ())))
+    for m in _LOCKED_RE.finditer(text):
+        found.append((m.start(), (fact("locked", m[1]),) + ((fact("at", m[1], m[2]),) if m[2] else ())
+                      + ((fact("unlocked", m[1], m[3]),) if m[3] else ())))
+    for m in _ROUTE_RE.finditer(text):
+        found.append((m.start(), (fact("exit", m[1], m[2], m[3]),)))
+    for m in _EMPTY_RE.finditer(text):
+        found.append((m.start(), (fact("empty", m[1]),) + ((fact("at", m[1], m[2]),) if m[2] else ())))
+    for m in _OTHER_RE.finditer(text):
+        if m[1] not in KNOWN_PREDICATES:
+            found.append((m.start(), (Fact(m[1], tuple(a.strip() for a in m[2].split(",") if a.strip())),)))
+    return tuple(f for _, facts in sorted(found, key=lambda x: x[0]) for f in facts)

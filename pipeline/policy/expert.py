@@ -47,7 +47,7 @@ from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NA
 from pipeline.envs.household.planner import breadth_first, shortest_plan
 from pipeline.envs.household.text import preference_text, read_locations, things_in_commands
 from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference
-from pipeline.memory import read_verified_plan
+from pipeline.memory import read_verified_steps
 
 # The positive control's advisories (C2_oracle, pipeline.memory.injection) say their steps
 # "solve this exact task"; the commands they write name where the task's objects are.
@@ -91,7 +91,7 @@ def read_knowledge(text: str, world: World, preferences: Iterable[Mapping[str, A
     verified: tuple[str, ...] = ()
     if VERIFIED_PLAN in (text or ""):  # a verified plan names where its objects are
         located.update(name for name in things_in_commands(text) if world.room_of(name) is not None)
-        plan = read_verified_plan(text)
+        plan = read_verified_steps(text)
         # True here only if every name it uses is one of this house's (another task's plan is not)
         if plan and all(world.kinds.get(tok) is not None or tok in DIRECTIONS_CYCLE
                         for cmd in plan for tok in cmd.split()[1:] if tok not in ("from", "into", "on", "with")):

@@ -3,6 +3,7 @@
 The library behind :mod:`pipeline.stages.evaluate`::
 
     metrics, stats, out_dir = evaluate_condition(cfg, root, "C2")
+    metrics, stats, out_dir = evaluate_condition(cfg, root, "C2", reader=True)   # the reader's ceiling
 
 Paired design: every condition plays the same eval tasks with the same per-task seeds
 (:func:`pipeline.core.seeding.task_seed` ignores the condition), so differences between
@@ -19,7 +20,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from pipeline.analysis.metrics import condition_metrics
-from pipeline.core.conf_schema import Config
+from pipeline.core.conf_schema import AgentConfig, AgentName, Config
 from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError, read_parquet, sha256_text
 from pipeline.memory.store import STORE_HASH
@@ -63,10 +64,18 @@ def attach_prompts(tasks: list[Task], prompt_rows: list[dict], condition: str, p
                       "prompt_sha256": row.get("prompt_sha256"), "store_hash": row.get("store_hash")}
 
 
-def evaluate_condition(cfg: Config, root: Path, condition: str) -> tuple[dict, dict, Path]:
+def reader_config(cfg: Config) -> Config:
+    """``cfg`` with ``agent=reader`` (every agent key the schema's default): what
+    ``evaluate_reader`` plays, whichever agent the experiment evaluates."""
+    return OmegaConf.merge(cfg, {"agent": OmegaConf.structured(AgentConfig(name=AgentName.reader))})
+
+
+def evaluate_condition(cfg: Config, root: Path, condition: str, *, reader: bool = False) -> tuple[dict, dict, Path]:
     """Play the eval quests with ``condition``'s prompts; write its collection.
 
-    Writes ``<paths.eval>/<condition>/{episodes,turns}.parquet`` (+ ``tensors/``).
+    Writes ``<paths.eval>/<condition>/{episodes,turns}.parquet`` (+ ``tensors/``); with
+    ``reader``, the reader plays the same tasks with the same prompts and seeds
+    (:func:`reader_config`) into ``<paths.eval_reader>/<condition>/``.
 
     Returns:
         ``(metrics, stats, out_dir)``: the condition's metrics (what
@@ -79,6 +88,8 @@ def evaluate_condition(cfg: Config, root: Path, condition: str) -> tuple[dict, d
     """
     if condition not in cfg.condition:
         raise ConfigError(f"--condition {condition!r} is not a configured condition ({', '.join(cfg.condition)})")
+    if reader:
+        cfg = reader_config(cfg)
     if cfg.experiment.eval_greedy:
         cfg = OmegaConf.merge(cfg, {"sampling": {"do_sample": False}})
     manifest, scenes = load_games(root, cfg)
@@ -91,9 +102,10 @@ def evaluate_condition(cfg: Config, root: Path, condition: str) -> tuple[dict, d
     if not tasks:
         raise ConfigError(f"no tasks in split experiment.eval_split={cfg.experiment.eval_split!r}")
     attach_prompts(tasks, prompt_rows, condition, prompts_path)
-    out_dir = root / cfg.paths.eval / condition
-    records, stats = run_collection(cfg, root, tasks, out_dir, scenes=scenes, ckpt_name=f"evaluate-{condition}",
-                                    desc=f"evaluate@{condition} [{cfg.agent.name}]")
+    stage = "evaluate_reader" if reader else "evaluate"
+    out_dir = root / (cfg.paths.eval_reader if reader else cfg.paths.eval) / condition
+    records, stats = run_collection(cfg, root, tasks, out_dir, scenes=scenes, ckpt_name=f"{stage}-{condition}",
+                                    desc=f"{stage}@{condition} [{cfg.agent.name}]")
     store_after = current_store_hash(root, cfg)
     if store_after != store_before:
         raise ArtifactError(f"the episodic store changed during evaluation ({store_before} -> {store_after}): "

@@ -13,16 +13,18 @@ command's effect from the one command grammar
     step.seen      # (here(Kitchen), at(Fridge_0, Kitchen), closed(Fridge_0), ...)
     step.did       # (took(Key_1, Drawer_0),)
     step.after     # the facts of a room described after the step
+    HouseholdFactReader().read_text("Key_1 is on Table_0 in the Kitchen.")   # (on(Key_1, Table_0), at(Table_0, Kitchen))
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from pipeline.core.facts import Fact, StepFacts, fact
 from pipeline.core.schemas import json_object
 from pipeline.envs.household.env import command_to_action
-from pipeline.envs.household.text import is_description, read_description
+from pipeline.envs.household.text import is_description, read_description, read_statements
 
 
 def command_facts(command: str | None) -> tuple[Fact, ...]:
@@ -49,6 +51,11 @@ def command_facts(command: str | None) -> tuple[Fact, ...]:
     return ()
 
 
+# A command named in prose whose effect tells where something was or what opens what
+# ("What you need is right here: take Cup_3 from Cabinet_2.", "unlock Cabinet_2 with Key_2").
+_PROSE_COMMAND_RE = re.compile(r"\b(?:take [A-Za-z]+_\d+ from [A-Za-z]+_\d+|unlock [A-Za-z]+_\d+ with [A-Za-z]+_\d+)\b")
+
+
 class HouseholdFactReader:
     """Reads a recorded household turn as :class:`~pipeline.core.facts.StepFacts`.
 
@@ -65,3 +72,10 @@ class HouseholdFactReader:
         feedback = turn.get("env_feedback")
         after = read_description(feedback) if is_description(feedback) else ()
         return StepFacts(seen=seen, did=command_facts(turn.get("command")), after=after)
+
+    def read_text(self, text: str | None) -> tuple[Fact, ...]:
+        """:func:`~pipeline.envs.household.text.read_statements` of ``text``, then what each
+        command named in it does, in order (:func:`command_facts`: ``took(Cup_3, Cabinet_2)``
+        says where Cup_3 was, ``unlocked(Cabinet_2, Key_2)`` what opens Cabinet_2)."""
+        commands = [f for m in _PROSE_COMMAND_RE.finditer(text or "") for f in command_facts(m[0])]
+        return read_statements(text) + tuple(commands)

@@ -25,6 +25,7 @@ module parses; they stay with the user who says them::
     # "You are in the Kitchen. You see Fridge_0 (closed), Table_0. On Table_0: Key_1. Exits: south to Bedroom. ..."
     read_description(text) == world.observation_facts()       # True for every state of a game
     read_locations("Key_1 is on Table_0 in the Kitchen.")     # [("Key_1", "on", "Table_0", "Kitchen")]
+    read_statements(grounding_text)                           # every sentence above, as typed facts
 """
 
 from __future__ import annotations
@@ -202,3 +203,41 @@ def preference_text(kind: str, target: str | None = None) -> str:
     return {"close_containers": "Close containers after use.",
             "keep_closed": f"Always leave {target} closed.",
             "lock_after_use": f"Lock {target} again after you unlock it."}[kind]
+
+
+# --------------------------------------------------------------------------- a text, as typed facts
+
+_ROUTE_RE = re.compile(r"From the (\w+), go (\w+) to reach the (\w+)")
+_EXITS_SENTENCE_RE = re.compile(r"From the (\w+) you can go ((?:\w+ to the \w+(?:, )?)+)")
+_WAY_RE = re.compile(r"(\w+) to the (\w+)")
+_TARGET = "TARGET"  # stands for the target in a preference sentence turned into its pattern
+_PREFERENCE_RES = tuple((kind, re.compile(re.escape(preference_text(kind, _TARGET)).replace(_TARGET, r"([A-Za-z]+_\d+)")))
+                        for kind in ("close_containers", "keep_closed", "lock_after_use"))
+
+
+def read_statements(text: str | None) -> tuple[Fact, ...]:
+    """What the sentences of this module state in ``text`` (a prompt's grounding or advisory
+    block), as typed facts, in the order they appear:
+
+    - where things are (:func:`read_locations`): ``"Key_1 is on Table_0 in the Kitchen."`` ->
+      ``on(Key_1, Table_0), at(Table_0, Kitchen)``; ``"Cup_3 is in the Bathroom."`` -> ``at(Cup_3, Bathroom)``;
+    - routes (:func:`route_sentence`, :func:`exits_sentence`): ``exit(Kitchen, south, Hallway)``;
+    - preferences (:func:`preference_text`), as the household's own predicate
+      ``prefer(kind)`` / ``prefer(kind, target)``: ``"Lock Cabinet_2 again after you unlock it."``
+      -> ``prefer(lock_after_use, Cabinet_2)``.
+    """
+    text = text or ""
+    found: list[tuple[int, tuple[Fact, ...]]] = []
+    for m in _LOCATION_RE.finditer(text):
+        if m["h"]:
+            found.append((m.start(), (fact(m["rel"], m["e"], m["h"]), fact("at", m["h"], m["room"]))))
+        else:
+            found.append((m.start(), (fact("at", m["e"], m["room"]),)))
+    for m in _ROUTE_RE.finditer(text):
+        found.append((m.start(), (fact("exit", m[1], m[2], m[3]),)))
+    for m in _EXITS_SENTENCE_RE.finditer(text):
+        found.append((m.start(), tuple(fact("exit", m[1], d, r) for d, r in _WAY_RE.findall(m[2]))))
+    for kind, pattern in _PREFERENCE_RES:
+        for m in pattern.finditer(text):
+            found.append((m.start(), (fact("prefer", kind, *m.groups()),)))
+    return tuple(f for _, facts in sorted(found, key=lambda x: x[0]) for f in facts)

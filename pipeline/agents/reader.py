@@ -1,0 +1,444 @@
+"""The reader: a rule agent that acts on exactly what its prompt states, and on nothing else.
+
+It measures how much a condition's prompt is worth (issue 31): the conditions differ only
+in their text, so an agent that uses all of a prompt's statements, and only them, plays
+each condition's information ceiling. It reads
+
+- its rendered system prompt (``episode_meta["system_prompt"]``), line by line, through
+  the same typed-fact parsers the memory uses: the world's :class:`~pipeline.core.facts.FactReader`
+  (``read_text``: where the user said things are, routes, preferences, what a command named
+  in prose did), the memory's scene facts (:func:`pipeline.memory.scene.read_scene_facts`)
+  and the positive control's verified plan (:func:`pipeline.memory.injection.read_verified_steps`);
+- each observation as the model sees it, read as typed facts by the same reader
+  (``read_turn``): never the game's state, the scene id, the expert plan or the ground truth.
+
+Each statement is a belief tied to the prompt line that made it. Every observation is
+checked against the beliefs; a belief it contradicts (a holder not in the room it was said
+to be in, a container opened and found without the thing, an exit that leads elsewhere)
+discredits its whole line: an advisory about another house is one line, so its other
+statements go with it, after they have cost the steps it took to find out. Then it acts:
+
+1. a verified plan, step by step while its next command is admissible (a step that is not
+   drops the plan);
+2. the user's preferences, known only from the prompt: a container opened is closed again
+   (and relocked) once nothing wanted is left in it, before the goal is finished;
+3. the goal: take the object, carry it, put it (the rule agents' core,
+   :class:`pipeline.agents.base.RuleAgent`), walking over the map it has seen plus the
+   routes it was told;
+4. a believed place of what it needs (the object, the destination, the key of a locked
+   holder): go to its room, open or unlock its holder;
+5. otherwise ``react``'s systematic search and exploration.
+
+    agent = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=fact_reader(cfg))
+    agent.reset({"episode_id": "ep", "objective": task.objective, "system_prompt": prompt})
+    step = agent.act(obs)            # AgentStep: action, reasoning (the belief it acted on)
+    agent.beliefs.dropped            # {prompt line: why it was found wrong}
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Any, Mapping
+
+from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, etype
+from pipeline.core.conf_schema import AgentConfig
+from pipeline.core.facts import Fact, FactReader
+from pipeline.memory.injection import read_verified_steps
+from pipeline.memory.scene import read_scene_facts
+
+# The observation fields a model's prompt shows (conf/templates: location, inventory,
+# visible entities, verbs, admissible commands, description; the step counter). The
+# reader reads no other field (``scene`` is the world's id, not shown to the model).
+SHOWN_FIELDS = ("agent_location", "agent_inventory", "visible_entities", "available_actions",
+                "admissible_commands", "admissible_actions", "description", "objective", "step", "max_steps")
+PLACE_PREDICATES = ("in", "on", "took")  # thing in / on / taken from a holder
+
+
+@dataclass(frozen=True)
+class Belief:
+    """A fact the prompt states, and the prompt line that states it (its source)."""
+
+    fact: Fact
+    line: int
+
+
+@dataclass
+class Beliefs:
+    """What a prompt states, as beliefs; lines found wrong are dropped with the reason."""
+
+    stated: list[Belief] = field(default_factory=list)
+    plan: list[str] = field(default_factory=list)  # verified commands, in order
+    dropped: dict[int, str] = field(default_factory=dict)  # prompt line -> the contradiction
+
+    def live(self, pred: str | tuple[str, ...] | None = None) -> list[Belief]:
+        preds = (pred,) if isinstance(pred, str) else pred
+        return [b for b in self.stated if b.line not in self.dropped and (preds is None or b.fact.pred in preds)]
+
+    def drop(self, line: int, why: str) -> None:
+        self.dropped.setdefault(line, why)
+
+    def prefers(self, kind: str, target: str | None = None) -> bool:
+        return any(b.fact.args[0] == kind and (target is None or (len(b.fact.args) > 1 and _same(b.fact.args[1], target)))
+                   for b in self.live("prefer"))
+
+
+def read_prompt(prompt: str | None, facts: FactReader) -> Beliefs:
+    """The beliefs a system prompt states: each line read by the world's reader and the
+    memory's scene-fact reader; the verified plan of the whole prompt."""
+    stated = []
+    for i, line in enumerate((prompt or "").splitlines()):
+        for f in tuple(facts.read_text(line)) + read_scene_facts(line):
+            stated.append(Belief(f, i))
+    return Beliefs(stated=list(dict.fromkeys(stated)), plan=read_verified_steps(prompt))
+
+
+@dataclass
+class Seen:
+    """What the observations have shown so far (typed facts of each one)."""
+
+    exits: dict[str, dict[str, str]] = field(default_factory=dict)  # room -> direction -> room
+    first_place: dict[str, tuple[str, str | None, str]] = field(default_factory=dict)  # thing -> (rel, holder, room)
+    place: dict[str, tuple[str, str | None, str]] = field(default_factory=dict)  # thing -> latest (rel, holder, room)
+    state: dict[str, str] = field(default_factory=dict)  # container -> open | closed | locked (latest)
+    first_state: dict[str, str] = field(default_factory=dict)
+    contents: dict[str, set[str]] = field(default_factory=dict)  # holder -> what was last seen in / on it
+    first_contents: dict[str, set[str]] = field(default_factory=dict)  # holder -> what it held when first looked into
+    rooms_entered: set[str] = field(default_factory=set)
+    in_room: dict[str, set[str]] = field(default_factory=dict)  # room -> everything seen there
+
+    def take_in(self, facts: tuple[Fact, ...]) -> str | None:
+        here = next((f.args[0] for f in facts if f.pred == "here"), None)
+        if here is None:
+            return None
+        self.rooms_entered.add(here)
+        states = {f.args[0]: f.pred for f in facts if f.pred in ("open", "closed", "locked")}
+        at_here = [f.args[0] for f in facts if f.pred == "at"]
+        held = {f.args[1]: set() for f in facts if f.pred in ("in", "on")}
+        for f in facts:
+            if f.pred in ("in", "on"):
+                held[f.args[1]].add(f.args[0])
+        self.exits[here] = {f.args[1]: f.args[2] for f in facts if f.pred == "exit"}
+        seen_here = self.in_room.setdefault(here, set())
+        for thing in at_here:
+            seen_here.add(thing)
+            self._place(thing, ("at", None, here))
+        for holder, items in held.items():
+            for thing in items:
+                seen_here.add(thing)
+                rel = next(f.pred for f in facts if f.pred in ("in", "on") and f.args == (thing, holder))
+                self._place(thing, (rel, holder, here))
+        for thing, st in states.items():
+            self.state[thing] = st
+            self.first_state.setdefault(thing, st)
+        for thing in at_here:
+            # A holder's contents are known when it is open, or it is no container (a supporter).
+            if states.get(thing, "open") == "open":
+                self.contents[thing] = held.get(thing, set())
+                self.first_contents.setdefault(thing, set(self.contents[thing]))
+        for f in facts:
+            if f.pred == "carried":
+                self._place(f.args[0], ("carried", None, ""))
+        return here
+
+    def _place(self, thing: str, where: tuple[str, str | None, str]) -> None:
+        self.first_place.setdefault(thing, where)
+        self.place[thing] = where
+
+
+class ReaderAgent(RuleAgent):
+    """Acts on its prompt's statements (see the module docstring); ``trace`` keeps each step.
+
+    Args:
+        agent_cfg: the ``agent`` config group (``fallback_action``; ``epsilon`` must be 0:
+            a ceiling takes no random steps).
+        seed: base seed (unused by its decisions: it draws nothing at random).
+        facts: the world's fact reader (:func:`pipeline.envs.fact_reader`).
+    """
+
+    name = "reader"
+
+    def __init__(self, agent_cfg: AgentConfig, seed: int = 0, *, facts: FactReader):
+        self.facts = facts
+        super().__init__(agent_cfg, seed)
+        self.epsilon = 0.0
+
+    def reset(self, episode_meta: Mapping[str, Any] | None = None) -> None:
+        super().reset(episode_meta)
+        self.beliefs = read_prompt((episode_meta or {}).get("system_prompt"), self.facts)
+        self.plan_at = 0
+        self.seen = Seen()
+        self.here: str | None = None
+        self.unlocked_by_me: set[str] = set()
+        self.trace: list[dict] = []
+
+    # -- reading -------------------------------------------------------------------------
+
+    def read_observation(self, obs: Mapping[str, Any]) -> tuple[Fact, ...]:
+        """The observation's typed facts, from the fields the model is shown only."""
+        shown = {k: obs[k] for k in SHOWN_FIELDS if k in obs}
+        return self.facts.read_turn({"observation": shown}).seen
+
+    def check_beliefs(self) -> None:
+        """Drop the prompt lines whose statements the observations so far contradict."""
+        b = self.beliefs
+        for belief in b.live():
+            why = self._contradiction(belief.fact)
+            if why:
+                b.drop(belief.line, why)
+
+    def _contradiction(self, f: Fact) -> str | None:
+        seen = self.seen
+        a = f.args
+        if f.pred == "at" and len(a) == 2:
+            thing, room = a
+            first = seen.first_place.get(thing)
+            if first is not None and first[0] != "carried" and first[2] and first[2] != room:
+                return f"{thing} was in the {first[2]}, not the {room}"
+            if room in seen.rooms_entered and thing not in seen.in_room.get(room, set()) and \
+                    not self._may_hide(room, thing):
+                return f"{thing} is not in the {room}"
+        elif f.pred in PLACE_PREDICATES and len(a) == 2:
+            thing, holder = a
+            first = seen.first_place.get(thing)
+            if first is not None and first[0] != "carried" and not _same(first[1], holder):
+                return f"{thing} was {'in the ' + first[2] if first[1] is None else 'in ' + str(first[1])}, not in {holder}"
+            if first is None and holder in seen.contents and thing not in seen.contents[holder]:
+                return f"{holder} does not hold {thing}"
+        elif f.pred == "exit" and len(a) == 3:
+            room, direction, to = a
+            if room in seen.exits and seen.exits[room].get(direction) != to:
+                return f"going {direction} from the {room} does not lead to the {to}"
+        elif f.pred == "locked" and len(a) == 1:
+            if a[0] in seen.first_state and seen.first_state[a[0]] != "locked":
+                return f"{a[0]} was not locked"
+        elif f.pred == "empty" and len(a) == 1:
+            if seen.first_contents.get(a[0]):
+                return f"{a[0]} was not empty"
+        return None
+
+    def _may_hide(self, room: str, thing: str) -> bool:
+        """Whether ``thing`` may still be out of sight in ``room``: a thing (not a fixture)
+        and a closed container there not yet looked into."""
+        if thing in self.seen.state or any(b.fact.args[1] == thing for b in self.beliefs.live(PLACE_PREDICATES)):
+            return False  # a container or holder stands in plain sight
+        return any(st != "open" and c in self.seen.in_room.get(room, set()) and c not in self.seen.contents
+                   for c, st in self.seen.state.items())
+
+    # -- where things are --------------------------------------------------------------
+
+    def room_of(self, thing: str) -> str | None:
+        """The room ``thing`` is in: where it was last seen, else where the prompt says."""
+        if thing in self.seen.place:
+            rel, holder, room = self.seen.place[thing]
+            return room or None
+        for b in self.beliefs.live("at"):
+            if _same(b.fact.args[0], thing):
+                return b.fact.args[1]
+        holder = self.holder_of(thing)
+        return self.room_of(holder) if holder and holder != thing else None
+
+    def holder_of(self, thing: str) -> str | None:
+        if thing in self.seen.place:
+            return self.seen.place[thing][1]
+        for b in self.beliefs.live(PLACE_PREDICATES):
+            if _same(b.fact.args[0], thing):
+                return b.fact.args[1]
+        return None
+
+    def key_for(self, container: str) -> str | None:
+        for b in self.beliefs.live("unlocked"):
+            if _same(b.fact.args[0], container):
+                return b.fact.args[1]
+        return None
+
+    def room_path(self, start: str | None, goal_room: str | None) -> str | None:
+        """The next room on the way to ``goal_room``, over the exits seen and those stated
+        (a door leads both ways); the rooms seen keep only the exits seen there."""
+        if not start or not goal_room or start == goal_room:
+            return None
+        graph: dict[str, set[str]] = {}
+
+        def link(a: str, b: str) -> None:
+            graph.setdefault(a, set()).add(b)
+            graph.setdefault(b, set()).add(a)
+
+        for room, ways in self.seen.exits.items():
+            for to in ways.values():
+                link(room, to)
+        for (room, _), to in self.mem.room_map.items():
+            link(room, to)
+        for b in self.beliefs.live("exit"):
+            room, _, to = b.fact.args
+            if room not in self.seen.exits and to not in self.seen.exits:
+                link(room, to)
+            elif room not in self.seen.exits or to not in self.seen.exits:
+                # One end seen: the door is there only if the seen end shows it.
+                seen_end, other = (to, room) if to in self.seen.exits else (room, to)
+                if other in self.seen.exits[seen_end].values():
+                    link(room, to)
+        prev: dict[str, str | None] = {start: None}
+        todo = deque([start])
+        while todo:
+            r = todo.popleft()
+            for nxt in sorted(graph.get(r, ())):
+                if nxt not in prev:
+                    prev[nxt] = r
+                    todo.append(nxt)
+        if goal_room not in prev:
+            return None
+        cur = goal_room
+        while prev[cur] != start:
+            cur = prev[cur]  # type: ignore[assignment]
+        return cur
+
+    # -- the rule agent's hooks ----------------------------------------------------------
+
+    def examine_first(self, entity: str, ctx: dict) -> bool:
+        return False  # examining tells nothing opening does not; a ceiling wastes no steps
+
+    def close_after_use(self, entity: str, ctx: dict) -> bool:
+        b = self.beliefs
+        return b.prefers("close_containers") or b.prefers("keep_closed", entity) or b.prefers("lock_after_use", entity)
+
+    def rank_containers(self, names: list[str], ctx: dict) -> list[str]:
+        """Containers the prompt says hold something wanted first."""
+        wanted = {self.holder_of(w) for w in self._wanted(ctx.get("view"))}
+        return sorted(names, key=lambda c: c not in wanted)
+
+    # -- decision ------------------------------------------------------------------------
+
+    def decide(self, obs: Mapping[str, Any], cands: list[dict], ctx: dict) -> tuple[dict, str]:
+        g = self.goal or Goal("explore")
+        view = self._view(obs, cands)
+        ctx["view"] = view
+        step = self._plan_step(obs, cands)
+        if step is not None:
+            return step
+        for part in (self._tidy, self._finish_put, self._direct_progress, self._toward_goal, self._believed,
+                     self._search):
+            found = part(g, view, cands, ctx)
+            if found is not None:
+                return found
+        a, why = self.explore(obs, cands)
+        if a is not None:
+            return a, why
+        return self.find(cands, "look") or self.fallback, "nothing left to try here"
+
+    def _plan_step(self, obs: Mapping[str, Any], cands: list[dict]) -> tuple[dict, str] | None:
+        b = self.beliefs
+        if not b.plan or self.plan_at >= len(b.plan) or b.dropped.get(-1):
+            return None
+        command = b.plan[self.plan_at]
+        a = next((c for c in cands if str(c.get("command", "")).lower() == command.lower()), None)
+        if a is None:
+            b.drop(-1, f"the verified step {command!r} is not possible here")
+            return None
+        self.plan_at += 1
+        return a, f"verified step {self.plan_at} of {len(b.plan)}: {command}"
+
+    def _wanted(self, view: _View | None) -> list[str]:
+        """What the agent still needs to get hold of: the goal's object, then the keys of
+        the locked holders it is in (or is to go into)."""
+        g = self.goal
+        if g is None or not g.obj:
+            return []
+        holding = (lambda e: view.holding(e)) if view is not None else (lambda e: False)
+        out = []
+        if g.verb in ("put", "take", "bring") and not holding(g.obj):
+            out.append(g.obj)
+        for c in (self.holder_of(g.obj), g.dest if g.verb == "put" else None,
+                  g.obj if g.verb in ("unlock", "open") else None):
+            if c and self._locked(c) and not any(etype(x) == "key" for x in (view.inv if view else [])):
+                key = self.key_for(c)
+                if key:
+                    out.append(key)
+        return out
+
+    def _locked(self, c: str) -> bool:
+        if c in self.seen.state:
+            return self.seen.state[c] == "locked"
+        return any(_same(b.fact.args[0], c) for b in self.beliefs.live("locked"))
+
+    def _tidy(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """Keep the preferences the prompt states: close a container opened here once nothing
+        wanted is left in it, and lock it again when asked to."""
+        wanted = set(self._wanted(view))
+        keys_wanted = self.want_keys(ctx) and not any(etype(x) == "key" for x in view.inv)
+        for c in view.closable:
+            if c in self.mem.opened and not _same(c, g.dest) and self.close_after_use(c, ctx):
+                inside = self.seen.contents.get(c, set())
+                if inside & wanted:
+                    continue  # what it is for is still in it
+                for key in sorted(x for x in inside if etype(x) == "key") if keys_wanted else ():
+                    a = self.find(cands, "pick_up", key, c)
+                    if a:
+                        return a, f"{key} may open a locked container: take it before closing {c}"
+                return self.find(cands, "close", c), f"nothing I need is left in {c}, and the user wants it closed"  # type: ignore[return-value]
+        for c in sorted(self.unlocked_by_me):
+            # Used (opened since it was unlocked) and closed again: lock it.
+            if self.beliefs.prefers("lock_after_use", c) and self.seen.state.get(c) == "closed" and c in self.mem.opened:
+                a = self.find(cands, "lock", c)
+                if a:
+                    self.unlocked_by_me.discard(c)
+                    return a, f"the user wants {c} locked again after use"
+        return None
+
+    def _believed(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """Go for what is needed where the prompt (or an earlier sight) places it."""
+        targets = self._wanted(view)
+        if g.verb == "put" and g.dest and g.obj and view.holding(g.obj) and not view.seen(g.dest):
+            targets.append(g.dest)
+        has_key = any(etype(x) == "key" for x in view.inv)
+        for t in targets:
+            holder = self.holder_of(t)
+            if holder and self._locked(holder) and not has_key and not view.holding(t):
+                continue  # locked and no key at hand: its key first (stated, or searched for)
+            room = self.room_of(t)
+            if room and not _same(room, view.here):
+                step = self.room_path(view.here, room)
+                a = self.find(cands, "go_to", step) if step else None
+                if a:
+                    return a, f"{t} is in the {room}{' (' + holder + ')' if holder else ''}: go there"
+                continue
+            if holder and view.seen(holder):
+                a = self.find(cands, "pick_up", t, holder)
+                if a:
+                    return a, f"{t} is in {holder}: take it"
+                a = self.find(cands, "open", holder)
+                if a:
+                    return a, f"{t} should be in {holder}: open it"
+                a = self.find(view.unlockable, "unlock", holder)
+                if a:
+                    return a, f"{holder} holds {t} and I have its key: unlock it"
+        return None
+
+    def _search(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """``react``'s search, but no container of this room is opened while what is needed
+        is believed to be in a holder elsewhere (keys lying here are still taken)."""
+        targets = self._wanted(view)
+        holders = [self.holder_of(t) for t in targets]
+        if targets and all(h and not view.seen(h) for h in holders):
+            view = replace(view, openable=[])
+        return super()._search(g, view, cands, ctx)
+
+    def act(self, obs: Mapping[str, Any]) -> AgentStep:
+        """Read the observation, revise the beliefs it contradicts, then act on the rest."""
+        shown = {k: obs[k] for k in SHOWN_FIELDS if k in obs}
+        self.observe(shown)
+        self.here = self.seen.take_in(self.read_observation(shown))
+        before = dict(self.beliefs.dropped)
+        self.check_beliefs()
+        action, rationale, _ = self.choose(shown, {})
+        if action.get("action") == "open":  # what it opened and unlocked, it must close and lock again
+            self.mem.opened.add(str(action.get("target")))
+            self.mem.searched.add(str(action.get("target")))
+        elif action.get("action") == "unlock":
+            self.unlocked_by_me.add(str(action.get("target")))
+        revised = {line: why for line, why in self.beliefs.dropped.items() if line not in before}
+        self.trace.append({"action": action, "why": rationale, "dropped": revised})
+        self.finish_step(action)
+        dropped = "".join(f" (line {line} dropped: {why})" for line, why in revised.items())
+        text = f"Belief: {rationale}{dropped}\nAction: {json.dumps(action, ensure_ascii=False, sort_keys=True)}"
+        return AgentStep(action=action, reasoning=f"{rationale}{dropped}", generated_text=text)
