@@ -350,6 +350,20 @@ def bench_render(variant: str, quick: bool) -> dict[str, Any]:
     ], "details": r}
 
 
+def bench_worlds(variant: str, quick: bool) -> dict[str, Any]:
+    """A generated house: compiled (Inform 7, Jericho) vs TextWorld's logic engine (issue 30)."""
+    from benchmarks.bench_worlds import run
+
+    r = run(houses=2 if quick else 10, steps=50 if quick else 200)
+    return {"rows": [
+        row("quest ready to play, logic engine (build Game + reset)", _r(r["build_s"] + r["logic_reset_s"], 4), "s",
+            ratio=r["speedup_quest_ready"], vs="compile + reset (Inform 7, Jericho)",
+            note=f"compile {r['compile_s']:.2f} s, reset {r['compiled_reset_s']:.3f} s"),
+        row("random-walk steps, logic engine", _r(r["logic_steps_per_s"], 1), "steps/s",
+            ratio=r["speedup_steps"], vs="compiled game"),
+    ], "details": r}
+
+
 def bench_collect_llm(variant: str, quick: bool) -> dict[str, Any]:
     """Batched vs sequential generation and early stop (issue 3), tiny GPT-2 fitted on real prompts."""
     from benchmarks.bench_collect_llm import run
@@ -697,6 +711,7 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "store": (bench_store, [""], [""], "store stage core on 10^5 synthetic episodes"),
     "retrieval": (bench_retrieval, [""], [""], "top-3 retrieval at 10^3 / 10^5 / 10^6 vs a per-entry loop"),
     "render": (bench_render, [""], [""], "system prompts per second"),
+    "worlds": (bench_worlds, [""], [""], "a generated house compiled vs on TextWorld's logic engine"),
     "collect_llm": (bench_collect_llm, [""], [""], "batched vs sequential generation; early stop"),
     "collect_memory": (bench_collect_memory, ["1", "8", "32", "threads"], ["1", "4", "threads"],
                        "collect peak memory and steps/s at batch 1 / 8 / 32 with the default model; "
