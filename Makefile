@@ -23,10 +23,10 @@ repro: install
 test: install
 	$(BIN)/python -m pytest -q
 
-# Does this machine reproduce the committed bytes? The DAG on env=tiny in a scratch copy vs
+# Does this machine reproduce the committed bytes? The DAG on experiment=tiny in a scratch copy vs
 # .ci/repro_tiny.json (what CI runs after the tests; docs/reproducibility.md).
 reprocheck: install
-	$(BIN)/python -m pipeline.tools.reprocheck --scratch env=tiny --golden .ci/repro_tiny.json
+	$(BIN)/python -m pipeline.tools.reprocheck --scratch experiment=tiny --golden .ci/repro_tiny.json
 
 params: install
 	$(BIN)/python -m pipeline.core.config compose

@@ -18,7 +18,7 @@ TINY_POLICY = {
     "rule_agent": "react", "rule_epsilon": 0.6, "demos_per_quest": 8, "slip_prob": 0.2, "explore_cap": 12,
     "vocab_size": 400, "hidden_size": 48, "intermediate_size": 96, "n_layer": 2, "n_head": 2, "max_positions": 1024,
     "epochs": 1, "episodes_per_batch": 2, "lr": 0.005, "warmup_steps": 3, "weight_decay": 0.0,
-    "evaluate": True,
+    "evaluate": True, "generated_houses": 0, "generated_drills": 0,
 }
 
 

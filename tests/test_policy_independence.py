@@ -89,7 +89,8 @@ def test_demo_set_bytes_do_not_depend_on_the_conditions(tiny_cfg, tiny_games, tm
 
     base = OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"},
                                       "model": {"name_or_path": "data/policy/model", "train_policy": True,
-                                                "policy": {"rule_epsilon": 0.6, "demos_per_quest": 6}}})
+                                                "policy": {"rule_epsilon": 0.6, "demos_per_quest": 6,
+                                                           "generated_houses": 4, "generated_drills": 4}}})
     mappings = [dict(base.condition), {}, {"C2_placebo": base.condition.C2_placebo, "C1": base.condition.C1}]
     digests, variants = [], set()
     for i, mapping in enumerate(mappings):

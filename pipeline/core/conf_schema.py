@@ -356,9 +356,9 @@ class PolicyConfig:
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
     plan_drills: int = 0
     """Extra first turns per train quest under an ``oracle`` variant, each in a newly renamed house (0: none)."""
-    generated_houses: int = 0
+    generated_houses: int = 600
     """Demonstrations in generated houses (one quest each, never an eval layout or objective; 0: none)."""
-    generated_drills: int = 0
+    generated_drills: int = 1200
     """First turns under the oracle advisory in further generated houses, eight to a training step (0: none)."""
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
@@ -380,7 +380,7 @@ class PolicyConfig:
     """Attention heads."""
     max_positions: int = 2048
     """Context length the model declares (prompts are a few hundred tokens)."""
-    epochs: int = 8
+    epochs: int = 2
     """Passes over the demonstrations."""
     episodes_per_batch: int = 1
     """Demonstration episodes per optimizer step (all their turns)."""
@@ -390,8 +390,9 @@ class PolicyConfig:
     """Warm-up steps."""
     weight_decay: float = 0.0
     """AdamW weight decay of the matrices."""
-    evaluate: bool = True
-    """Measure the trained model on the eval quests against react / rag (metrics/policy.json)."""
+    evaluate: bool = False
+    """Measure the trained model on the eval quests against react / rag (metrics/policy.json; off by default:
+    the ``evaluate`` stages measure it, and the in-context probe checks it while it trains)."""
     evaluate_tasks: int = 0
     """Eval tasks that measure takes, evenly spaced (0: all): a check, the experiment is ``evaluate``."""
 

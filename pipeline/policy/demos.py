@@ -468,6 +468,7 @@ def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
     """Counts for ``metrics/policy.json``: episodes, turns, expert success per variant kind."""
     drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
     demos = [d for d in demos if not d.demo_id.startswith(DRILL_PREFIX)]
+    generated = sum(d.demo_id.startswith("gen_") for d in demos)
     by: dict[str, list[Demo]] = {}
     for d in demos:
         by.setdefault(d.variant.name.split("+")[0] + ("+memory" if d.variant.block else ""), []).append(d)
@@ -481,6 +482,8 @@ def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
         "train_turns": sum(t.train for t in turns),
         "renamed_episodes": sum(bool(d.mapping) for d in demos),
         "plan_drills": len(drills),
+        "generated_houses": generated,
+        "generated_drills": sum(d.demo_id.startswith(DRILL_PREFIX + "gen_") for d in drills),
         "slips": sum(not t.train for t in turns),
         "by_variant": {k: {"episodes": len(v), "expert_won": rate(v, lambda d: d.episode.won),
                            "expert_success": rate(v, lambda d: d.episode.won and d.episode.preferences_ok),

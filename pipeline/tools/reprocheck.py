@@ -2,8 +2,8 @@
 
     python -m pipeline.tools.reprocheck                 # after `make repro`: workspace vs dvc.lock vs committed
     python -m pipeline.tools.reprocheck --rev HEAD~1    # ... vs another revision's
-    python -m pipeline.tools.reprocheck --scratch env=tiny --golden ci/repro_tiny.json
-    python -m pipeline.tools.reprocheck --scratch env=tiny --golden ci/repro_tiny.json --update
+    python -m pipeline.tools.reprocheck --scratch experiment=tiny --golden .ci/repro_tiny.json
+    python -m pipeline.tools.reprocheck --scratch experiment=tiny --golden .ci/repro_tiny.json --update
 
 The first form makes two comparisons and says which: the outputs in the workspace
 (hashed as ``dvc status`` hashes them) against the workspace ``dvc.lock``, so a file changed
