@@ -289,10 +289,10 @@ class AgentConfig:
     """Taken when the agent's output is unparseable or inadmissible."""
     on_backend_error: OnBackendError = OnBackendError.record
     """``record``: a failed model call is a recorded failed turn; ``fail``: the stage stops."""
-    workers: int = 2
+    workers: int = 1
     """Processes that play a collection's batches side by side (``evaluate``; not the online loop), each on
     ``numerics.threads`` threads; whole batches of the fixed partition, so the bytes do not depend on it
-    (2: the two batches of the default's 112 eval tasks on a 2-core machine; fixed here, never by the machine)."""
+    (fixed by config, never by the machine: ``conf/agent/llm.yaml`` sets 2)."""
     max_error_fraction: float = 0.5
     """Most backend-failed turns a run may hold, as a fraction of its turns (in [0, 1]); more stops the stage
     (exit 1, nothing written) whatever ``on_backend_error`` says: a broken server is never a result."""
