@@ -358,7 +358,7 @@ class PolicyConfig:
     """Extra first turns per train quest under an ``oracle`` variant, each in a newly renamed house (0: none)."""
     generated_houses: int = 600
     """Demonstrations in generated houses (one quest each, never an eval layout or objective; 0: none)."""
-    generated_drills: int = 1200
+    generated_drills: int = 2400
     """First turns under the oracle advisory in further generated houses, eight to a training step (0: none)."""
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
