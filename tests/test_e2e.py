@@ -30,7 +30,8 @@ def tiny_repo(tmp_path_factory) -> tuple[Path, dict]:
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, repo / name)
     cfg = repo / "conf" / "config.yaml"
-    cfg.write_text(cfg.read_text().replace("- env: household", "- env: tiny"))
+    # the tiny world and a policy trained in about a minute (conf/experiment/tiny.yaml)
+    cfg.write_text(cfg.read_text().replace("- experiment: default", "- experiment: tiny"))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
     env.pop("DVC_EXP_BASELINE_REV", None)

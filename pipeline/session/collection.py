@@ -220,7 +220,7 @@ def run_collection(cfg: Config, root: Path, tasks: list[Task], out_dir: Path, *,
     shared = SharedBackend()
     factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
     t0 = time.perf_counter()
-    if cfg.agent.workers > 1 and not online:  # the batches side by side; then every record from its checkpoint
+    if worker_count(cfg, tasks) > 1 and not online:  # the batches side by side; then every record from its checkpoint
         _play_in_workers(cfg, root, tasks, scenes, ckpt_root, desc, feedback_source)
     records = _play_checkpointed(cfg, tasks, factories, ckpts, desc, shared,
                                  online=(root, ckpt_root) if online and root is not None else None)
@@ -331,6 +331,17 @@ def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_
         raise SystemExit(1)
 
 
+def worker_count(cfg: Config, tasks: list[Task]) -> int:
+    """Processes the tasks' batches are played in: ``agent.workers``, at most one per batch, and
+    one (this process) for a model behind a server: its throughput is the server's
+    (``model.max_concurrency``), and the start-up probe of what it can constrain, like its
+    error counts, belongs to the one backend of the run."""
+    if plays_with_model(cfg.agent) and not is_local(cfg.model):
+        return 1
+    size = cfg.agent.batch_size if cfg.agent.batched else 1
+    return max(1, min(int(cfg.agent.workers), len(batches(tasks, size))))
+
+
 def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
                      feedback_source: Any) -> None:
     """Play the tasks' batches in ``agent.workers`` processes (batch i in worker i mod n), each
@@ -344,7 +355,7 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
         ArtifactError: a worker failed (its own message is printed above).
     """
     size = cfg.agent.batch_size if cfg.agent.batched else 1
-    n = min(cfg.agent.workers, len(batches(tasks, size)))
+    n = worker_count(cfg, tasks)
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_worker_main, name=f"worker-{k}",
                          args=(cfg, root, _worker_batches(tasks, size, k, n), scenes, ckpt_root,
