@@ -269,11 +269,11 @@ def test_scene_grounding_is_what_the_ground_and_merge_stages_write(cfg, memory, 
 def test_demo_prompts_are_the_agents_prompts(cfg, demos, tiny_games):
     """A plain demo turn's messages are what the llm agent itself sends for that observation."""
     from pipeline.agents.llm import LLMAgent
-    from pipeline.policy.demos import _NoBackend
+    from pipeline.policy.demos import NoBackend
 
     demos, turns = demos
     d = next(d for d in demos if d.variant.bare and not d.mapping)
-    agent = LLMAgent(cfg, backend=_NoBackend())
+    agent = LLMAgent(cfg, backend=NoBackend())
     agent.reset({"episode_id": "x", "objective": d.task["objective"], "system_prompt": None})
     first = next(t for t in turns if t.demo_id == d.demo_id and t.turn_index == 0)
     assert first.messages == agent.messages(d.episode.turns[0].obs)

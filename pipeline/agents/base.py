@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from pipeline.core.conf_schema import AgentConfig
 from pipeline.core.schemas import clean_action  # noqa: F401 - the agents' name for it
@@ -212,6 +212,7 @@ class RuleAgent:
         """
         meta = dict(episode_meta or {})
         self.episode_meta = meta
+        self.view: _View | None = None  # what the current turn's observation shows (set by decide)
         eid = str(meta.get("episode_id", ""))
         ep_seed = int(meta.get("seed", 0) or 0)
         self.rng = crc_rng(self.seed, eid, ints=(ep_seed,))
@@ -323,6 +324,11 @@ class RuleAgent:
         """Pick up keys seen lying around even before a locked container is met?"""
         return bool(self.mem.locked_seen) or (self.goal is not None and self.goal.verb in ("unlock", "lock"))
 
+    def decision_parts(self) -> tuple[Callable[..., tuple[dict, str] | None], ...]:
+        """The steps :meth:`decide` tries in order, each ``(goal, view, cands, ctx) -> (action,
+        rationale) | None``; an agent reorders or adds to them."""
+        return (self._finish_put, self._direct_progress, self._tidy_up, self._toward_goal, self._search)
+
     # -- decision ----------------------------------------------------------------------
 
     def decide(self, obs: Mapping[str, Any], cands: list[dict], ctx: dict) -> tuple[dict, str]:
@@ -332,8 +338,8 @@ class RuleAgent:
         progress, tidy up, move toward the goal, search; else explore.
         """
         g = self.goal or Goal("explore")
-        view = self._view(obs, cands)
-        for part in (self._finish_put, self._direct_progress, self._tidy_up, self._toward_goal, self._search):
+        view = self.view = self._view(obs, cands)  # this turn's, for the hooks (the reader's rank_containers)
+        for part in self.decision_parts():
             found = part(g, view, cands, ctx)
             if found is not None:
                 return found

@@ -304,29 +304,18 @@ class ReaderAgent(RuleAgent):
 
     def rank_containers(self, names: list[str], ctx: dict) -> list[str]:
         """Containers the prompt says hold something wanted first."""
-        wanted = {self.holder_of(w) for w in self._wanted(ctx.get("view"))}
+        wanted = {self.holder_of(w) for w in self._wanted(self.view)}
         return sorted(names, key=lambda c: c not in wanted)
 
     # -- decision ------------------------------------------------------------------------
 
-    def decide(self, obs: Mapping[str, Any], cands: list[dict], ctx: dict) -> tuple[dict, str]:
-        g = self.goal or Goal("explore")
-        view = self._view(obs, cands)
-        ctx["view"] = view
-        step = self._plan_step(obs, cands)
-        if step is not None:
-            return step
-        for part in (self._tidy, self._finish_put, self._direct_progress, self._toward_goal, self._believed,
-                     self._search):
-            found = part(g, view, cands, ctx)
-            if found is not None:
-                return found
-        a, why = self.explore(obs, cands)
-        if a is not None:
-            return a, why
-        return self.find(cands, "look") or self.fallback, "nothing left to try here"
+    def decision_parts(self) -> tuple:
+        """A verified plan's next step first, then the rule agent's steps with tidying first and
+        walking to where the prompt says things are before searching."""
+        return (self._plan_step, self._tidy, self._finish_put, self._direct_progress, self._toward_goal,
+                self._believed, self._search)
 
-    def _plan_step(self, obs: Mapping[str, Any], cands: list[dict]) -> tuple[dict, str] | None:
+    def _plan_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         b = self.beliefs
         if not b.plan or self.plan_at >= len(b.plan) or b.dropped.get(-1):
             return None

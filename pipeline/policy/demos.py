@@ -419,13 +419,13 @@ def training_unit(demo_id: str) -> str:
     return demo_id.rsplit("_", 1)[0] if demo_id.startswith(DRILL_PREFIX) else demo_id
 
 
-class _NoBackend:
-    """Stands in for a model when the agent is only used to build prompts."""
+class NoBackend:
+    """Stands in for a model when the agent is only used to build prompts (demos, the probe)."""
 
     name = "none"
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never called
-        raise RuntimeError("the demonstration renderer does not generate")
+        raise RuntimeError("the demonstrations and the probe only build prompts: nothing generates")
 
 
 def render_demos(cfg: Config, demos: Sequence[Demo]) -> list[RenderedTurn]:
@@ -437,7 +437,7 @@ def render_demos(cfg: Config, demos: Sequence[Demo]) -> list[RenderedTurn]:
     does. Renamed demonstrations rename the objective, grounding, block, observations and
     answers consistently before anything is rendered.
     """
-    agent = LLMAgent(cfg, backend=_NoBackend())
+    agent = LLMAgent(cfg, backend=NoBackend())
     organizer = PromptOrganizer.from_config(cfg)
     out: list[RenderedTurn] = []
     for demo in demos:

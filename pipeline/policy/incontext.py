@@ -30,7 +30,8 @@ from omegaconf import OmegaConf
 from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config
 from pipeline.llm.backends import TransformersBackend
-from pipeline.policy.demos import SceneMemory, freeze_prompt, house_env, prompt_variants, training_houses
+from pipeline.policy.demos import (NoBackend, SceneMemory, freeze_prompt, house_env, prompt_variants,
+                                   training_houses)
 from pipeline.prompts import PromptOrganizer
 
 
@@ -42,13 +43,6 @@ class ProbeTask:
     messages: list[dict]
     admissible: list[dict]
     answer: str  # the plan's first command
-
-
-class _NoBackend:
-    name = "none"
-
-    def generate(self, *args: Any, **kwargs: Any) -> Any:  # pragma: no cover - never called
-        raise RuntimeError("the probe builder does not generate")
 
 
 @dataclass
@@ -63,7 +57,7 @@ class InContextProbe:
               memory: SceneMemory, *, n: int) -> "InContextProbe":
         organizer = PromptOrganizer.from_config(cfg)
         oracle = [str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)]
-        agent = LLMAgent(cfg, backend=_NoBackend())
+        agent = LLMAgent(cfg, backend=NoBackend())
         tasks: list[ProbeTask] = []
         for house in training_houses(cfg, manifest, scenes, heldout=True).houses(n) if n > 0 else []:
             row = house.row(0)

@@ -212,13 +212,15 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         incontext.append({"step": step, **probe.score(tok.model, tok.tokenizer)})
         probe_s += time.perf_counter() - t_probe
 
-    def on_step(n: int, loss: float, done: list = [0]) -> None:  # noqa: B006 - the step counter
-        done[0] += n
+    done = 0
+
+    def on_step(n: int, loss: float) -> None:
+        nonlocal done
+        done += n
         if progress is not None:
             progress(n, loss)
-        if probe is not None and pol.incontext_every > 0 and done[0] % pol.incontext_every == 0 \
-                and done[0] < n_steps:
-            measure(done[0])
+        if probe is not None and pol.incontext_every > 0 and done % pol.incontext_every == 0 and done < n_steps:
+            measure(done)
 
     if probe is not None:
         measure(0)

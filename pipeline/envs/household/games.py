@@ -252,14 +252,17 @@ def quest_candidates(spec: Mapping[str, Any], world: World) -> dict[str, list[di
     return out
 
 
-def make_quests(spec: Mapping[str, Any], n_quests: int, min_length: int) -> list[dict[str, Any]]:
+def make_quests(spec: Mapping[str, Any], n_quests: int, min_length: int, *,
+                allow_fewer: bool = False) -> list[dict[str, Any]]:
     """Draw ``n_quests`` distinct solvable quests for a scene, quest types interleaved.
 
     Each quest gets the shortest plan that wins with the scene's preferences held (the
-    game ends at the win, so containers must be closed before the last step).
+    game ends at the win, so containers must be closed before the last step). The quests
+    of a smaller ``n_quests`` are the first ones of a larger.
 
     Raises:
-        ValueError: the scene has fewer solvable quests than asked for.
+        ValueError: the scene has fewer solvable quests than asked for (``allow_fewer``:
+            those there are are returned).
     """
     world = scene_world(spec)
     rng = random.Random(derive_seed(spec["seed"], "quests"))
@@ -280,7 +283,7 @@ def make_quests(spec: Mapping[str, Any], n_quests: int, min_length: int) -> list
                 continue
             bare = shortest_plan(world, q["goal"])
             quests.append(dict(q, plan=plan, plan_length_without_preferences=len(bare or [])))
-    if len(quests) < n_quests:
+    if len(quests) < n_quests and not allow_fewer:
         raise ValueError(
             f"{spec['scene_id']}: only {len(quests)} distinct solvable quests of length >= {min_length}, "
             f"{n_quests} needed: lower env.train_quests_per_scene / env.eval_quests_per_scene / "

@@ -154,10 +154,8 @@ class GeneratedHouses:
         spec["scene_split"] = "generated"
         if layout_key(spec) in self.exclude:
             return None
-        try:
-            quests = make_quests(spec, self.quests_per_house + 4, env_cfg.min_quest_length)
-        except ValueError:  # too few solvable quests in a small house: take what there is
-            quests = _all_quests(spec, env_cfg.min_quest_length)
+        # a few spare quests (a small house may have fewer: those there are), for the objectives excluded
+        quests = make_quests(spec, self.quests_per_house + 4, env_cfg.min_quest_length, allow_fewer=True)
         quests = [q for q in quests if q["objective"] not in self.exclude_objectives][:self.quests_per_house]
         if not quests:
             return None
@@ -175,12 +173,3 @@ class GeneratedHouses:
                 raise ValueError(f"only {len(out)} of {n} generated houses could be drawn (too many skipped)")
         return out
 
-
-def _all_quests(spec: dict, min_length: int) -> list[dict]:
-    """Every solvable quest of a small house (fewer than asked for), in make_quests' order."""
-    for n in range(8, 0, -1):
-        try:
-            return make_quests(spec, n, min_length)
-        except ValueError:
-            continue
-    return []
