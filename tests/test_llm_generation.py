@@ -755,7 +755,7 @@ def test_cached_prompts_give_the_same_logits_as_encoding_them_whole(lm):
             out = backend.model(input_ids=inp, attention_mask=attn, position_ids=pos, past_key_values=cache,
                                 use_cache=True)
         if hits is not None:
-            backend._remember_prompts(ids, hits, cache, attn)
+            backend._remember_prompts(ids, hits, cache)
         return out.logits[:, -1].float()
 
     for step in range(3):
@@ -800,12 +800,12 @@ def test_prompt_cache_keeps_the_shared_part_within_its_budget(lm):
     from pipeline.llm.kvcache import PromptKVCache
 
     pc = PromptKVCache(max_bytes=1 << 20)
-    layer = [(torch.zeros(2, 10, 4), torch.zeros(2, 10, 4))]
+    layer = torch.zeros(1, 2, 2, 10, 4)  # (layers, keys/values, heads, tokens, head_dim)
     pc.remember(list(range(10)), layer, hit=None, shared=0)
     entry, n = pc.lookup(list(range(6)) + [99, 98, 97])
     assert entry is pc.entries[0] and n == 6
     pc.remember(list(range(6)) + [99, 98, 97], None, hit=entry, shared=n)  # cut to what turns share
-    assert len(pc.entries) == 1 and len(entry.ids) == 6 and entry.layers[0][0].shape == (2, 6, 4)
+    assert len(pc.entries) == 1 and len(entry.ids) == 6 and entry.kv.shape == (1, 2, 2, 6, 4)
     assert pc.lookup(list(range(6)))[1] == 5  # the last token is always encoded
     small = PromptKVCache(max_bytes=2 * 10 * 4 * 4 * 2)  # room for one 10-token entry
     small.remember(list(range(10)), layer, hit=None, shared=0)

@@ -11,8 +11,13 @@ the rest, with the cached part in front of it in the batch cache::
 
     cache = PromptKVCache(max_bytes=1 << 30)
     entry, n = cache.lookup(ids)          # n tokens of ids are cached in entry (0: none)
-    ...encode ids[n:] after entry.layers[:n]...
-    cache.remember(ids, layers, hit=entry, shared=n)
+    ...encode ids[n:] after entry.kv[..., :n, :]...
+    cache.remember(ids, kv, hit=entry, shared=n)
+
+An entry's keys and values of every layer are one tensor, ``(layers, 2, heads, tokens,
+head_dim)``, on the model's device: a turn's batch cache is assembled with one copy per
+row and an entry is stored with one per row (issue 34: per-layer copies were thousands of
+small kernels a turn on a GPU).
 
 What is kept: a prompt that hit an entry with at least half of that entry shared is not
 stored again; the entry is cut to the shared part instead (what the next turn will share
@@ -33,21 +38,22 @@ import numpy as np
 
 @dataclass(eq=False)  # identity: entries hold tensors
 class CachedPrompt:
-    """One cached prompt: token ids and, per layer, ``(keys, values)`` of shape
-    ``(heads, tokens, head_dim)`` (no batch dimension)."""
+    """One cached prompt: token ids and the keys and values of every layer, ``kv`` of shape
+    ``(layers, 2, heads, tokens, head_dim)`` (``kv[l, 0]``: layer ``l``'s keys; no batch
+    dimension)."""
 
     ids: np.ndarray
-    layers: list[tuple[Any, Any]]
+    kv: Any
     nbytes: int = 0
     last_used: int = 0
 
     def __post_init__(self) -> None:
-        self.nbytes = sum(int(k.numel() * k.element_size() + v.numel() * v.element_size()) for k, v in self.layers)
+        self.nbytes = int(self.kv.numel() * self.kv.element_size())
 
     def cut(self, n: int) -> None:
-        """Keep the first ``n`` tokens (copies, so the rest is freed)."""
+        """Keep the first ``n`` tokens (a copy, so the rest is freed)."""
         self.ids = self.ids[:n].copy()
-        self.layers = [(k[:, :n].clone(), v[:, :n].clone()) for k, v in self.layers]
+        self.kv = self.kv[..., :n, :].clone()
         self.__post_init__()
 
 
@@ -89,11 +95,10 @@ class PromptKVCache:
         best.last_used = self.clock
         return best, min(best_n, len(ids) - 1)
 
-    def remember(self, ids: Sequence[int], layers: list[tuple[Any, Any]] | None, *, hit: CachedPrompt | None,
-                 shared: int) -> None:
+    def remember(self, ids: Sequence[int], kv: Any, *, hit: CachedPrompt | None, shared: int) -> None:
         """Record an encoded prompt. ``hit``/``shared``: what :meth:`lookup` gave for it.
-        ``layers`` (per layer ``(keys, values)`` of all of ``ids``) is needed only when the
-        prompt is stored whole (:meth:`wants`)."""
+        ``kv`` (the keys and values of all of ``ids``, ``(layers, 2, heads, tokens,
+        head_dim)``) is needed only when the prompt is stored whole (:meth:`wants`)."""
         self.reused_tokens += shared
         self.encoded_tokens += len(ids) - shared
         if self.max_bytes <= 0:
@@ -102,10 +107,12 @@ class PromptKVCache:
             if hit is not None and shared < len(hit.ids) and hit in self.entries:
                 hit.cut(shared)  # the part every turn shares; the rest was the previous turn's
             return
-        if layers is None:
-            raise ValueError("PromptKVCache.remember: a prompt stored whole needs its layers")
+        if kv is None:
+            raise ValueError("PromptKVCache.remember: a prompt stored whole needs its keys and values")
+        if kv.shape[-2] != len(ids):
+            raise ValueError(f"PromptKVCache.remember: {len(ids)} ids but keys and values of {kv.shape[-2]} tokens")
         self.clock += 1
-        self.entries.append(CachedPrompt(np.asarray(ids, dtype=np.int64), layers, last_used=self.clock))
+        self.entries.append(CachedPrompt(np.asarray(ids, dtype=np.int64), kv, last_used=self.clock))
         self._evict()
 
     @staticmethod

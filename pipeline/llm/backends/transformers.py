@@ -291,6 +291,10 @@ class TransformersBackend:
         cache, right-aligned over the widest one (padding on its left, masked), and only
         the rest of each prompt is fed, left-padded after it. Positions count real tokens,
         so a row sees exactly the sequence it would see uncached.
+
+        The batch cache of every layer is one zeroed ``(layers, 2, B, heads, width,
+        head_dim)`` tensor filled with one copy per row that hits (the entry holds all its
+        layers in one tensor); masks and positions are built on the host and moved once.
         """
         import torch  # deferred: heavy optional dependency (torch)
         from transformers import DynamicCache  # deferred: heavy optional dependency
@@ -305,34 +309,43 @@ class TransformersBackend:
         dev = self.device
         input_ids, s_attn, _ = self._left_pad([p[n:] for p, (_, n) in zip(prompt_ids, hits)])
         B = len(prompt_ids)
-        c_attn = torch.zeros((B, width), dtype=s_attn.dtype, device=dev)
-        some = next(e for e, n in hits if n)
-        layers = []
-        for li, (k0, v0) in enumerate(some.layers):
-            k = torch.zeros((B, k0.shape[0], width, k0.shape[2]), dtype=k0.dtype, device=dev)
-            v = torch.zeros((B, v0.shape[0], width, v0.shape[2]), dtype=v0.dtype, device=dev)
-            for b, (entry, n) in enumerate(hits):
-                if n:
-                    k[b, :, width - n:] = entry.layers[li][0][:, :n]
-                    v[b, :, width - n:] = entry.layers[li][1][:, :n]
-            layers.append((k, v))
-        for b, (_, n) in enumerate(hits):
-            c_attn[b, width - n:] = 1
-        shared = torch.tensor([n for _, n in hits], device=dev)[:, None]
-        positions = (shared + s_attn.cumsum(-1) - 1).clamp(min=0)
-        return input_ids, torch.cat([c_attn, s_attn], dim=1), positions, DynamicCache(ddp_cache_data=layers), hits
+        shared = torch.tensor([n for _, n in hits], dtype=torch.long)
+        c_attn = (torch.arange(width)[None, :] >= (width - shared)[:, None]).to(dev, s_attn.dtype)
+        kv0 = next(e for e, n in hits if n).kv  # (layers, 2, heads, tokens, head_dim)
+        L, _, H, _, D = kv0.shape
+        kv = torch.zeros((L, 2, B, H, width, D), dtype=kv0.dtype, device=dev)
+        for b, (entry, n) in enumerate(hits):
+            if n:
+                kv[:, :, b, :, width - n:] = entry.kv[:, :, :, :n]
+        positions = (shared.to(dev)[:, None] + s_attn.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache(ddp_cache_data=[(kv[layer, 0], kv[layer, 1]) for layer in range(L)])
+        return input_ids, torch.cat([c_attn, s_attn], dim=1), positions, cache, hits
 
-    def _remember_prompts(self, prompt_ids: list[list[int]], hits: list, cache: Any, attn: Any) -> None:
+    def _remember_prompts(self, prompt_ids: list[list[int]], hits: list, cache: Any) -> None:
         """After the first forward: give the prompt cache each prompt (its keys and values,
-        copied out of the batch cache, where it keeps the prompt whole)."""
+        copied out of the batch cache, where it keeps the prompt whole).
+
+        Row ``b``'s tokens sit in two known column ranges of the batch cache (its cached
+        prefix right-aligned before column ``width``, the rest at the right end): no mask
+        is read back from the device, and each stored prompt is one stacked copy per range.
+        """
+        import torch  # deferred: heavy optional dependency (torch)
+
         pc = self.prompt_cache
+        width = max(n for _, n in hits)
+        layers = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        L, total = len(cache.layers), layers[0].shape[-2]
         for b, ids in enumerate(prompt_ids):
             entry, n = hits[b]
-            layers = None
+            kv = None
             if pc.wants(entry, n):
-                cols = attn[b].nonzero()[:, 0]
-                layers = [(layer.keys[b][:, cols], layer.values[b][:, cols]) for layer in cache.layers]
-            pc.remember(ids, layers, hit=entry, shared=n)
+                rest = len(ids) - n  # the tokens this turn encoded, at the right end
+                parts = [torch.stack([t[b, :, total - rest:] for t in layers])]
+                if n:
+                    parts.insert(0, torch.stack([t[b, :, width - n:width] for t in layers]))
+                kv = torch.cat(parts, dim=-2) if len(parts) > 1 else parts[0]
+                kv = kv.view(L, 2, *kv.shape[1:])
+            pc.remember(ids, kv, hit=entry, shared=n)
 
     def _decode_loop(self, prompt_ids: list[list[int]], seeds: list[int], caps: list[int], early_stop: bool,
                      modes: list[tuple[str, list | None]] | None = None, reasoning_max: int = 32,
@@ -365,12 +378,16 @@ class TransformersBackend:
         leads: dict[int, str] = {}  # choice rows: the reasoning line's end the candidates start with
         first_lp: dict[int, Any] = {}  # choice rows: log-probs of the first token after the reasoning
         texts = self.token_texts() if any(p != "free" for p in phase) else None
-        line_masks: dict[int, Any] = {}
+        # Per original row, the tokens its reasoning line may take (free rows: all), built on
+        # the host and moved once: (B, V) bool.
+        line_masks = None
         if texts is not None:
             inside, enders = texts.line_tokens()
-            base = torch.tensor(inside, dtype=torch.bool, device=dev)
+            base = torch.tensor(inside, dtype=torch.bool)
+            rows = []
             for r, (mode, acts) in enumerate(modes):
                 if mode == "free":
+                    rows.append(torch.ones_like(base))
                     continue
                 mask = base.clone()
                 if mode == "constrained":
@@ -379,37 +396,61 @@ class TransformersBackend:
                 else:  # choice: the line ends at any newline; the candidates are scored from there
                     ok = [i for i, _ in enders]
                 if ok:
-                    mask[torch.tensor(ok, device=dev)] = True
-                line_masks[r] = mask
+                    mask[torch.tensor(ok)] = True
+                rows.append(mask)
+            line_masks = torch.stack(rows).to(dev)
         active = list(range(B))  # original row of each batch row still generating (or parked)
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         with torch.inference_mode():
             out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
                              past_key_values=cache, use_cache=True, **kwargs)
             if hits is not None:
-                self._remember_prompts(prompt_ids, hits, cache, attn)
+                self._remember_prompts(prompt_ids, hits, cache)
             last_pos = positions[:, -1]
             step = 0
+            # What the loop reads back from the device: one transfer a step (the chosen ids, with
+            # their log-probs), plus the argmax when a greedy row is inside its JSON action. The
+            # masks of the active rows stay on the device and change only when a row leaves the
+            # batch or a row's phase changes.
+            act_masks = line_masks
+            reason_flags, reason_sent = None, None
             while True:
                 raw = out.logits[:, -1, :].float()  # (B_active, V)
+                V = raw.shape[1]
                 logits = raw.clone()
-                for b, r in enumerate(active):
-                    if phase[r] == "reason":
-                        logits[b, ~line_masks[r][: logits.shape[1]]] = float("-inf")
-                    elif phase[r] == "json":
-                        if warpers is None:  # greedy: the model's own choice, when the constraint accepts it,
-                            top = int(logits[b].argmax())  # is the masked argmax; no mask needed
-                            if constraints[r].accepts(texts.texts[top]) and texts.texts[top]:  # type: ignore
-                                continue
-                        allowed = constraints[r].allowed()  # type: ignore[union-attr]
+                reason_now = [phase[r] == "reason" for r in active]
+                if any(reason_now):
+                    if reason_now != reason_sent:
+                        reason_flags, reason_sent = torch.tensor(reason_now, device=dev), reason_now
+                    logits.masked_fill_(reason_flags[:, None] & ~act_masks[:, :V], float("-inf"))
+                json_rows = [b for b, r in enumerate(active) if phase[r] == "json"]
+                if json_rows:
+                    # greedy: the model's own choice, when the constraint accepts it, is the masked
+                    # argmax; no mask needed for that row
+                    tops = logits.argmax(-1).tolist() if warpers is None else None
+                    need: list[tuple[int, list[int]]] = []
+                    for b in json_rows:
+                        c = constraints[active[b]]
+                        if tops is not None and texts.texts[tops[b]] and c.accepts(texts.texts[tops[b]]):  # type: ignore
+                            continue
+                        allowed = c.allowed()  # type: ignore[union-attr]
                         if not allowed:
                             raise ValueError("constrained decoding: no admissible continuation")
-                        row = torch.full_like(logits[b], float("-inf"))
-                        idx = torch.tensor(allowed, device=dev)
-                        row[idx] = logits[b, idx]
-                        logits[b] = row
+                        need.append((b, allowed))
+                    if need:
+                        keep_ok = torch.ones_like(logits, dtype=torch.bool)
+                        keep_ok[torch.tensor([b for b, _ in need], device=dev)] = False
+                        where = torch.tensor([[b, i] for b, allowed in need for i in allowed], device=dev)
+                        keep_ok[where[:, 0], where[:, 1]] = True
+                        logits.masked_fill_(~keep_ok, float("-inf"))
                 next_ids = self._choose(logits, warpers, [generators[r] for r in active])
-                ids_list = next_ids.tolist()
+                chosen_lp = None
+                if self.want_logprobs:  # ids and log-probs come back in one transfer (float64: both exact)
+                    lp = torch.log_softmax(raw, -1).gather(1, next_ids[:, None])[:, 0]
+                    back = torch.stack([next_ids.to(torch.float64), lp.to(torch.float64)]).tolist()
+                    ids_list, chosen_lp = [int(i) for i in back[0]], back[1]
+                else:
+                    ids_list = next_ids.tolist()
                 # A choice row whose line ends here (a newline chosen, or the bound reached) is parked
                 # before that token: every candidate is scored from this position.
                 for b, r in enumerate(active):
@@ -420,9 +461,6 @@ class TransformersBackend:
                             leads[r] = piece.split("\n", 1)[0] + "\n" if "\n" in piece else "\n"
                             first_lp[r] = torch.log_softmax(raw[b], -1)
                 parked = [phase[r] == "park" for r in active]
-                chosen_lp = None
-                if self.want_logprobs:
-                    chosen_lp = torch.log_softmax(raw, -1).gather(1, next_ids[:, None])[:, 0].tolist()
                 step += 1
                 # A JSON action under its constraint is finished whatever max_new_tokens says (it is at
                 # most the longest admissible text), unless the context ends.
@@ -454,12 +492,20 @@ class TransformersBackend:
                     idx = torch.tensor(keep, device=dev)
                     cache.batch_select_indices(idx)
                     attn, last_pos, next_ids = attn[idx], last_pos[idx], next_ids[idx]
+                    if act_masks is not None:
+                        act_masks = act_masks[idx]
                     active = [active[b] for b in keep]
+                    reason_sent = None
                 # A parked row's new column is padding its attention ignores; its position stays.
-                live = torch.tensor([0 if phase[r] == "park" else 1 for r in active], device=dev, dtype=attn.dtype)
-                next_ids = torch.where(live.bool(), next_ids, torch.full_like(next_ids, self.pad_id))
-                attn = torch.cat([attn, live[:, None]], dim=1)
-                last_pos = last_pos + live
+                if any(phase[r] == "park" for r in active):
+                    live = torch.tensor([0 if phase[r] == "park" else 1 for r in active], device=dev,
+                                        dtype=attn.dtype)
+                    next_ids = torch.where(live.bool(), next_ids, torch.full_like(next_ids, self.pad_id))
+                    attn = torch.cat([attn, live[:, None]], dim=1)
+                    last_pos = last_pos + live
+                else:  # every row live: nothing to send to the device
+                    attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+                    last_pos = last_pos + 1
                 out = self.model(input_ids=next_ids[:, None], attention_mask=attn, position_ids=last_pos[:, None],
                                  past_key_values=cache, use_cache=True, **kwargs)
             results: list[tuple[TrackedTurn, int | None, list[float] | None]] = []
@@ -505,17 +551,21 @@ class TransformersBackend:
             sel = torch.tensor([job[1] for job in chunk], device=dev)
             sub = DynamicCache(ddp_cache_data=[(layer.keys[sel], layer.values[sel]) for layer in cache.layers])
             L = max(len(job[3]) for job in chunk)
-            inp = torch.full((len(chunk), L), self.pad_id, dtype=torch.long, device=dev)
+            inp = torch.full((len(chunk), L), self.pad_id, dtype=torch.long)  # built on the host, moved once
             for j, (_, _, _, ids, _) in enumerate(chunk):
                 inp[j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            inp = inp.to(dev)
             a = torch.cat([attn[sel], torch.ones((len(chunk), L), dtype=attn.dtype, device=dev)], dim=1)
             pos = last_pos[sel][:, None] + 1 + torch.arange(L, device=dev)[None, :]
             out = self.model(input_ids=inp, attention_mask=a, position_ids=pos, past_key_values=sub,
                              use_cache=True, **kwargs)
             lps = torch.log_softmax(out.logits.float(), -1)
+            # Each candidate token's log-prob, read back in one transfer: the first from the row's
+            # log-probs after its reasoning, token t from the forward's position t - 1.
+            firsts = torch.stack([first_lp[r][ids[0]] for r, _, _, ids, _ in chunk]).tolist()
+            nexts = lps[:, :-1].gather(2, inp[:, 1:, None])[..., 0].tolist() if L > 1 else [[] for _ in chunk]
             for j, (r, _, i, ids, closes) in enumerate(chunk):
-                toks = [float(first_lp[r][ids[0]])]
-                toks += [float(lps[j, t - 1, ids[t]]) for t in range(1, len(ids))]
+                toks = [firsts[j]] + nexts[j][:len(ids) - 1]
                 total = sum(toks)
                 if total > totals[r].get(i, float("-inf")):
                     totals[r][i] = total
