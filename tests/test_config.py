@@ -108,6 +108,8 @@ def test_unknown_group_option_names_it(repo: Path, override: str, group: str):
         ("user.feedback_prob", 2.0, "in \\[0, 1\\]"),
         ("memory.topk", 5, "in \\[1, 3\\]"),
         ("env.heldout_scenes", 8, "env.heldout_scenes=8"),
+        ("model.prompt_cache_mb", -1, ">= 0"),
+        ("model.prompt_cache_mb", "lots", "or auto"),
     ],
 )
 def test_range_validation_names_key_and_value(key: str, value, expected: str):

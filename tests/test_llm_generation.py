@@ -816,6 +816,21 @@ def test_prompt_cache_keeps_the_shared_part_within_its_budget(lm):
                             model=lm.backend.model, tokenizer=lm.tok)
 
 
+def test_prompt_cache_auto_is_on_for_the_cpu_and_off_on_a_gpu(lm):
+    """``model.prompt_cache_mb=auto`` (the default) follows the recorded per-device rule; a number wins."""
+    from pipeline.llm.backends.transformers import AUTO_PROMPT_CACHE_MB, prompt_cache_budget
+
+    assert prompt_cache_budget("auto", torch.device("cpu")) == AUTO_PROMPT_CACHE_MB["cpu"] > 0
+    assert prompt_cache_budget("auto", torch.device("cuda")) == 0  # measured slower there (issue 34)
+    assert prompt_cache_budget("auto", torch.device("mps")) == 0  # not measured
+    assert prompt_cache_budget(0, torch.device("cpu")) == 0 and prompt_cache_budget(512, torch.device("cuda")) == 512
+    auto = TransformersBackend(OmegaConf.merge(lm.cfg.model, {"prompt_cache_mb": "auto"}), lm.cfg.sampling,
+                               model=lm.backend.model, tokenizer=lm.tok)
+    assert auto.prompt_cache is not None and auto.prompt_cache.max_bytes == int(AUTO_PROMPT_CACHE_MB["cpu"]) << 20
+    with pytest.raises(BackendError, match="model.prompt_cache_mb='lots'"):
+        prompt_cache_budget("lots", torch.device("cpu"))
+
+
 def test_generation_cache_returns_what_the_model_returns_and_any_change_misses(lm, tmp_path):
     """Opt-in ``model.cache_dir``: a rerun reads every turn back (what a fresh run produces);
     a different model, prompt, seed, sampling parameter or decoding is a miss."""

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from omegaconf import MISSING
 
@@ -446,8 +446,9 @@ class ModelConfig:
     """The admissible-action constraint the server enforces (openai backend; :class:`StructuredOutput`)."""
     cache_dir: Optional[str] = None
     """Generation cache folder (either backend; opt-in), e.g. data/llm_cache (outside all outputs); null: off."""
-    prompt_cache_mb: float = 1024.0
-    """MiB of encoded prompts' keys / values kept across turns (transformers backend); 0: off."""
+    prompt_cache_mb: Union[int, float, str] = "auto"
+    """MiB of encoded prompts' keys / values kept across turns (transformers backend); 0: off; ``auto``: by
+    device, 1024 on the CPU and off elsewhere (``pipeline.llm.backends.transformers.AUTO_PROMPT_CACHE_MB``)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
     """How the ``policy`` stage builds and trains the default policy (read only when ``train_policy``)."""
     gguf: GgufSourceConfig = field(default_factory=GgufSourceConfig)

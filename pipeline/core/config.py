@@ -456,7 +456,11 @@ def _check_model(m: ModelConfig) -> None:
     _count(m.max_retries, "model.max_retries")
     _positive(m.backoff_s, "model.backoff_s", zero=True)
     _count(m.max_concurrency, "model.max_concurrency", 1)
-    _positive(m.prompt_cache_mb, "model.prompt_cache_mb", zero=True)
+    if isinstance(m.prompt_cache_mb, str):
+        _require(m.prompt_cache_mb == "auto", "model.prompt_cache_mb", m.prompt_cache_mb,
+                 "a number of MiB >= 0 (0: off) or auto")
+    else:
+        _positive(m.prompt_cache_mb, "model.prompt_cache_mb", zero=True)
 
 
 def _check_reward(r: RewardConfig) -> None:

@@ -43,6 +43,33 @@ log = logging.getLogger(__name__)
 GENERATION_CACHE_FORMAT = "pipeline.transformers_generation/1"  # part of every key: bump when results change
 SCORE_ROWS = 64  # candidate rows per scoring forward (choice decoding): bounds the cache copies
 
+# ``model.prompt_cache_mb=auto`` (the default): the prompt cache's budget per device type, by
+# measurement (issue 34). cpu: on; cache on ran at least as fast as cache off at every batch
+# size and prompt shape measured (``python -m benchmarks --only engines``, variant ``cache``;
+# README, Performance). cuda: off; on an H200 cache on ran at 0.43-0.66x the turns/s of cache
+# off at 8-256 conversations and doubled peak memory (issue 34, measured before that issue's
+# copy fixes; measure again with ``python -m benchmarks --only engines --device cuda`` before
+# turning it on). Any other device: not measured, off. A number always wins over this rule.
+AUTO_PROMPT_CACHE_MB = {"cpu": 1024.0}
+
+
+def prompt_cache_budget(setting: Any, device: Any) -> float:
+    """MiB of prompt cache for ``model.prompt_cache_mb`` (a number, or ``auto``) on ``device``.
+
+    Raises:
+        BackendError: neither ``auto`` nor a finite number >= 0.
+    """
+    if isinstance(setting, str) and setting.strip().lower() == "auto":
+        return AUTO_PROMPT_CACHE_MB.get(getattr(device, "type", str(device)), 0.0)
+    try:
+        mb = float(setting)
+    except (TypeError, ValueError):
+        mb = float("nan")
+    if isinstance(setting, bool) or not mb >= 0 or mb == float("inf"):
+        raise BackendError(f"model.prompt_cache_mb={setting!r}: expected auto or a number >= 0 (MiB of cached "
+                           "prompt keys and values; 0 turns the prompt cache off)")
+    return mb
+
 
 class TransformersBackend:
     """Batched generation with a local causal LM, per-row tracking and early stop.
@@ -83,11 +110,7 @@ class TransformersBackend:
         # sampling, seed and constraint is read back instead of generated again.
         self.generation_cache = ResponseCache(cache_root(cache_dir), base_url="transformers") if cache_dir else None
         self._model_sha256: str | None = None
-        budget = model_cfg.prompt_cache_mb
-        if budget < 0:
-            raise BackendError(f"model.prompt_cache_mb={budget:g}: expected >= 0 (MiB of cached prompt keys and "
-                               "values; 0 turns the prompt cache off)")
-        self.set_prompt_cache(budget)
+        self.set_prompt_cache(prompt_cache_budget(model_cfg.prompt_cache_mb, self.device))
 
     def _load(self, model_cfg: ModelConfig) -> tuple[Any, Any]:
         import torch  # deferred: heavy optional dependency (torch)
