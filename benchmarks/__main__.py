@@ -4,6 +4,8 @@
     python -m benchmarks --quick               # a smoke version of everything (minutes)
     python -m benchmarks --only retrieval render
     python -m benchmarks --list                # names and what each measures
+    python -m benchmarks --only engines --device cuda   # the engines on a GPU (skipped, saying so, without CUDA)
+    python -m benchmarks --only engines --variants cache   # some variants of a benchmark (the others' figures kept)
 
 Each benchmark runs in its own subprocess (``python -m benchmarks --child NAME``), so a
 failure or a memory peak in one never affects another, and peak memory is that process's
@@ -52,6 +54,7 @@ RESULTS = ROOT / "benchmarks" / "results.json"
 BENCH_DIR_ENV = "PIPELINE_BENCH_DIR"  # the parent's scratch folder, shared by its children
 RESULT_TAG = "BENCH_RESULT "
 DEFAULTS_ENV = "PIPELINE_BENCH_DEFAULTS"  # --set-default, for the pipeline benchmark's scratch copy
+DEVICE_ENV = "PIPELINE_BENCH_DEVICE"  # --device, for the engines benchmark's model-running variants
 
 
 def row(figure: str, value: float | None, unit: str, *, ratio: float | None = None, vs: str | None = None,
@@ -59,6 +62,20 @@ def row(figure: str, value: float | None, unit: str, *, ratio: float | None = No
     """One line of the table. ``ratio`` is ``value`` against ``vs`` (measured in the same run)."""
     return {"figure": figure, "value": value, "unit": unit, "ratio": ratio, "vs": vs, "target": target,
             "met": met, "note": note}
+
+
+def device_info(dev: str) -> dict[str, Any]:
+    """What ``--device`` names, as recorded in results.json: the device, its name, and why it
+    cannot be used here (``problem``), if so. Imports torch only for a non-CPU device."""
+    if dev == "cpu":
+        return {"device": "cpu"}
+    import torch  # deferred: only --device cuda needs it in the parent
+
+    if dev.startswith("cuda") and torch.cuda.is_available():
+        return {"device": dev, "name": torch.cuda.get_device_name(torch.device(dev)), "torch": torch.__version__,
+                "cuda": torch.version.cuda}
+    why = "CUDA is not available on this machine" if dev.startswith("cuda") else "only cpu and cuda are measured"
+    return {"device": dev, "problem": f"{why} (torch {torch.__version__})"}
 
 
 def bench_dir() -> Path:
@@ -725,10 +742,11 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "openai_serve": (bench_openai_serve, [""], [""],
                      "issue 21: requests/s, tokens/s at concurrency 1/4/16: openai backend -> transformers serve "
                      "vs in process"),
-    "engines": (bench_engines, ["limit", "prefill-1", "prefill-8", "prefill-32", "engines"],
-                ["limit", "prefill-1", "prefill-2", "engines"],
+    "engines": (bench_engines, ["limit", "prefill-1", "prefill-8", "prefill-32", "engines", "cache"],
+                ["limit", "prefill-1", "prefill-2", "engines", "cache"],
                 "issue 18: matmul limit, MFU of prompt encoding at batch 1/8/32, multi-turn engines (naive, "
-                "backend prompt cache off/on, continuous batching)"),
+                "backend prompt cache off/on, continuous batching); issue 34: prompt cache off vs on by batch size, "
+                "prompt shape and decoding; --device cuda runs them on a GPU"),
 }
 
 
@@ -795,6 +813,9 @@ def print_table(meta: dict[str, Any], results: dict[str, list[dict]], out=None) 
     print(f"benchmarks {meta['date']} on {meta['host']}: {meta['cores']} cores, {meta['cpu_model']}, "
           f"{meta['memory_gib']} GiB; python {meta['python']}, torch {meta['packages'].get('torch')}; "
           f"git {meta.get('git')}; load average at start {meta['load_average']}"
+          + (f"; device {meta['device'].get('name') or meta['device']['device']}"
+             + (f" ({meta['device']['problem']})" if meta["device"].get("problem") else "")
+             if meta.get("device", {}).get("device", "cpu") != "cpu" else "")
           + (" [QUICK smoke run: not the real figures]" if meta.get("quick") else ""), file=out)
     head = ("figure", "value", "unit", "ratio", "vs", "target", "met")
     table = []
@@ -840,6 +861,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set-default", action="append", default=[], metavar="GROUP=OPTION",
                         help="pipeline benchmark: change a defaults-list entry of the scratch copy's "
                              "conf/config.yaml, e.g. agent=llm (repeatable)")
+    parser.add_argument("--variants", nargs="+", metavar="VARIANT",
+                        help="run only these variants of the selected benchmarks (e.g. --only engines --variants "
+                             "cache); results.json keeps the other variants' figures")
+    parser.add_argument("--device", default="cpu",
+                        help="torch device of the engines benchmark's models (cpu | cuda | cuda:N; the other "
+                             "benchmarks run on the CPU); without CUDA its rows say so and nothing is measured")
     parser.add_argument("--child", choices=list(BENCHMARKS), help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -855,14 +882,21 @@ def main(argv: list[str] | None = None) -> int:
     args.keep = args.keep or bool(args.scratch)
     os.environ[BENCH_DIR_ENV] = str(scratch)
     os.environ[DEFAULTS_ENV] = ",".join(args.set_default)
+    os.environ[DEVICE_ENV] = args.device
     meta = machine_info()
     meta["quick"] = args.quick
+    meta["device"] = device_info(args.device)
+    if meta["device"].get("problem"):
+        print(f"[benchmarks] --device {args.device}: {meta['device']['problem']}; the engines benchmark's rows "
+              "will say skipped, the other benchmarks run on the CPU", file=sys.stderr, flush=True)
     meta["set_default"] = args.set_default
     results: dict[str, list[dict]] = {}
     log = open(args.log, "w", encoding="utf-8") if args.log else None
     try:
         for name in names:
             variants = BENCHMARKS[name][2] if args.quick else BENCHMARKS[name][1]
+            if args.variants:
+                variants = [v for v in variants if v in args.variants]
             for variant in variants:
                 print(f"[benchmarks] {name} {variant}".rstrip() + f" (load {load_average()}) ...", file=sys.stderr,
                       flush=True)
@@ -890,6 +924,11 @@ def main(argv: list[str] | None = None) -> int:
             except (OSError, json.JSONDecodeError):
                 pass
         for name, runs in results.items():
+            if args.variants and name in doc["benchmarks"]:  # replace only the variants that ran
+                ran = {r["variant"] for r in runs}
+                old = doc["benchmarks"][name]
+                kept = [{"meta": old.get("meta"), **r} for r in old.get("runs", []) if r.get("variant") not in ran]
+                runs = kept + runs  # a kept run carries the meta (date, machine, device) of the run that made it
             doc["benchmarks"][name] = {"meta": meta, "runs": runs}
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".json.tmp")

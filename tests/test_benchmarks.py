@@ -46,6 +46,25 @@ def test_a_failing_benchmark_is_reported_not_raised(capsys):
     assert "a figure" in text and "2.00x" in text
 
 
+def test_device_cuda_without_cuda_says_so_and_measures_nothing(tmp_path: Path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: `python -m benchmarks --only engines --device cuda` measures for real")
+    out = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--only", "engines", "--variants", "cache",
+                           "--device", "cuda", "--out", str(out)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "--device cuda: CUDA is not available" in proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["device"]["device"] == "cuda" and "not available" in doc["meta"]["device"]["problem"]
+    runs = doc["benchmarks"]["engines"]["runs"]
+    assert [r["variant"] for r in runs] == ["cache"]
+    rows = [r for run in runs for r in run["rows"]]
+    assert rows and all(r["value"] is None and "CUDA is not available" in r["note"] for r in rows)
+
+
 def test_list_names_every_benchmark():
     proc = subprocess.run([sys.executable, "-m", "benchmarks", "--list"], cwd=ROOT, capture_output=True, text=True,
                           timeout=60)

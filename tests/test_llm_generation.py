@@ -831,6 +831,36 @@ def test_prompt_cache_auto_is_on_for_the_cpu_and_off_on_a_gpu(lm):
         prompt_cache_budget("lots", torch.device("cpu"))
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="no CUDA device here: the CUDA path (model.device=cuda) is tested only where one is present")
+@pytest.mark.parametrize("decoding", ["free", "constrained", "choice"])
+def test_cuda_turns_equal_the_cpu_turns(lm, decoding):
+    """On a GPU the backend plays every decoding, prompt cache off (``auto``) and on, with the
+    CPU's greedy tokens, actions and choice (float32 both: the tiny model's margins are wide)."""
+    msgs = [_agent(lm, e).messages(o) for e, o, _ in EPISODES[:4]]
+    adm = [o["admissible_actions"] for _, o, _ in EPISODES[:4]]
+
+    def play(device: str, cache) -> list:
+        cfg = OmegaConf.merge(lm.cfg.model, {"device": device, "prompt_cache_mb": cache})
+        backend = TransformersBackend(cfg, lm.cfg.sampling, model=copy.deepcopy(lm.backend.model), tokenizer=lm.tok)
+        assert (backend.prompt_cache is None) == (cache == "auto" and device == "cuda")
+        gens = []
+        for _ in range(2):  # the second pass reads the prompt cache, where it is on
+            gens = backend.generate(msgs, seeds=[1, 2, 3, 4], admissible=adm, decoding=decoding)
+        assert all(g.error is None for g in gens), [g.error for g in gens]
+        return gens
+
+    want = play("cpu", 0)
+    for cache in ("auto", 64):
+        got = play("cuda", cache)
+        for a, b in zip(got, want):
+            assert a.generated_ids == b.generated_ids and a.chosen_index == b.chosen_index
+            if b.logprobs is not None:
+                torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-3, rtol=1e-3)
+            if decoding == "choice":
+                assert a.action_scores is not None and len(a.action_scores) == len(b.action_scores)
+
+
 def test_generation_cache_returns_what_the_model_returns_and_any_change_misses(lm, tmp_path):
     """Opt-in ``model.cache_dir``: a rerun reads every turn back (what a fresh run produces);
     a different model, prompt, seed, sampling parameter or decoding is a miss."""
