@@ -401,7 +401,7 @@ class TransformersBackend:
         leads: dict[int, str] = {}  # choice rows: the reasoning line's end the candidates start with
         first_lp: dict[int, Any] = {}  # choice rows: log-probs of the first token after the reasoning
         texts = self.token_texts() if any(p != "free" for p in phase) else None
-        # Per original row, the tokens its reasoning line may take (free rows: all), built on
+        # Per original row, the tokens allowed in its reasoning line (free rows: all), built on
         # the host and moved once: (B, V) bool.
         line_masks = None
         if texts is not None:
