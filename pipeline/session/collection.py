@@ -16,6 +16,7 @@ writes the same bytes as an uninterrupted run.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 import json
 import multiprocessing
@@ -28,19 +29,21 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from omegaconf import DictConfig
 from tqdm import tqdm
 
 import pipeline
 from pipeline.agents import Agent, make_agent, plays_with_model
 from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
-from pipeline.core.config import ConfigError, config_hash
+from pipeline.core.config import ConfigError, config_hash, to_plain
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.core.numerics import pin
 from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env
 from pipeline.llm.accounting import token_statistics
 from pipeline.llm.backends import BackendError, is_local
+from pipeline.llm.backends.transformers import prompt_cache_budget
 from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
 from pipeline.session.online import play_online
@@ -56,8 +59,17 @@ CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction")
 
 
 def collection_hash(cfg: Config) -> str:
-    """The config hash a collection's episodes and checkpoints are keyed and labelled by."""
-    return config_hash(cfg, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED)
+    """The config hash a collection's episodes and checkpoints are keyed and labelled by.
+
+    ``model.prompt_cache_mb`` enters as the budget it gives on ``model.device`` (a float;
+    ``auto``: the per-device rule), so ``auto`` and the number it stands for there are one
+    config: the same episodes, checkpoints and recorded hash.
+    """
+    plain = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    model = plain.get("model")
+    if isinstance(model, dict) and "prompt_cache_mb" in model:
+        model["prompt_cache_mb"] = prompt_cache_budget(model["prompt_cache_mb"], model.get("device") or "cpu")
+    return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED)
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:

@@ -60,7 +60,7 @@ def prompt_cache_budget(setting: Any, device: Any) -> float:
         BackendError: neither ``auto`` nor a finite number >= 0.
     """
     if isinstance(setting, str) and setting.strip().lower() == "auto":
-        return AUTO_PROMPT_CACHE_MB.get(getattr(device, "type", str(device)), 0.0)
+        return AUTO_PROMPT_CACHE_MB.get(str(getattr(device, "type", device)).split(":")[0], 0.0)
     try:
         mb = float(setting)
     except (TypeError, ValueError):
