@@ -246,11 +246,14 @@ def test_incontext_probe_scores_first_steps_of_held_out_houses(cfg, tiny_games, 
     for t in probe.tasks:
         assert t.answer in [a["command"] for a in t.admissible]
         assert ("that solve this exact task: " + t.answer in t.messages[0]["content"]) == (t.kind == "oracle")
+        # the plan's remaining steps: what a right turn-0 answer keeps in its memory
+        assert all(step in t.messages[0]["content"] for step in t.rest.split("; ")) or t.kind == "plain"
     tok = train_tokenizer([m["content"] for t in probe.tasks for m in t.messages], vocab_size=400)
     model = build_model(tok, OmegaConf.create(TINY_POLICY), seed=0)
     score = probe.score(model, tok)
-    assert score["tasks"] == 4 and set(score) == {"oracle_first_step", "plain_first_step", "tasks"}
-    assert all(0.0 <= score[k] <= 1.0 for k in ("oracle_first_step", "plain_first_step"))
+    assert score["tasks"] == 4 and set(score) == {"oracle_first_step", "oracle_plan_copied", "plain_first_step",
+                                                  "tasks"}
+    assert all(0.0 <= score[k] <= 1.0 for k in ("oracle_first_step", "oracle_plan_copied", "plain_first_step"))
     assert probe.score(model, tok) == score  # greedy, no cache: the same model scores the same
 
 

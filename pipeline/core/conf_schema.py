@@ -382,6 +382,9 @@ class PolicyConfig:
     """Context length the model declares (prompts are a few hundred tokens)."""
     epochs: int = 2
     """Passes over the demonstrations."""
+    threads: int = 1
+    """torch threads while it trains (and the probe runs): fixed by config, never by the machine, since the
+    float reduction order depends on it; the rest of the stage keeps ``numerics.threads``."""
     episodes_per_batch: int = 1
     """Demonstration episodes per optimizer step (all their turns)."""
     lr: float = 0.003

@@ -420,6 +420,7 @@ def _check_policy(p: PolicyConfig) -> None:
     _require(p.demos_per_quest >= 1, "model.policy.demos_per_quest", p.demos_per_quest, ">= 1")
     _require(p.plan_drills >= 0, "model.policy.plan_drills", p.plan_drills, ">= 0 (0: none)")
     _require(p.epochs >= 1, "model.policy.epochs", p.epochs, ">= 1")
+    _require(p.threads >= 1, "model.policy.threads", p.threads, ">= 1 (fixed by config: the bytes depend on it)")
     _probability(p.rule_epsilon, "model.policy.rule_epsilon")
     _probability(p.slip_prob, "model.policy.slip_prob")
     _count(p.explore_cap, "model.policy.explore_cap")

@@ -11,13 +11,19 @@ admissible action scored; the backend the ``evaluate`` stage uses):
   first actions that are the verified plan's first step: copying what the prompt says;
 - ``plain_first_step``: the same houses and quests with no advisory: the share that
   happen to be the plan's first step without being told (the baseline the first figure
-  has to beat; what the objective and the observation alone predict).
+  has to beat; what the objective and the observation alone predict);
+- ``oracle_plan_copied``: under the same advisory, the share of first turns whose answer,
+  generated greedy under ``constrained`` decoding (as the ``evaluate`` stage plays), keeps
+  the verified plan's remaining steps in its memory ``plan`` exactly (``"; "``-joined):
+  the copy every later turn of the episode follows (the turn-0 copy is what limits the
+  positive control: given a right plan in memory the policy plays its first item).
 
 The ``policy`` stage logs both every ``policy.incontext_every`` steps (``metrics/
 policy_incontext.csv``, a DVC plot) and at the end (``metrics/policy.json``)::
 
     probe = InContextProbe.build(cfg, manifest, scenes, memory, n=cfg.model.policy.incontext_tasks)
-    probe.score(model, tokenizer)     # {"oracle_first_step": 0.81, "plain_first_step": 0.19, "tasks": 48}
+    probe.score(model, tokenizer)
+    # {"oracle_first_step": 0.81, "oracle_plan_copied": 0.1, "plain_first_step": 0.33, "tasks": 48}
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ from pipeline.llm.backends import TransformersBackend
 from pipeline.policy.demos import (NoBackend, SceneMemory, freeze_prompt, house_env, prompt_variants,
                                    training_houses)
 from pipeline.prompts import PromptOrganizer
+from pipeline.prompts.observation import memory_from_response
 
 
 @dataclass
@@ -43,6 +50,7 @@ class ProbeTask:
     messages: list[dict]
     admissible: list[dict]
     answer: str  # the plan's first command
+    rest: str = ""  # the plan's remaining steps as the memory keeps them ("; "-joined)
 
 
 @dataclass
@@ -75,7 +83,7 @@ class InContextProbe:
                              "quest_id": row["quest_id"], "objective": row["objective"], "seed": 0,
                              "system_prompt": prompt})
                 tasks.append(ProbeTask(kind, agent.messages(obs), list(obs["admissible_actions"]),
-                                       row["expert_plan"][0]))
+                                       row["expert_plan"][0], "; ".join(row["expert_plan"][1:])))
         probe_cfg = OmegaConf.merge(cfg, {"sampling": {"do_sample": False}, "model": {"prompt_cache_mb": 0,
                                                                                       "cache_dir": None}})
         return cls(probe_cfg, tasks)
@@ -96,9 +104,18 @@ class InContextProbe:
                                         reasoning_max_tokens=int(self.cfg.agent.reasoning_max_tokens))
                 for t, g in zip(chunk, gens):
                     chosen = t.admissible[g.chosen_index]["command"] if g.chosen_index is not None else None
-                    right.setdefault(t.kind, []).append(chosen == t.answer)
+                    right.setdefault(f"{t.kind}_first_step", []).append(chosen == t.answer)
+            oracle = [t for t in self.tasks if t.kind == "oracle"]
+            for start in range(0, len(oracle), batch_size):
+                chunk = oracle[start:start + batch_size]
+                gens = backend.generate([t.messages for t in chunk], seeds=[0] * len(chunk),
+                                        admissible=[t.admissible for t in chunk], decoding="constrained",
+                                        reasoning_max_tokens=int(self.cfg.agent.reasoning_max_tokens))
+                for t, g in zip(chunk, gens):
+                    mem = memory_from_response(g.text) or {}
+                    right.setdefault("oracle_plan_copied", []).append(str(mem.get("plan", "")) == t.rest)
         finally:
             model.train(was_training)
-        out: dict[str, Any] = {f"{k}_first_step": round(sum(v) / len(v), 6) for k, v in sorted(right.items())}
-        out["tasks"] = len(self.tasks) // max(1, len(right))
+        out: dict[str, Any] = {k: round(sum(v) / len(v), 6) for k, v in sorted(right.items())}
+        out["tasks"] = len(self.tasks) // max(1, len({t.kind for t in self.tasks}))
         return out

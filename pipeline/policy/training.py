@@ -165,7 +165,7 @@ def demos_table(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> pa.Tab
 
 
 INCONTEXT_CSV = "policy_incontext.csv"
-INCONTEXT_COLUMNS = ("step", "oracle_first_step", "plain_first_step")
+INCONTEXT_COLUMNS = ("step", "oracle_first_step", "oracle_plan_copied", "plain_first_step")
 
 
 def incontext_csv(curve: list[dict]) -> str:
@@ -222,12 +222,19 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         if probe is not None and pol.incontext_every > 0 and done % pol.incontext_every == 0 and done < n_steps:
             measure(done)
 
-    if probe is not None:
-        measure(0)
-    curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
-                  progress=on_step)
-    if probe is not None:
-        measure(len(curve))
+    import torch  # deferred: heavy optional dependency (torch), pinned by the stage before it loads
+
+    stage_threads = torch.get_num_threads()
+    torch.set_num_threads(int(pol.threads))  # the training's own fixed thread count (model.policy.threads)
+    try:
+        if probe is not None:
+            measure(0)
+        curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
+                      progress=on_step)
+        if probe is not None:
+            measure(len(curve))
+    finally:
+        torch.set_num_threads(stage_threads)
     timings["train_s"] = time.perf_counter() - t - probe_s
     timings["incontext_s"] = probe_s
 

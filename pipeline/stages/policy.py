@@ -84,7 +84,8 @@ def summary_line(metrics: dict) -> str:
     ic = metrics.get("incontext")
     if ic and "oracle_first_step" in ic:
         line += (f"; in-context first step (held-out houses) oracle/plain {ic['oracle_first_step']:.2f}/"
-                 f"{ic.get('plain_first_step', float('nan')):.2f}")
+                 f"{ic.get('plain_first_step', float('nan')):.2f}, oracle plan copied "
+                 f"{ic.get('oracle_plan_copied', float('nan')):.2f}")
     if q:
         line += (f"; greedy JSON valid {q['greedy_json_valid_rate']:.2f}, success plain/memory "
                  f"{q['greedy_success_plain']:.2f}/{q['greedy_success_memory']:.2f} "
