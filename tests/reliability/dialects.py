@@ -10,9 +10,15 @@ as it is. Sources of each behaviour:
   ``CreateChatCompletionRequest``; ``llama_types.py``: ``response_format.type`` is
   ``Literal["text", "json_object"]`` with an optional ``schema``; ``grammar`` a GBNF
   string). A request that fails validation is caught by its ``RouteErrorHandler``
-  (``server/errors.py``) and answered HTTP 500 ``{"error": {"message": str(errors), "type":
-  "internal_server_error", ...}}``: the ``literal_error`` a user sees. Unknown fields are
-  ignored.
+  (``server/errors.py``) and answered HTTP 500 ``{"error": {"message": str(exc), "type":
+  "internal_server_error", ...}}``, ``str(exc)`` being FastAPI's ``RequestValidationError``
+  text (``1 validation error:`` then each error dict, then the route): the ``literal_error``
+  a user sees. Unknown fields are ignored. Logprobs come only with ``top_logprobs`` set
+  (``logprobs=top_logprobs if logprobs else None`` in its chat handler), each token's text
+  with ``bytes: null``. A grammar that does not parse kills the server process (llama.cpp's
+  ``llama_sampler_init_grammar`` returns NULL; 0.3.36): the connection drops, and so does
+  every later one. Checked against the real server 0.3.36 by
+  ``tests/test_openai_backend.py::test_the_llama_cpp_python_stub_answers_as_the_real_server``.
 - ``ollama``: Ollama's OpenAI-compatible ``/v1`` (``openai/openai.go``: ``FromChatRequest``):
   ``response_format`` ``json_schema`` becomes its ``format`` (the schema, enforced),
   ``json_object`` becomes ``format: "json"`` (any JSON: a schema beside it is dropped), any
@@ -59,10 +65,16 @@ class _LlamaRequest(BaseModel):  # llama_cpp/server/types.py: CreateChatCompleti
     logprobs: Optional[bool] = False
     temperature: float = 0.8
     top_p: float = Field(default=0.95, ge=0.0, le=1.0)
+    top_logprobs: Optional[int] = Field(default=None, ge=0)
     seed: Optional[int] = None
     response_format: Optional[_LlamaResponseFormat] = None
     model: Optional[str] = None
     grammar: Optional[str] = None
+
+
+# FastAPI's RequestValidationError text ends with the route it failed in (llama-cpp-python 0.3.36).
+_LLAMA_ROUTE = ('\n  File "{site}/llama_cpp/server/app.py", line 376, in create_chat_completion\n'
+                '    POST /v1/chat/completions')
 
 
 class _SglJsonSchema(BaseModel):
@@ -82,6 +94,7 @@ class _SglRequest(BaseModel):  # sglang/srt/entrypoints/openai/protocol.py: Chat
     model: str = "default"
     max_tokens: Optional[int] = None
     logprobs: bool = False
+    top_logprobs: Optional[int] = None
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     seed: Optional[int] = None
@@ -101,6 +114,7 @@ class _VllmRequest(BaseModel):  # vllm/entrypoints/openai/protocol.py: ChatCompl
     model: Optional[str] = None
     max_tokens: Optional[int] = None
     logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = 0
     temperature: Optional[float] = None
     top_p: Optional[float] = None
     seed: Optional[int] = None
@@ -112,7 +126,7 @@ class _VllmRequest(BaseModel):  # vllm/entrypoints/openai/protocol.py: ChatCompl
 # Go's json.Unmarshal into Ollama's ChatCompletionRequest: the JSON type each field must have.
 _OLLAMA_TYPES = {"model": (str,), "messages": (list,), "max_tokens": (int,), "seed": (int,),
                  "temperature": (int, float), "top_p": (int, float), "logprobs": (bool,),
-                 "response_format": (dict,)}
+                 "top_logprobs": (int,), "response_format": (dict,)}
 _GO_TYPE = {str: "string", list: "array", dict: "object", bool: "bool", int: "number", float: "number"}
 
 
@@ -168,36 +182,48 @@ class DialectServer(FakeOpenAI):
             cfg.model.base_url = server.url
     """
 
-    def __init__(self, dialect: str, *, answer: str = ANSWER, **kw: Any):
+    def __init__(self, dialect: str, *, answer: str = ANSWER, site: str = "/venv/lib/python3.11/site-packages",
+                 **kw: Any):
         if dialect not in DIALECTS:
             raise ValueError(f"DialectServer: unknown dialect {dialect!r}")
         super().__init__(answer=answer, **kw)
         self.dialect = dialect
+        self.site = site  # where the server's package lies (llama-cpp-python quotes its path in errors)
         self.rejected: list[tuple[int, str]] = []
         self.answers: list[str] = []
+        self.crashed: str | None = None  # why the server process "died": every later connection drops
 
     def respond(self, h, mode: str) -> None:
         if mode != "ok":
             return super().respond(h, mode)
-        status, payload = getattr(self, f"_{self.dialect}")(h.json_body)
+        if self.crashed is None:
+            status, payload = getattr(self, f"_{self.dialect}")(h.json_body)
+            if status == 0:
+                self.crashed = payload
+        if self.crashed is not None:
+            h.close_connection = True  # nothing sent: the client sees the connection drop
+            return
         if status != 200:
             with self._lock:
                 self.rejected.append((status, json.dumps(payload)))
             data = json.dumps(payload).encode()
         else:
+            text, token_items = payload if isinstance(payload, tuple) else (payload, None)
             with self._lock:
-                self.answers.append(payload)
-            data = self.completion_of(payload)
+                self.answers.append(text)
+            data = self.completion_of(text, token_items)
         h.send_response(status)
         h.send_header("Content-Type", "application/json")
         h.send_header("Content-Length", str(len(data)))
         h.end_headers()
         h.wfile.write(data)
 
-    def completion_of(self, content: str) -> bytes:
+    def completion_of(self, content: str, token_items: list | None = None) -> bytes:
+        choice = {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+        if token_items is not None:
+            choice["logprobs"] = {"content": token_items, "refusal": None}
         return json.dumps({
-            "id": "cmpl-1", "object": "chat.completion", "model": "fake",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+            "id": "cmpl-1", "object": "chat.completion", "model": "fake", "choices": [choice],
             "usage": {"prompt_tokens": 10, "completion_tokens": 12, "total_tokens": 22}}).encode()
 
     # -- the dialects: (status, answer text | error body) --------------------------------
@@ -206,22 +232,28 @@ class DialectServer(FakeOpenAI):
         try:
             req = _LlamaRequest(**body)
         except ValidationError as exc:  # FastAPI's RequestValidationError, caught by RouteErrorHandler
-            errors = [{**{k: v for k, v in e.items() if k != "url"}, "loc": ("body", *e["loc"])}
-                      for e in exc.errors()]
-            return 500, {"error": {"message": str(errors), "type": "internal_server_error", "param": None,
-                                   "code": None}}
+            errors = [{"type": e["type"], "loc": ("body", *e["loc"]), "msg": e["msg"], "input": e["input"],
+                       **({"ctx": e["ctx"]} if "ctx" in e else {})} for e in exc.errors()]
+            text = f"{len(errors)} validation error{'s' if len(errors) != 1 else ''}:\n"
+            text += "".join(f"  {e}\n" for e in errors) + _LLAMA_ROUTE.format(site=self.site)
+            return 500, {"error": {"message": text, "type": "internal_server_error", "param": None, "code": None}}
         rf = req.response_format
         if rf is not None and rf["type"] == "json_object":  # a grammar from the schema, or any JSON
-            return 200, (_under_schema(rf["schema"], _json_part(self.answer)) if rf.get("schema")
-                         else json.dumps(_json_part(self.answer)))
-        if req.grammar is not None:
+            text = (_under_schema(rf["schema"], _json_part(self.answer)) if rf.get("schema")
+                    else json.dumps(_json_part(self.answer)))
+        elif req.grammar is not None:
             alternatives = _gbnf_alternatives(req.grammar)
-            if alternatives is None:
-                return 500, {"error": {"message": "from_string: error parsing grammar file: parsed_grammar.rules "
-                                                  "is empty", "type": "internal_server_error", "param": None,
-                                       "code": None}}
-            return 200, _among(alternatives, self.answer)
-        return 200, self.answer
+            if alternatives is None:  # llama.cpp: "failed to parse grammar", then the process is gone
+                return 0, f"failed to parse grammar: {req.grammar[:80]!r}"
+            text = _among(alternatives, self.answer)
+        else:
+            text = self.answer
+        if not (req.logprobs and req.top_logprobs is not None):
+            return 200, text
+        tokens = re.findall(r"\w+|\s+|[^\w\s]", text)  # each token's text, bytes null; the top-k lists
+        items = [{"token": t, "logprob": -0.5, "bytes": None,  # hold the chosen token (and k more)
+                  "top_logprobs": [{"token": t, "logprob": -0.5, "bytes": None}]} for t in tokens]
+        return 200, (text, items)
 
     def _ollama(self, body: dict) -> tuple[int, Any]:
         for k, types in _OLLAMA_TYPES.items():

@@ -27,16 +27,20 @@ The API key is read from the environment variable ``model.api_key_env`` (only fr
 the client's own ``OPENAI_API_KEY`` fallback is not used), sent as a header, and never
 logged, stored, cached or put in an error message (server-provided text is scrubbed of it).
 
-Token data (``model.logprobs``): the returned tokens (their ``bytes``) are fed to the
-tracker, so the JSON action's span, the mask and the logprobs come out as with the local
-backend; token ids come with vLLM's ``return_tokens_as_token_ids`` (``model.extra_body``).
+Token data (``model.logprobs``): asked for as ``logprobs=true, top_logprobs=0`` (OpenAI's
+fields; llama-cpp-python's server returns logprobs only when ``top_logprobs`` is set, and
+then the unconstrained model's log-probabilities, as the local backend records them); the
+returned tokens (their ``bytes``, else their text) are fed to the tracker, so the JSON
+action's span, the mask and the logprobs come out as with the local backend; token ids
+come with vLLM's ``return_tokens_as_token_ids`` (``model.extra_body``).
 A turn whose tokens cannot give the ``.pt`` tensors says why in its ``tracking_method``
 (``<method>:<reason>``, tensors skipped):
 
 - ``none:no_logprobs``: logprobs were asked for and the server returned none
-  (``transformers serve`` ignores the field); the action is found in the text only;
+  (``transformers serve`` ignores the fields); the action is found in the text only;
 - ``stream:no_token_ids`` / ``fallback:no_token_ids``: tokens and logprobs but no ids
-  (OpenAI; vLLM without ``return_tokens_as_token_ids``): the span is known, not the ids;
+  (OpenAI; llama-cpp-python; vLLM without ``return_tokens_as_token_ids``): the span is
+  known, not the ids;
 - ``none:tokens_mismatch``: the returned tokens do not spell the returned text.
 
 With ``model.logprobs=false`` nothing is asked for and turns say ``none`` (text only).
@@ -114,7 +118,8 @@ NO_LOGPROBS = "no_logprobs"
 NO_TOKEN_IDS = "no_token_ids"
 TOKENS_MISMATCH = "tokens_mismatch"
 NO_TENSOR_REASONS = {
-    NO_LOGPROBS: "the server returned no logprobs (it ignores the field): the action is located in the text only",
+    NO_LOGPROBS: "the server returned no logprobs (it ignores logprobs and top_logprobs): the action is located in "
+                 "the text only",
     NO_TOKEN_IDS: "the server returned tokens without ids (for vLLM set "
                   "model.extra_body={return_tokens_as_token_ids: true})",
     TOKENS_MISMATCH: "the returned tokens do not spell the returned text",
@@ -131,7 +136,8 @@ PROBE_MESSAGES = [{"role": "user", "content": 'Answer with one JSON action, {"ac
 PROBE_MAX_TOKENS = 48
 
 # Request fields the client takes as arguments; the others go in its extra_body.
-_CLIENT_FIELDS = ("model", "messages", "max_tokens", "seed", "temperature", "top_p", "logprobs", "response_format")
+_CLIENT_FIELDS = ("model", "messages", "max_tokens", "seed", "temperature", "top_p", "logprobs", "top_logprobs",
+                  "response_format")
 
 # A 400/413/422 that says the prompt does not fit the context (OpenAI, vLLM, SGLang, llama.cpp, TGI).
 _CONTEXT_RE = re.compile(r"context[ _-]?(length|window|size)|maximum context|max_model_len|prompt is too long|"
@@ -353,6 +359,7 @@ class OpenAIBackend:
         body = self.request_body(PROBE_MESSAGES, self.sampling.seed, PROBE_MAX_TOKENS, [PROBE_ACTION], form=form)
         body.update(temperature=0.0, top_p=1.0)  # greedy: an unconstrained model is not lucky by chance
         body.pop("logprobs", None)
+        body.pop("top_logprobs", None)
         try:
             # A 500 is the server's answer to the form (llama-cpp-python's validation error), not a hiccup.
             data = await self._request(body, permanent=frozenset({500}))
@@ -383,8 +390,8 @@ class OpenAIBackend:
             body.update(temperature=s.temperature, top_p=s.top_p)
         else:
             body.update(temperature=0.0, top_p=1.0)  # greedy
-        if self.want_logprobs:
-            body["logprobs"] = True
+        if self.want_logprobs:  # top_logprobs: llama-cpp-python's server returns none without it
+            body.update(logprobs=True, top_logprobs=0)
         body.update(json.loads(json.dumps(self.extra_body)))  # a copy: nested dicts are merged below
         form = self.structured_output if form is None else form
         if admissible is not None and form != StructuredOutput.none:

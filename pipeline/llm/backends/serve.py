@@ -1,10 +1,15 @@
-"""A local OpenAI-compatible server: ``transformers serve`` on 127.0.0.1 for a model directory.
+"""Local OpenAI-compatible servers on 127.0.0.1: ``transformers serve`` for a model directory,
+llama-cpp-python's server for a GGUF file.
 
 For the tests and benchmarks of the ``openai`` backend (and for trying the pipeline's
 ``model=openai`` path on a laptop)::
 
     with TransformersServe("path/to/model") as server:       # a free port, waits until healthy
         cfg.model.base_url, cfg.model.api_model = server.url, server.model
+        ...
+
+    python, why = llama_cpp_python()                        # the interpreter that has it, or why none
+    with LlamaCppServe(gguf_path, python=python) as server:  # the same, on llama.cpp
         ...
 
 Needs ``transformers[serving]`` (fastapi, uvicorn, openai). The server is pinned to the
@@ -27,6 +32,14 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[3]
+
+# llama-cpp-python compiles llama.cpp from its sdist (no prebuilt Linux wheel on PyPI), so it
+# is not in the project's lock: it lives in a venv of its own (`make llama-cpp`), found
+# through this variable or at LLAMA_CPP_VENV.
+LLAMA_CPP_PYTHON_ENV = "LLAMA_CPP_PYTHON"
+LLAMA_CPP_VENV = ROOT / ".venv-llama"
 
 
 def serving_available() -> str | None:
@@ -137,3 +150,110 @@ class TransformersServe:
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None
+
+
+def llama_cpp_python() -> tuple[str | None, str]:
+    """``(interpreter, what)``: a Python that imports llama-cpp-python's server, and its version;
+    or ``(None, why not)`` (a skip reason). The interpreter is ``$LLAMA_CPP_PYTHON``, else
+    ``.venv-llama/bin/python`` at the project root (``make llama-cpp`` builds it)."""
+    given = os.environ.get(LLAMA_CPP_PYTHON_ENV)
+    python = Path(given) if given else LLAMA_CPP_VENV / "bin" / "python"
+    where = f"${LLAMA_CPP_PYTHON_ENV}={given}" if given else f"{python} (${LLAMA_CPP_PYTHON_ENV} unset)"
+    if not python.exists():
+        return None, (f"no llama-cpp-python interpreter at {where}: build one with `make llama-cpp` "
+                      f"(compiles llama.cpp, ~15 min on 2 cores) or set ${LLAMA_CPP_PYTHON_ENV}")
+    try:
+        code = "import llama_cpp, llama_cpp.server.app; print(llama_cpp.__version__)"
+        out = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{where} cannot run: {exc}"
+    if out.returncode != 0:
+        last = (out.stderr.strip().splitlines() or ["?"])[-1]
+        return None, f"{where} cannot import llama_cpp.server ({last}): pip install 'llama-cpp-python[server]' there"
+    return str(python), f"llama-cpp-python {out.stdout.strip()}"
+
+
+class LlamaCppServe:
+    """llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``) on 127.0.0.1.
+
+    Args:
+        gguf: the model's GGUF file (its chat template is used).
+        python: an interpreter with ``llama-cpp-python[server]`` (:func:`llama_cpp_python`).
+        alias: the model name it serves (``model.api_model``; any name is answered by the one model).
+        port: the port (default: a free one).
+        n_ctx: the context size (the server's default, 2048, is short for the agent's prompts).
+        threads: llama.cpp threads.
+        startup_s: how long to wait for ``GET /v1/models``.
+
+    Attributes:
+        url: ``http://127.0.0.1:<port>/v1`` (``model.base_url``); ``model``: the alias;
+        log_path: the server's stdout and stderr.
+    """
+
+    def __init__(self, gguf: str | os.PathLike, *, python: str, alias: str = "SmolLM2", port: int | None = None,
+                 n_ctx: int = 4096, threads: int = 1, startup_s: float = 120.0):
+        self.gguf = str(Path(gguf).resolve())
+        self.python = python
+        self.model = alias
+        self.port = int(port or free_port())
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.n_ctx, self.threads, self.startup_s = int(n_ctx), int(threads), float(startup_s)
+        self.proc: subprocess.Popen | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.log_path: Path | None = None
+
+    def __enter__(self) -> "LlamaCppServe":
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._tmp = tempfile.TemporaryDirectory(prefix="llama_cpp_serve_")
+        self.log_path = Path(self._tmp.name) / "serve.log"
+        cmd = [self.python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", self.model,
+               "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
+               "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads)]
+        # PASSIVE: llama.cpp's OpenMP threads sleep while they wait; spinning, two threads on a
+        # busy 2-core machine ran ~10x slower than one (3 vs 35 tokens/s).
+        env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "OMP_WAIT_POLICY": "PASSIVE"}
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         env=env)
+        deadline = time.monotonic() + self.startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}:\n{self.log_tail()}")
+            if _answers(f"{self.url}/models"):
+                return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"llama_cpp.server not answering after {self.startup_s:g}s:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return resp.status == 200
+    except OSError:
+        return False
