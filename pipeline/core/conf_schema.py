@@ -380,8 +380,8 @@ class PolicyConfig:
     """Attention heads."""
     max_positions: int = 2048
     """Context length the model declares (prompts are a few hundred tokens)."""
-    epochs: int = 2
-    """Passes over the demonstrations."""
+    epochs: int = 4
+    """Passes over the demonstrations (4: the in-context probe's plan copy rises to ~0.19 from 0.08 at 2; README)."""
     threads: int = 1
     """torch threads while it trains (and the probe runs): fixed by config, never by the machine, since the
     float reduction order depends on it; the rest of the stage keeps ``numerics.threads``."""
