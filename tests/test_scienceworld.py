@@ -46,19 +46,20 @@ def _row(games, split):
     return next(r for r in games.rows if r["split"] == split)
 
 
-def _env(games, row, max_steps=30):
+def _env(games, row, max_steps=30, fresh_jvm=False):
+    """An env of the module's JVM pool (reused: seconds saved; the pipeline's default is a JVM per episode)."""
     from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
 
     return ScienceWorldTaskEnv(games.root / row["game_file"], scene_id=row["scene_id"], quest_id=row["quest_id"],
-                               max_steps=max_steps)
+                               max_steps=max_steps, fresh_jvm=fresh_jvm)
 
 
 def test_splits_come_from_the_engines_variation_lists(sw_cfg, sw_games):
-    from pipeline.envs.scienceworld.engine import engine
+    from pipeline.envs.scienceworld.engine import simulator
 
-    sw = engine()
-    sw.load("find-non-living-thing", 0, "", generateGoldPath=False)
-    lists = {"train": set(sw.get_variations_train()), "dev": set(sw.get_variations_dev())}
+    with simulator() as sw:
+        sw.load("find-non-living-thing", 0, "", generateGoldPath=False)
+        lists = {"train": set(sw.get_variations_train()), "dev": set(sw.get_variations_dev())}
     assert sorted(r["split"] for r in sw_games.rows) == ["eval", "train"]
     for r in sw_games.rows:
         variation = r["scene_seed"]
@@ -216,11 +217,11 @@ def test_an_interrupted_process_leaves_no_jvm(tmp_path):
     script = textwrap.dedent("""
         import sys, time
         sys.path.insert(0, %r)
-        from pipeline.envs.scienceworld.engine import engine, jvm_process
-        sw = engine()
+        from pipeline.envs.scienceworld.engine import acquire, jvm_processes
+        sw = acquire()
         sw.load("find-non-living-thing", 0, "")
         sw.server.step("look around")
-        print(jvm_process().pid, flush=True)
+        print(jvm_processes()[0].pid, flush=True)
         while True:
             sw.server.step("look around")
             time.sleep(0.05)
@@ -236,14 +237,50 @@ def test_an_interrupted_process_leaves_no_jvm(tmp_path):
     assert not _alive(jvm), f"JVM {jvm} still runs (or is a zombie) after its process was interrupted"
 
 
-def test_shutdown_reaps_the_jvm_in_a_process_that_lives_on():
-    from pipeline.envs.scienceworld.engine import engine, jvm_process, shutdown
+def test_shutdown_reaps_the_jvms_in_a_process_that_lives_on():
+    from pipeline.envs.scienceworld.engine import acquire, jvm_processes, release, shutdown
 
-    engine()
-    pid = jvm_process().pid
+    release(acquire())
+    pids = [p.pid for p in jvm_processes()]
+    assert pids
     shutdown()
-    assert jvm_process() is None and not _alive(pid)
-    engine()  # the next episode starts a new one (the module's other tests share it)
+    assert jvm_processes() == [] and not any(_alive(pid) for pid in pids)
+
+
+def test_a_fresh_jvm_episode_stops_its_jvm_at_close(sw_games):
+    from pipeline.envs.scienceworld.engine import jvm_processes
+
+    before = {p.pid for p in jvm_processes()}
+    env = _env(sw_games, _row(sw_games, "train"), fresh_jvm=True)
+    env.reset()
+    (mine,) = [p for p in jvm_processes() if p.pid not in before]
+    env.close()
+    assert mine.poll() is not None and not _alive(mine.pid)
+    assert {p.pid for p in jvm_processes()} == before
+
+
+def test_episodes_played_side_by_side_each_hold_their_own_simulator(sw_games):
+    """A batch interleaves its episodes' steps: each holds a JVM of the pool from reset to close."""
+    from pipeline.envs.scienceworld.commands import command_to_action
+    from pipeline.envs.scienceworld.engine import jvm_processes
+
+    rows = sorted(sw_games.rows, key=lambda r: r["quest_length"])
+    envs = [_env(sw_games, r) for r in rows]
+    for env in envs:
+        env.reset()
+    assert len(jvm_processes()) >= len(envs)
+    infos = [{} for _ in envs]
+    for k in range(max(len(r["expert_plan"]) for r in rows)):
+        for i, (env, r) in enumerate(zip(envs, rows)):
+            if k < len(r["expert_plan"]):
+                infos[i] = env.step(command_to_action(r["expert_plan"][k]))[3]
+    assert all(info["won"] for info in infos)
+    held = len(jvm_processes())
+    for env in envs:
+        env.close()
+    envs[0].reset()  # the next episode reuses an idle JVM: none started
+    assert len(jvm_processes()) == held
+    envs[0].close()
 
 
 def _alive(pid: int) -> bool:

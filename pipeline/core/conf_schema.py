@@ -249,6 +249,10 @@ class ScienceWorldConfig:
     """The engine's simplifications, comma-separated (``easy``, ``openDoors``, ``noElectricalAction``, ...)."""
     max_gold_length: int = 0
     """Skip variations whose gold sequence is longer (0: keep every one); another is drawn instead."""
+    fresh_jvm: bool = True
+    """Every episode in a JVM of its own (~2 s more an episode): its bytes then depend on nothing played before it
+    in the process (the engine names objects of one kind by their ids, which grow with what it loaded); false
+    reuses a process's JVMs (faster; the admissible commands' names then depend on the episodes' order)."""
 
 
 @dataclass

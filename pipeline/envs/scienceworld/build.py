@@ -16,7 +16,8 @@ engine's own variation lists (``get_variations_train/dev/test``):
 
 Which variations: a draw from the split's list, seeded from ``(seed, task, split)``
 (``numpy.random.default_rng``); a variation whose gold sequence is longer than
-``max_gold_length`` is replaced by the next one drawn. Every gold sequence is replayed on
+``max_gold_length`` (or that answers an ambiguous command with another reading than the
+first, which the env cannot play: :func:`playable_gold`) is replaced by the next one drawn. Every gold sequence is replayed on
 the engine before it is written (completes the task with a score of 100, else the
 stage fails naming the variation). Each quest's ``game_file`` is a small JSON spec
 (task, variation, simplifications, objective, gold) that the env loads.
@@ -33,7 +34,7 @@ from pipeline.core.io import atomic_write_json, write_parquet
 from pipeline.core.schemas import SCHEMA_VERSION, canonical_json, manifest_table
 from pipeline.core.seeding import derive_seed, labelled_rng
 from pipeline.envs.household.build import GamesResult
-from pipeline.envs.scienceworld.engine import engine
+from pipeline.envs.scienceworld.engine import acquire, release, simulator
 from pipeline.envs.scienceworld.world import rooms_of
 
 log = logging.getLogger(__name__)
@@ -49,12 +50,41 @@ def _split_variations(sw: Any, task: str, split: str) -> list[int]:
     return {"train": sw.get_variations_train, "dev": sw.get_variations_dev, "test": sw.get_variations_test}[split]()
 
 
-def _gold(sw: Any, task: str, variation: int, simplifications: str) -> tuple[list[str], str, list[str]]:
-    """``(gold sequence, task description, rooms)``; raises when the gold does not complete the task."""
+def playable_gold(gold: list[str]) -> list[str] | None:
+    """The gold sequence as the env plays it: the engine's gold answers an ambiguous command
+    with a bare number (``0``: its first reading), which the env gives by itself
+    (:class:`~pipeline.envs.scienceworld.env.ScienceWorldTaskEnv`), so a ``0`` step is dropped;
+    None when it picks another reading (an action dict cannot say a number: the variation
+    is not drawn)."""
+    out = []
+    for command in gold:
+        if command.strip().isdigit():
+            if command.strip() != "0":
+                return None
+            continue
+        out.append(command)
+    return out
+
+
+def _gold(task: str, variation: int, simplifications: str) -> tuple[list[str] | None, str, list[str]]:
+    """``(gold sequence, task description, rooms)``, the gold None when the env cannot play it
+    (:func:`playable_gold`); raises when a playable gold does not complete the task. In a JVM
+    of its own: the gold names objects as the engine does in a fresh JVM, where the env plays it."""
+    sw = acquire(fresh=True)
+    try:
+        return _gold_in(sw, task, variation, simplifications)
+    finally:
+        release(sw, stop=True)
+
+
+def _gold_in(sw: Any, task: str, variation: int, simplifications: str) -> tuple[list[str] | None, str, list[str]]:
     sw.load(task, variation, simplifications, generateGoldPath=True)
-    gold = [str(c) for c in sw.get_gold_action_sequence()]
-    if gold and gold[0].startswith("ERROR"):
-        raise RuntimeError(f"ScienceWorld task {task!r} variation {variation}: no gold sequence ({gold[0]})")
+    raw = [str(c) for c in sw.get_gold_action_sequence()]
+    if raw and raw[0].startswith("ERROR"):
+        raise RuntimeError(f"ScienceWorld task {task!r} variation {variation}: no gold sequence ({raw[0]})")
+    gold = playable_gold(raw)
+    if gold is None:
+        return None, "", []
     objective = str(sw.get_task_description())
     rooms = rooms_of(sw.getObjectTree())
     sw.load(task, variation, simplifications, generateGoldPath=False)
@@ -79,13 +109,13 @@ def _draw(sw: Any, cfg: Config, task: str, split: str, n: int) -> list[tuple[int
         if len(out) == n:
             break
         v = int(pool[int(i)])
-        gold, objective, rooms = _gold(sw, task, v, sc.simplifications)
-        if sc.max_gold_length and len(gold) > sc.max_gold_length:
+        gold, objective, rooms = _gold(task, v, sc.simplifications)
+        if gold is None or (sc.max_gold_length and len(gold) > sc.max_gold_length):
             continue
         out.append((v, gold, objective, rooms))
     if len(out) < n:
-        raise ValueError(f"env.scienceworld: task {task!r} has only {len(out)} {split} variations with a gold sequence "
-                         f"of at most env.scienceworld.max_gold_length={sc.max_gold_length} steps, "
+        raise ValueError(f"env.scienceworld: task {task!r} has only {len(out)} {split} variations with a playable gold "
+                         f"sequence of at most env.scienceworld.max_gold_length={sc.max_gold_length} steps, "
                          f"{n} wanted (raise max_gold_length or lower the count)")
     return sorted(out)
 
@@ -99,7 +129,12 @@ def plan_games(cfg: Config) -> tuple[dict[str, dict[str, Any]], list[dict[str, A
             raise ValueError(f"params key env.scienceworld.{key}={value}: expected >= 0")
     if not sc.tasks:
         raise ValueError("params key env.scienceworld.tasks is empty: name at least one ScienceWorld task")
-    sw = engine()
+    with simulator() as sw:
+        return _plan(cfg, sw)
+
+
+def _plan(cfg: Config, sw: Any) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    sc = cfg.env.scienceworld
     known = set(sw.get_task_names())
     unknown = [t for t in sc.tasks if t not in known]
     if unknown:

@@ -1,7 +1,7 @@
 """ScienceWorld seen through seed 004's observation dict (the :class:`pipeline.envs.Env` seam).
 
-One episode is one variation of one task, loaded into the process's JVM
-(:mod:`pipeline.envs.scienceworld.engine`)::
+One episode is one variation of one task, loaded into a simulator (a JVM) it holds from
+``reset`` to ``close`` (:mod:`pipeline.envs.scienceworld.engine`: a process's pool)::
 
     from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
 
@@ -36,7 +36,7 @@ from pipeline.core.config import project_root
 from pipeline.core.facts import Fact
 from pipeline.core.io import ArtifactError
 from pipeline.envs.scienceworld.commands import ActionError, action_to_command, command_to_action, verbs_of
-from pipeline.envs.scienceworld.engine import engine
+from pipeline.envs.scienceworld.engine import acquire, release
 from pipeline.envs.scienceworld.text import describe
 from pipeline.envs.scienceworld.world import fact_strings, locate, observation_facts
 
@@ -93,10 +93,13 @@ class ScienceWorldTaskEnv:
         scene_id, quest_id: for the observation (``scene`` is the task) and logs.
         objective: the goal text; defaults to the engine's task description.
         max_steps: step cap (``done`` when reached; ``truncated`` in info).
+        fresh_jvm: play in a JVM of its own, stopped at ``close`` (``env.scienceworld.fresh_jvm``):
+            the episode's bytes then depend on nothing played before it; false: a JVM of the
+            process's pool, reused.
     """
 
     def __init__(self, spec_file: str | Path, *, scene_id: str | None = None, quest_id: str | None = None,
-                 objective: str | None = None, max_steps: int = 30) -> None:
+                 objective: str | None = None, max_steps: int = 30, fresh_jvm: bool = True) -> None:
         p = Path(spec_file)
         if not p.is_absolute() and not p.exists():
             p = project_root() / p
@@ -108,6 +111,7 @@ class ScienceWorldTaskEnv:
         if self.max_steps < 1:
             raise ValueError(f"max_steps={max_steps}: expected >= 1")
         self._objective = objective
+        self.fresh_jvm = fresh_jvm
         self.gold = [str(c) for c in self.spec["gold"]]
         self._sw: Any = None
         self._done = True
@@ -147,8 +151,10 @@ class ScienceWorldTaskEnv:
         return text, False
 
     def close(self) -> None:
-        """Release the episode (the process's JVM stays up for the next one)."""
-        self._sw = None
+        """Give the simulator back to the pool (its JVM stays up for the next episode)."""
+        if self._sw is not None:
+            release(self._sw, stop=self.fresh_jvm)
+            self._sw = None
 
     def __enter__(self) -> "ScienceWorldTaskEnv":
         return self
@@ -160,7 +166,8 @@ class ScienceWorldTaskEnv:
 
     def reset(self) -> dict[str, Any]:
         """Load the variation (a fresh state) and look around; returns the first observation."""
-        self._sw = engine()
+        if self._sw is None:
+            self._sw = acquire(fresh=self.fresh_jvm)
         spec = self.spec
         self._sw.load(str(spec["task"]), int(spec["variation"]), str(spec["simplifications"]),
                       generateGoldPath=False)

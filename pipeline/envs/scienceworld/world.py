@@ -15,13 +15,14 @@ switched on), ``matter(x, liquid|gas)`` (a thing that is not solid; air excluded
 
     facts = observation_facts(tree, look_text)
 
-Siblings are ordered by name (the tree's own order follows object ids, which are not
-stable across loads); electrical terminals (``terminal 1``, ``anode``, ...) are parts of
+Siblings are ordered by name, then by what they hold (the tree's own order follows object
+ids, which change with what the JVM loaded before); electrical terminals (``terminal 1``, ``anode``, ...) are parts of
 things and are not listed.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any, Iterable, Mapping
 
@@ -35,7 +36,23 @@ _SKIP_MATTER = ("air",)
 
 def _children(node: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     kids = [c for c in (node.get("contents") or {}).values() if not c.get("isDeleted")]
-    return sorted(kids, key=lambda c: str(c.get("name", "")))
+    return sorted(kids, key=_order_key)
+
+
+def _order_key(node: Mapping[str, Any]) -> tuple[str, str]:
+    """A sibling's place: its name, then what it is and holds (things of one name, three wood
+    cups, are told apart by their contents, never by their object ids, which depend on what
+    the JVM loaded before)."""
+    return str(node.get("name", "")), json.dumps(_shape(node), sort_keys=True)
+
+
+def _shape(node: Mapping[str, Any], depth: int = 0) -> list:
+    """A node's name and states and its contents' shapes, sorted (no ids, no temperatures)."""
+    if depth > 8:
+        return []
+    inner = sorted(json.dumps(_shape(c, depth + 1), sort_keys=True)
+                   for c in (node.get("contents") or {}).values() if not c.get("isDeleted"))
+    return [str(node.get("name", "")), [str(f) for f in _state_facts(node)] if node.get("name") else [], inner]
 
 
 def _is_open_container(node: Mapping[str, Any]) -> bool:
