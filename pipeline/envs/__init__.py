@@ -42,7 +42,7 @@ HOUSEHOLD_ENVS = (EnvName.household, EnvName.tiny)
 SCIENCEWORLD_ENVS = (EnvName.scienceworld, EnvName.scienceworld_tiny)
 
 __all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "SCIENCEWORLD_ENVS", "build_games", "env_family", "fact_reader",
-           "make_env", "scene_preferences"]
+           "make_env", "scene_preferences", "unread_env_keys"]
 
 
 class EnvTask(Protocol):
@@ -96,6 +96,16 @@ def env_family(cfg: Config) -> str:
         return "scienceworld"
     raise ValueError(f"env.name={name!r}: unknown environment, expected one of "
                      f"{', '.join(HOUSEHOLD_ENVS + SCIENCEWORLD_ENVS)}")
+
+
+def unread_env_keys(cfg: Config) -> tuple[str, ...]:
+    """The dotted ``env`` keys the world ``cfg.env.name`` names never reads: left out of the
+    config hash that labels its episodes and keys their checkpoints
+    (:func:`pipeline.session.collection.collection_hash`), so that adding a world's keys
+    leaves another world's episodes and their bytes as they were."""
+    if env_family(cfg) == "household":
+        return ("env.scienceworld",)
+    return ()
 
 
 def scene_preferences(scene: Mapping[str, Any], ids: list[str]) -> list[dict]:

@@ -38,7 +38,7 @@ from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.core.numerics import pin
 from pipeline.core.schemas import backend_errors
-from pipeline.envs import Env, make_env
+from pipeline.envs import Env, make_env, unread_env_keys
 from pipeline.llm.accounting import token_statistics
 from pipeline.llm.backends import BackendError, is_local
 from pipeline.llm.tensors import save_episode_tensors
@@ -56,8 +56,9 @@ CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction")
 
 
 def collection_hash(cfg: Config) -> str:
-    """The config hash a collection's episodes and checkpoints are keyed and labelled by."""
-    return config_hash(cfg, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED)
+    """The config hash a collection's episodes and checkpoints are keyed and labelled by (the
+    ``env`` keys its world never reads left out: :func:`pipeline.envs.unread_env_keys`)."""
+    return config_hash(cfg, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED + unread_env_keys(cfg))
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:
