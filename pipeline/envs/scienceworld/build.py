@@ -16,8 +16,8 @@ engine's own variation lists (``get_variations_train/dev/test``):
 
 Which variations: a draw from the split's list, seeded from ``(seed, task, split)``
 (``numpy.random.default_rng``); a variation whose gold sequence is longer than
-``max_gold_length`` (or that answers an ambiguous command with another reading than the
-first, which the env cannot play: :func:`playable_gold`) is replaced by the next one drawn. Every gold sequence is replayed on
+``max_gold_length``, or whose gold does not solve the task once its answers to ambiguous
+commands are the env's own (:func:`playable_gold`), is replaced by the next one drawn. Every gold sequence is replayed on
 the engine before it is written (completes the task with a score of 100, else the
 stage fails naming the variation). Each quest's ``game_file`` is a small JSON spec
 (task, variation, simplifications, objective, gold) that the env loads.
@@ -35,6 +35,7 @@ from pipeline.core.schemas import SCHEMA_VERSION, canonical_json, manifest_table
 from pipeline.core.seeding import derive_seed, labelled_rng
 from pipeline.envs.household.build import GamesResult
 from pipeline.envs.scienceworld.engine import acquire, release, simulator
+from pipeline.envs.scienceworld.env import send
 from pipeline.envs.scienceworld.world import rooms_of
 
 log = logging.getLogger(__name__)
@@ -50,25 +51,17 @@ def _split_variations(sw: Any, task: str, split: str) -> list[int]:
     return {"train": sw.get_variations_train, "dev": sw.get_variations_dev, "test": sw.get_variations_test}[split]()
 
 
-def playable_gold(gold: list[str]) -> list[str] | None:
+def playable_gold(gold: list[str]) -> list[str]:
     """The gold sequence as the env plays it: the engine's gold answers an ambiguous command
-    with a bare number (``0``: its first reading), which the env gives by itself
-    (:class:`~pipeline.envs.scienceworld.env.ScienceWorldTaskEnv`), so a ``0`` step is dropped;
-    None when it picks another reading (an action dict cannot say a number: the variation
-    is not drawn)."""
-    out = []
-    for command in gold:
-        if command.strip().isdigit():
-            if command.strip() != "0":
-                return None
-            continue
-        out.append(command)
-    return out
+    with a bare number (its choice in the engine's listing), which an action dict cannot say
+    and the env answers by itself (:func:`~pipeline.envs.scienceworld.env.send`), so number
+    steps are dropped; whether the result still solves the task is checked by replaying it."""
+    return [c for c in gold if not c.strip().isdigit()]
 
 
 def _gold(task: str, variation: int, simplifications: str) -> tuple[list[str] | None, str, list[str]]:
     """``(gold sequence, task description, rooms)``, the gold None when the env cannot play it
-    (:func:`playable_gold`); raises when a playable gold does not complete the task. In a JVM
+    (:func:`playable_gold`); raises when a gold without such answers does not complete the task. In a JVM
     of its own: the gold names objects as the engine does in a fresh JVM, where the env plays it."""
     sw = acquire(fresh=True)
     try:
@@ -83,17 +76,16 @@ def _gold_in(sw: Any, task: str, variation: int, simplifications: str) -> tuple[
     if raw and raw[0].startswith("ERROR"):
         raise RuntimeError(f"ScienceWorld task {task!r} variation {variation}: no gold sequence ({raw[0]})")
     gold = playable_gold(raw)
-    if gold is None:
-        return None, "", []
     objective = str(sw.get_task_description())
     rooms = rooms_of(sw.getObjectTree())
     sw.load(task, variation, simplifications, generateGoldPath=False)
     sw.server.step("look around")
     for command in gold:
-        if str(sw.server.step(command)).startswith("Ambiguous request"):
-            sw.server.step("0")
+        send(sw, command)  # as the env plays it (an ambiguous command's answer included)
     score = int(round(100 * sw.server.getScore()))
     if not (sw.server.getCompleted() and score == 100):
+        if any(c.strip().isdigit() for c in raw):  # it answered the engine's question in the engine's order
+            return None, "", []
         raise RuntimeError(f"ScienceWorld task {task!r} variation {variation}: its gold sequence ({len(gold)} steps) "
                            f"ends with score {score}, completed={bool(sw.server.getCompleted())}: not a solved task")
     return gold, objective, rooms

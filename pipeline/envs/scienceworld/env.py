@@ -18,7 +18,8 @@ One episode is one variation of one task, loaded into a simulator (a JVM) it hol
   accepts more spellings than it lists (its own gold sequences use them). A malformed
   dict is a failed step that never reaches the engine.
 - An ambiguous command (the engine asks which of several objects is meant) is answered
-  with its first choice (``0``), recorded in ``info["disambiguated"]``.
+  with the choice whose text sorts first (:func:`send`: the engine lists them in an order
+  that changes between JVM runs), recorded in ``info["disambiguated"]``.
 - Reward: the engine's score change over the step, scaled to 0..1 (score 0..100).
   Success (``won``) is the engine's task completion with a score that is not negative;
   a negative score (a wrong ``focus on``) is ``lost``; the step cap is neither.
@@ -29,6 +30,7 @@ One episode is one variation of one task, loaded into a simulator (a JVM) it hol
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -43,6 +45,24 @@ from pipeline.envs.scienceworld.world import fact_strings, locate, observation_f
 UNKNOWN_COMMAND = "No known action matches that input."
 _AMBIGUOUS = "Ambiguous request"
 _PARTS = ("score",)
+
+
+_CHOICE = re.compile(r"^\s*(\d+):\s*(.*?)\s*$")
+
+
+def send(sw: Any, command: str) -> tuple[str, bool]:
+    """One command to a simulator: ``(response, disambiguated)``.
+
+    An ambiguous command (the engine asks which of several objects is meant, listing them
+    in an order that changes from one JVM run to the next) is answered with the choice
+    whose text sorts first: the same object in every run.
+    """
+    text = str(sw.server.step(command))
+    if not text.startswith(_AMBIGUOUS):
+        return text, False
+    choices = [(m[2], m[1]) for m in map(_CHOICE.match, text.splitlines()) if m and m[2]]
+    pick = min(choices)[1] if choices else "0"
+    return str(sw.server.step(pick)), True
 
 
 class SpecFileError(ArtifactError):
@@ -144,11 +164,7 @@ class ScienceWorldTaskEnv:
         self.completed = bool(sw.server.getCompleted())
 
     def _send(self, command: str) -> tuple[str, bool]:
-        """One command to the engine; an ambiguous one answered with its first choice."""
-        text = self._sw.server.step(command)
-        if str(text).startswith(_AMBIGUOUS):
-            return self._sw.server.step("0"), True
-        return text, False
+        return send(self._sw, command)
 
     def close(self) -> None:
         """Give the simulator back to the pool (its JVM stays up for the next episode)."""
