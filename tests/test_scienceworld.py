@@ -1,8 +1,9 @@
 """ScienceWorld through the project's seams: real episodes in a real JVM.
 
-Skipped, with the reason, where the ``scienceworld`` package or Java is missing
-(``make scienceworld`` installs both). One JVM serves the whole module (its start and the
-tiny world's build are ~10 s); every test plays a few short episodes on it.
+The tests that play need the ``scienceworld`` package and Java and are skipped, with the
+reason, where either is missing (``make scienceworld`` installs both); the grammar, the
+sentences and the answer to an ambiguous command are checked without them. The tiny
+world is built once for the module (``sw_games``); most tests reuse a pool JVM.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from omegaconf import OmegaConf
 
 from pipeline.envs.scienceworld.engine import missing
 
-pytestmark = pytest.mark.skipif(missing() is not None, reason=f"ScienceWorld cannot run here: {missing()}")
+needs_jvm = pytest.mark.skipif(missing() is not None, reason=f"ScienceWorld cannot run here: {missing()}")
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWN = ("scene", "agent_location", "agent_inventory", "visible_entities", "available_actions", "description",
@@ -54,6 +55,56 @@ def _env(games, row, max_steps=30, fresh_jvm=False):
                                max_steps=max_steps, fresh_jvm=fresh_jvm)
 
 
+def test_action_dicts_and_commands_say_the_same_thing():
+    from pipeline.envs.scienceworld.commands import action_to_command, command_to_action
+
+    for command in ("move metal pot to sink", "pour cup containing nothing in table into bowl", "look around",
+                    "use thermometer in inventory on substance in metal pot", "use lighter", "go to door to kitchen",
+                    "connect battery anode to blue wire terminal 1", "focus on red light bulb"):
+        assert action_to_command(command_to_action(command)) == command
+    assert command_to_action("pour cup containing nothing in table into bowl") == {
+        "action": "pour", "target": "cup containing nothing in table", "receptacle": "bowl"}
+    with pytest.raises(ValueError, match="no ScienceWorld verb"):
+        command_to_action("reset task")
+
+
+def test_descriptions_read_back_as_the_facts_they_were_written_from():
+    from pipeline.core.facts import fact
+    from pipeline.envs.scienceworld.text import describe, read_statements
+
+    facts = (fact("here", "kitchen"), fact("at", "stove", "kitchen"), fact("active", "stove"),
+             fact("in", "substance in metal pot", "metal pot"), fact("matter", "water", "liquid"),
+             fact("closed", "door to hallway"), fact("exit", "kitchen", "door", "hallway"), fact("carried", "thermometer"))
+    assert read_statements(describe(facts)) == facts
+    assert read_statements("feedback : spatial: The metal pot is in the cupboard.") == (
+        fact("in", "metal pot", "cupboard"),)
+
+
+def test_an_ambiguous_command_gets_the_same_answer_whatever_the_engines_listing_order():
+    from pipeline.envs.scienceworld.build import playable_gold
+    from pipeline.envs.scienceworld.env import send
+
+    class Server:
+        def __init__(self, order):
+            self.order, self.sent = order, []
+
+        def step(self, command):
+            self.sent.append(command)
+            if len(self.sent) == 1:
+                return "Ambiguous request: Please enter the number ...\n" + "\n".join(
+                    f"{i}:\topen {d}" for i, d in enumerate(self.order)) + f"\n{len(self.order)}:\t"
+            return f"answered {command}"
+
+    class Sim:
+        def __init__(self, order):
+            self.server = Server(order)
+
+    a, b = Sim(["door to kitchen", "door to greenhouse"]), Sim(["door to greenhouse", "door to kitchen"])
+    assert send(a, "open door") == ("answered 1", True) and send(b, "open door") == ("answered 0", True)
+    assert playable_gold(["open door", "0", "go to kitchen"]) == ["open door", "go to kitchen"]
+
+
+@needs_jvm
 def test_splits_come_from_the_engines_variation_lists(sw_cfg, sw_games):
     from pipeline.envs.scienceworld.engine import simulator
 
@@ -70,6 +121,7 @@ def test_splits_come_from_the_engines_variation_lists(sw_cfg, sw_games):
     assert set(sw_games.scenes) == {"find-non-living-thing"}
 
 
+@needs_jvm
 def test_gold_sequence_as_action_dicts_wins_and_reward_is_the_score(sw_games):
     from pipeline.envs.scienceworld.commands import command_to_action
 
@@ -86,6 +138,7 @@ def test_gold_sequence_as_action_dicts_wins_and_reward_is_the_score(sw_games):
     assert total == pytest.approx(1.0)
 
 
+@needs_jvm
 def test_the_step_cap_is_not_success(sw_games):
     from pipeline.envs.scienceworld.commands import command_to_action
 
@@ -97,6 +150,7 @@ def test_the_step_cap_is_not_success(sw_games):
     assert done and info["truncated"] and not info["won"]
 
 
+@needs_jvm
 def test_observation_is_seed_004s_shape_and_its_facts_read_back(sw_games):
     from pipeline.envs.scienceworld.commands import action_to_command
     from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
@@ -116,6 +170,7 @@ def test_observation_is_seed_004s_shape_and_its_facts_read_back(sw_games):
     assert env.facts()[0].pred == "here"
 
 
+@needs_jvm
 def test_invalid_actions_are_recorded_failed_steps(sw_games):
     env = _env(sw_games, _row(sw_games, "train"))
     env.reset()
@@ -127,6 +182,7 @@ def test_invalid_actions_are_recorded_failed_steps(sw_games):
     assert not info["valid"] and "receptacle" in info["error"]
 
 
+@needs_jvm
 def test_simulated_user_gives_typed_hints_from_the_gold_and_the_tree(sw_cfg, sw_games):
     from pipeline.core.config import section
     from pipeline.core.conf_schema import UserConfig
@@ -152,6 +208,7 @@ def test_simulated_user_gives_typed_hints_from_the_gold_and_the_tree(sw_cfg, sw_
     assert user.end_feedback(info) == (True, [])
 
 
+@needs_jvm
 def test_reader_follows_the_oracle_advisory_to_success(sw_cfg, sw_games):
     """The positive control's text (the gold sequence, in the oracle's advisory form) is worth a win."""
     from pipeline.agents import make_agent
@@ -189,6 +246,7 @@ def _play_twice(cfg, games, tmp_path):
     return out
 
 
+@needs_jvm
 def test_same_config_gives_byte_identical_episode_parquet(sw_cfg, sw_games, tmp_path):
     """A rule agent with epsilon draws (the agent's, the user's and the engine's dynamics), twice."""
     cfg = OmegaConf.merge(sw_cfg, {"agent": {"epsilon": 0.3}, "env": {"max_steps": 8}})
@@ -197,6 +255,7 @@ def test_same_config_gives_byte_identical_episode_parquet(sw_cfg, sw_games, tmp_
         assert (a / name).read_bytes() == (b / name).read_bytes(), name
 
 
+@needs_jvm
 def test_factories_pick_scienceworld_by_env_name(sw_cfg, sw_games):
     from pipeline.envs import env_family, fact_reader, make_env
     from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
@@ -212,6 +271,7 @@ def test_factories_pick_scienceworld_by_env_name(sw_cfg, sw_games):
     assert isinstance(make_user(sw_cfg, sw_games.scenes, task), SimulatedUser)
 
 
+@needs_jvm
 def test_an_interrupted_process_leaves_no_jvm(tmp_path):
     """Ctrl-C (SIGINT) in a process that runs an episode: it exits and its JVM is gone, reaped."""
     script = textwrap.dedent("""
@@ -237,6 +297,7 @@ def test_an_interrupted_process_leaves_no_jvm(tmp_path):
     assert not _alive(jvm), f"JVM {jvm} still runs (or is a zombie) after its process was interrupted"
 
 
+@needs_jvm
 def test_shutdown_reaps_the_jvms_in_a_process_that_lives_on():
     from pipeline.envs.scienceworld.engine import acquire, jvm_processes, release, shutdown
 
@@ -247,6 +308,7 @@ def test_shutdown_reaps_the_jvms_in_a_process_that_lives_on():
     assert jvm_processes() == [] and not any(_alive(pid) for pid in pids)
 
 
+@needs_jvm
 def test_a_fresh_jvm_episode_stops_its_jvm_at_close(sw_games):
     from pipeline.envs.scienceworld.engine import jvm_processes
 
@@ -259,6 +321,7 @@ def test_a_fresh_jvm_episode_stops_its_jvm_at_close(sw_games):
     assert {p.pid for p in jvm_processes()} == before
 
 
+@needs_jvm
 def test_episodes_played_side_by_side_each_hold_their_own_simulator(sw_games):
     """A batch interleaves its episodes' steps: each holds a JVM of the pool from reset to close."""
     from pipeline.envs.scienceworld.commands import command_to_action
