@@ -10,9 +10,10 @@ Figures (one run on this machine; nothing asserts them):
 - the adapter (:class:`pipeline.envs.scienceworld.env.ScienceWorldTaskEnv`): steps/s with
   what each observation needs (object tree, valid action-object combinations, facts);
   the valid combinations are most of its cost (timed apart);
-- a collection: the ``react`` rule agent plays the variations with the simulated user
-  through :func:`pipeline.session.collection.run_collection`, in one process (one JVM)
-  and in ``agent.workers=2`` processes (a JVM each): turns/s of the whole loop.
+- a collection: the ``react`` rule agent plays the variations one at a time
+  (``agent.batched=false``, as the experiments do) with the simulated user through
+  :func:`pipeline.session.collection.run_collection`, a fresh JVM per episode (the
+  default), in one process and in ``agent.workers=2`` processes: turns/s of the whole loop.
 
 Needs the `scienceworld` extra and Java (``make scienceworld``).
 """
@@ -90,7 +91,7 @@ def run(tasks: list[str], steps: int = 60, max_steps: int = 20) -> dict:
     t = time.perf_counter()
     release(acquire())
     jvm_start = time.perf_counter() - t
-    overrides = ["env=scienceworld", "agent=react", "model=none", f"env.max_steps={max_steps}",
+    overrides = ["env=scienceworld", "agent=react", "agent.batched=false", "model=none", f"env.max_steps={max_steps}",
                  f"env.scienceworld.tasks=[{','.join(tasks)}]", "env.scienceworld.eval_variations=2",
                  "env.scienceworld.train_variations=0"]
     cfg = validate(OmegaConf.create(compose_text(ROOT, overrides)))
