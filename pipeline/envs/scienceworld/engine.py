@@ -2,7 +2,7 @@
 
 ScienceWorld's simulator is a Scala program (``scienceworld.jar`` inside the
 ``scienceworld`` wheel) driven through py4j; one JVM holds one running simulation.
-Starting one costs ~1.5 s and ~300 MB, so a process keeps the ones it started in a pool:
+Starting one costs ~1.5 s and 150-400 MB (resident, measured), so a process keeps the ones it started in a pool:
 an episode takes a simulator at ``reset`` and gives it back at ``close``, and loading its
 task and variation into it costs ~0.1 s. The engine names objects of one kind (three wood
 cups) by their object ids, which grow with everything a JVM has loaded, so an episode's

@@ -105,7 +105,7 @@ def clean_text(text: str | None) -> str:
 
 
 class ScienceWorldTaskEnv:
-    """One ScienceWorld variation played through the process's JVM (``reset`` / ``step``).
+    """One ScienceWorld variation played in a simulator (a JVM) held from ``reset`` to ``close`` (``reset`` / ``step``).
 
     Args:
         spec_file: the variation's spec (:func:`read_spec`); a relative path is read from
