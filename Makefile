@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro test reprocheck params bench smollm2 llama-cpp clean-venv
+.PHONY: install repro test reprocheck params bench smollm2 scienceworld llama-cpp clean-venv
 
 install: $(VENV)/.installed
 
@@ -55,6 +55,25 @@ llama-cpp:
 		-DGGML_BLAS=OFF -DGGML_CUDA=OFF -DGGML_VULKAN=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$${CMAKE_BUILD_PARALLEL_LEVEL:-2} \
 		$(LLAMA_VENV)/bin/pip install --disable-pip-version-check --no-binary llama-cpp-python \
 		"llama-cpp-python[server]==$(LLAMA_CPP_VERSION)"
+
+# env=scienceworld / experiment=scienceworld_*: the `scienceworld` extra of pyproject.toml (the simulator's wheel
+# and py4j, pinned there) into .venv, and a Java runtime: Debian's openjdk-17-jre-headless through apt, only
+# where `java` is missing (a clear error where apt is not available: install Java 11+ yourself, then rerun).
+scienceworld: install
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $$($(BIN)/python -c \
+		"import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['scienceworld']))")
+	@if command -v java >/dev/null 2>&1; then \
+		echo "scienceworld: using $$(command -v java) ($$(java -version 2>&1 | head -n 1))"; \
+	elif command -v apt-get >/dev/null 2>&1; then \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq --no-install-recommends openjdk-17-jre-headless; \
+	else \
+		echo "error: ScienceWorld needs a Java runtime (11 or newer) and this machine has neither \`java\` nor apt-get:" \
+			"install one (e.g. openjdk-17-jre-headless) so that \`java\` is on PATH, then rerun \`make scienceworld\`" >&2; \
+		exit 1; \
+	fi
+	$(BIN)/python -c "from pipeline.envs.scienceworld.engine import missing; import sys; m = missing(); \
+		print('scienceworld: ready' if m is None else f'error: {m}'); sys.exit(m is not None)"
 
 clean-venv:
 	rm -rf $(VENV)

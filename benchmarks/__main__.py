@@ -381,6 +381,26 @@ def bench_worlds(variant: str, quick: bool) -> dict[str, Any]:
     ], "details": r}
 
 
+def bench_scienceworld(variant: str, quick: bool) -> dict[str, Any]:
+    """ScienceWorld (issue 33): the engine alone, the adapter, a rule agent's collection (1 and 2 workers)."""
+    from benchmarks.bench_scienceworld import run
+    from pipeline.envs.scienceworld.engine import missing
+
+    why = missing()
+    if why is not None:
+        raise RuntimeError(f"ScienceWorld cannot run here: {why}")
+    r = run(["find-plant"] if quick else ["find-plant", "find-animal"], steps=20 if quick else 60)
+    return {"rows": [
+        row("ScienceWorld engine alone (gold commands, no state read back)", _r(r["engine_steps_per_s"], 1), "steps/s"),
+        row("ScienceWorld adapter step (object tree, valid combinations, facts)", _r(r["adapter_steps_per_s"], 2),
+            "steps/s", ratio=_ratio(r["adapter_steps_per_s"], r["engine_steps_per_s"]), vs="engine alone",
+            note=f"valid combinations {r['valid_combinations_s']:.3f} s a step; reset with a fresh JVM {r['reset_s']:.2f} s"),
+        row("ScienceWorld collect, react + simulated user, fresh JVM per episode", _r(r["collect_1_worker_turns_per_s"], 2),
+            "turns/s", ratio=_ratio(r["collect_2_workers_turns_per_s"], r["collect_1_worker_turns_per_s"]),
+            vs="2 workers (ratio: 2 workers / 1)"),
+    ], "details": r}
+
+
 def bench_collect_llm(variant: str, quick: bool) -> dict[str, Any]:
     """Batched vs sequential generation and early stop (issue 3), tiny GPT-2 fitted on real prompts."""
     from benchmarks.bench_collect_llm import run
@@ -729,6 +749,8 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "retrieval": (bench_retrieval, [""], [""], "top-3 retrieval at 10^3 / 10^5 / 10^6 vs a per-entry loop"),
     "render": (bench_render, [""], [""], "system prompts per second"),
     "worlds": (bench_worlds, [""], [""], "a generated house compiled vs on TextWorld's logic engine"),
+    "scienceworld": (bench_scienceworld, [""], [""], "ScienceWorld: engine, adapter and a rule agent's collection "
+                     "steps/s (needs `make scienceworld`)"),
     "collect_llm": (bench_collect_llm, [""], [""], "batched vs sequential generation; early stop"),
     "collect_memory": (bench_collect_memory, ["1", "8", "32", "threads"], ["1", "4", "threads"],
                        "collect peak memory and steps/s at batch 1 / 8 / 32 with the default model; "

@@ -36,10 +36,27 @@ from omegaconf import MISSING
 
 
 class EnvName(StrEnum):
-    """Worlds ``env.name`` can pick (``pipeline.envs``); both are the household world."""
+    """Worlds ``env.name`` can pick (``pipeline.envs``): the household world (two sizes) or ScienceWorld (two sizes)."""
 
     household = "household"
     tiny = "tiny"  # conf/env/tiny.yaml: the same world, smaller (smoke runs, tests)
+    scienceworld = "scienceworld"  # conf/env/scienceworld.yaml: ScienceWorld's tasks (the `scienceworld` extra, Java)
+    scienceworld_tiny = "scienceworld_tiny"  # conf/env/scienceworld_tiny.yaml: one short task (tests)
+
+
+class SwSetup(StrEnum):
+    """What ScienceWorld's train split holds (``env.scienceworld.setup``)."""
+
+    generalisation = "generalisation"  # other variations of each task (the engine's train variations)
+    adaptation = "adaptation"  # earlier trials of the eval variations themselves (CLIN, Reflexion)
+
+
+class SwSplit(StrEnum):
+    """The engine's own variation splits of a task."""
+
+    train = "train"
+    dev = "dev"
+    test = "test"
 
 
 class AgentName(StrEnum):
@@ -207,11 +224,45 @@ class RewardConfig:
 
 
 @dataclass
+class ScienceWorldConfig:
+    """ScienceWorld's tasks and variations (``env.name=scienceworld*``; the household ignores it).
+
+    A scene is a task (``boil``), a quest one of its variations; the engine's own
+    train / dev / test variation lists are the splits (:mod:`pipeline.envs.scienceworld.build`).
+    """
+
+    tasks: List[str] = field(default_factory=lambda: ["find-living-thing", "find-non-living-thing", "find-plant",
+                                                        "find-animal"])
+    """The engine's task names played (``ScienceWorldEnv.get_task_names()``); each is a scene."""
+    setup: SwSetup = SwSetup.generalisation
+    """``generalisation``: train on other variations, eval on held-out ones; ``adaptation``: the eval variations'
+    own earlier trials are the train split."""
+    eval_split: SwSplit = SwSplit.dev
+    """The engine's variation split the eval variations are drawn from (``test`` for final numbers)."""
+    eval_variations: int = 2
+    """Eval variations per task, drawn (seeded from ``seed``) from ``eval_split``."""
+    train_variations: int = 2
+    """Train variations per task from the engine's ``train`` split (``generalisation`` only)."""
+    trials: int = 1
+    """Earlier trials of each eval variation in the train split (``adaptation`` only)."""
+    simplifications: str = ""
+    """The engine's simplifications, comma-separated (``easy``, ``openDoors``, ``noElectricalAction``, ...)."""
+    max_gold_length: int = 0
+    """Skip variations whose gold sequence is longer (0: keep every one); another is drawn instead."""
+    fresh_jvm: bool = True
+    """Every episode in a JVM of its own (~2 s more an episode): its bytes then depend on nothing played before it
+    in the process (the engine names objects of one kind by their ids, which grow with what it loaded); false
+    reuses a process's JVMs (faster; the admissible commands' names then depend on the episodes' order)."""
+
+
+@dataclass
 class EnvConfig:
-    """Household scenes and quests built with TextWorld (stage ``games``) and played by ``HouseholdEnv``."""
+    """Household scenes and quests built with TextWorld (stage ``games``) and played by ``HouseholdEnv``,
+    or ScienceWorld's tasks (``scienceworld``)."""
 
     name: EnvName = EnvName.household
-    """Which world: ``household`` | ``tiny`` (the same world; conf/env/tiny.yaml makes it small)."""
+    """Which world: ``household`` | ``tiny`` (the same world; conf/env/tiny.yaml makes it small) | ``scienceworld`` |
+    ``scienceworld_tiny``."""
     num_scenes: int = 8
     """Distinct fixed layouts, each seeded from (seed, scene index)."""
     heldout_scenes: int = 2
@@ -237,7 +288,9 @@ class EnvConfig:
     compile_workers: int = 2
     """Processes compiling games in parallel (Inform7; results do not depend on it)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
-    """Reward shaping (summed per step)."""
+    """Reward shaping (summed per step; the household's: ScienceWorld's reward is its score change)."""
+    scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
+    """ScienceWorld's tasks and variations (read only when ``name`` is a ScienceWorld one)."""
 
 
 @dataclass

@@ -93,3 +93,10 @@ class FactReader(Protocol):
         block: where things are, routes, the user's preferences, what a command named in
         prose did), in the order they appear; text it does not know states nothing."""
         ...
+
+    def free_command(self, command: str) -> dict[str, Any] | None:
+        """The action dict of a command the world accepts although its admissible list
+        does not show it (ScienceWorld's parser takes more spellings than it lists, and
+        its gold sequences use them); None where only admissible commands are accepted
+        (the household)."""
+        ...

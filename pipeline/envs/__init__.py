@@ -1,4 +1,4 @@
-"""Environments the agents play: today the household world (TextWorld games).
+"""Environments the agents play: the household world (TextWorld games) and ScienceWorld.
 
     games = build_games(cfg, root)               # the `games` stage: data/games of cfg.env.name's world
     env = make_env(cfg, task, root, scenes)     # the world named by cfg.env.name
@@ -15,7 +15,11 @@ Every environment satisfies the :class:`Env` protocol; :func:`make_env`,
 ``env.name``. The household world lives in :mod:`pipeline.envs.household` (``env``: the
 game adapter, ``world``: the state read from facts and the typed facts of an observation,
 ``reader``: a recorded turn read as typed facts, ``text``: every sentence that is read back, ``planner``: the expert plan,
-``user``: its simulated user, ``games``: building the games).
+``user``: its simulated user, ``games``: building the games). ScienceWorld lives in
+:mod:`pipeline.envs.scienceworld` (``engine``: one JVM per process, ``env``: the adapter,
+``world``: the object tree's typed facts, ``text``: its sentences, ``commands``: action
+dicts <-> commands, ``reader``, ``user``, ``build``: the variations and splits); its
+package and Java are optional (``make scienceworld``): importing this module needs neither.
 """
 
 from __future__ import annotations
@@ -28,12 +32,17 @@ from pipeline.core.facts import Fact, FactReader
 from pipeline.envs.household import build as household_build
 from pipeline.envs.household.env import HouseholdEnv
 from pipeline.envs.household.reader import HouseholdFactReader
+from pipeline.envs.scienceworld import build as scienceworld_build
+from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
+from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
 
 # The `env.name` values (EnvName) that are the household world (`tiny` is it shrunk for smoke runs).
 HOUSEHOLD_ENVS = (EnvName.household, EnvName.tiny)
+# The `env.name` values that are ScienceWorld (`scienceworld_tiny`: two short tasks, for tests).
+SCIENCEWORLD_ENVS = (EnvName.scienceworld, EnvName.scienceworld_tiny)
 
-__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "build_games", "env_family", "fact_reader", "make_env",
-           "scene_preferences"]
+__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "SCIENCEWORLD_ENVS", "build_games", "env_family", "fact_reader",
+           "make_env", "scene_preferences", "unread_env_keys"]
 
 
 class EnvTask(Protocol):
@@ -79,11 +88,24 @@ class Env(Protocol):
 
 
 def env_family(cfg: Config) -> str:
-    """The environment family ``cfg.env.name`` belongs to (``household``); raises for an unknown name."""
+    """The environment family ``cfg.env.name`` belongs to (``household`` | ``scienceworld``); raises for an unknown name."""
     name = str(cfg.env.name)
     if name in HOUSEHOLD_ENVS:
         return "household"
-    raise ValueError(f"env.name={name!r}: unknown environment, expected one of {', '.join(HOUSEHOLD_ENVS)}")
+    if name in SCIENCEWORLD_ENVS:
+        return "scienceworld"
+    raise ValueError(f"env.name={name!r}: unknown environment, expected one of "
+                     f"{', '.join(HOUSEHOLD_ENVS + SCIENCEWORLD_ENVS)}")
+
+
+def unread_env_keys(cfg: Config) -> tuple[str, ...]:
+    """The dotted ``env`` keys the world ``cfg.env.name`` names never reads: left out of the
+    config hash that labels its episodes and keys their checkpoints
+    (:func:`pipeline.session.collection.collection_hash`), so that adding a world's keys
+    leaves another world's episodes and their bytes as they were."""
+    if env_family(cfg) == "household":
+        return ("env.scienceworld",)
+    return ()
 
 
 def scene_preferences(scene: Mapping[str, Any], ids: list[str]) -> list[dict]:
@@ -104,7 +126,10 @@ def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mappin
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    env_family(cfg)  # household: the only family today (a second one adds a branch on it)
+    if env_family(cfg) == "scienceworld":
+        return ScienceWorldTaskEnv(root / task.game_file, scene_id=task.scene_id, quest_id=task.quest_id,
+                                   objective=task.objective, max_steps=cfg.env.max_steps,
+                                   fresh_jvm=cfg.env.scienceworld.fresh_jvm)
     return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
                         objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
                         preferences=scene_preferences(scenes[task.scene_id], task.preferences))
@@ -118,7 +143,8 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    env_family(cfg)
+    if env_family(cfg) == "scienceworld":
+        return scienceworld_build.build_games(cfg, root, progress=progress)
     return household_build.build_games(cfg, root, progress=progress)
 
 
@@ -129,5 +155,6 @@ def fact_reader(cfg: Config) -> FactReader:
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    env_family(cfg)
+    if env_family(cfg) == "scienceworld":
+        return ScienceWorldFactReader()
     return HouseholdFactReader()

@@ -40,7 +40,7 @@ from pipeline.core.config import ConfigError, config_hash, to_plain
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.core.numerics import pin
 from pipeline.core.schemas import backend_errors
-from pipeline.envs import Env, make_env
+from pipeline.envs import Env, make_env, unread_env_keys
 from pipeline.llm.accounting import token_statistics
 from pipeline.llm.backends import BackendError, is_local
 from pipeline.llm.backends.transformers import prompt_cache_budget
@@ -63,13 +63,14 @@ def collection_hash(cfg: Config) -> str:
 
     ``model.prompt_cache_mb`` enters as the budget it gives on ``model.device`` (a float;
     ``auto``: the per-device rule), so ``auto`` and the number it stands for there are one
-    config: the same episodes, checkpoints and recorded hash.
+    config: the same episodes, checkpoints and recorded hash. The ``env`` keys its world never
+    reads are left out (:func:`pipeline.envs.unread_env_keys`).
     """
     plain = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
     model = plain.get("model")
     if isinstance(model, dict) and "prompt_cache_mb" in model:
         model["prompt_cache_mb"] = prompt_cache_budget(model["prompt_cache_mb"], model.get("device") or "cpu")
-    return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED)
+    return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED + unread_env_keys(cfg))
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:

@@ -6,7 +6,7 @@
     preferences_ok, lines = user.end_feedback(last_info)
 
 Every user satisfies the :class:`User` protocol. The simulated user belongs to its world
-(:class:`pipeline.envs.household.user.SimulatedUser`, with :class:`StepFeedback` and
+(:class:`pipeline.envs.household.user.SimulatedUser`, :class:`pipeline.envs.scienceworld.user.SimulatedUser`; with :class:`StepFeedback` and
 :func:`step_status`, which read the household env's ``info``); a person's feedback file
 (:class:`pipeline.users.file.FileFeedback`) works with any of them.
 """
@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Protocol
 from pipeline.core.conf_schema import Config
 from pipeline.envs import env_family
 from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
+from pipeline.envs.scienceworld.user import SimulatedUser as ScienceWorldUser
 from pipeline.users.file import FileFeedback
 
 __all__ = ["FileFeedback", "SimulatedUser", "StepFeedback", "User", "UserTask", "make_user", "quest_of",
@@ -78,7 +79,10 @@ def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: UserTa
     """
     if feedback_source is not None:
         return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], quest_of(task))
-    if env_family(cfg) == "household":  # raises for an unknown env.name
+    family = env_family(cfg)  # raises for an unknown env.name
+    if family == "household":
         return SimulatedUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
+    if family == "scienceworld":
+        return ScienceWorldUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
     raise ValueError(f"env.name={cfg.env.name!r}: no simulated user for this world; give feedback from a file "
                      "(user=file) or add its simulated user here")

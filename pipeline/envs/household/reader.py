@@ -79,3 +79,7 @@ class HouseholdFactReader:
         says where Cup_3 was, ``unlocked(Cabinet_2, Key_2)`` what opens Cabinet_2)."""
         commands = [f for m in _PROSE_COMMAND_RE.finditer(text or "") for f in command_facts(m[0])]
         return read_statements(text) + tuple(commands)
+
+    def free_command(self, command: str) -> dict[str, Any] | None:
+        """None: the household's games accept only their admissible commands."""
+        return None

@@ -1,0 +1,355 @@
+"""ScienceWorld through the project's seams: real episodes in a real JVM.
+
+The tests that play need the ``scienceworld`` package and Java and are skipped, with the
+reason, where either is missing (``make scienceworld`` installs both); the grammar, the
+sentences and the answer to an ambiguous command are checked without them. The tiny
+world is built once for the module (``sw_games``); most tests reuse a pool JVM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline.envs.scienceworld.engine import missing
+
+needs_jvm = pytest.mark.skipif(missing() is not None, reason=f"ScienceWorld cannot run here: {missing()}")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHOWN = ("scene", "agent_location", "agent_inventory", "visible_entities", "available_actions", "description",
+         "objective", "admissible_commands", "admissible_actions", "step", "max_steps")
+
+
+@pytest.fixture(scope="module")
+def sw_cfg():
+    from pipeline.core.config import compose_text, validate
+
+    return validate(OmegaConf.create(compose_text(ROOT, ["env=scienceworld_tiny", "agent=react", "model=none"])))
+
+
+@pytest.fixture(scope="module")
+def sw_games(sw_cfg, tmp_path_factory):
+    """The tiny ScienceWorld's variations, built once (one train, one eval of find-non-living-thing)."""
+    from pipeline.envs import build_games
+
+    return build_games(sw_cfg, tmp_path_factory.mktemp("sw_project"), progress=False)
+
+
+def _row(games, split):
+    return next(r for r in games.rows if r["split"] == split)
+
+
+def _env(games, row, max_steps=30, fresh_jvm=False):
+    """An env of the module's JVM pool (reused: seconds saved; the pipeline's default is a JVM per episode)."""
+    from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
+
+    return ScienceWorldTaskEnv(games.root / row["game_file"], scene_id=row["scene_id"], quest_id=row["quest_id"],
+                               max_steps=max_steps, fresh_jvm=fresh_jvm)
+
+
+def test_action_dicts_and_commands_say_the_same_thing():
+    from pipeline.envs.scienceworld.commands import action_to_command, command_to_action
+
+    for command in ("move metal pot to sink", "pour cup containing nothing in table into bowl", "look around",
+                    "use thermometer in inventory on substance in metal pot", "use lighter", "go to door to kitchen",
+                    "connect battery anode to blue wire terminal 1", "focus on red light bulb"):
+        assert action_to_command(command_to_action(command)) == command
+    assert command_to_action("pour cup containing nothing in table into bowl") == {
+        "action": "pour", "target": "cup containing nothing in table", "receptacle": "bowl"}
+    with pytest.raises(ValueError, match="no ScienceWorld verb"):
+        command_to_action("reset task")
+
+
+def test_descriptions_read_back_as_the_facts_they_were_written_from():
+    from pipeline.core.facts import fact
+    from pipeline.envs.scienceworld.text import describe, read_statements
+
+    facts = (fact("here", "kitchen"), fact("at", "stove", "kitchen"), fact("active", "stove"),
+             fact("in", "substance in metal pot", "metal pot"), fact("matter", "water", "liquid"),
+             fact("closed", "door to hallway"), fact("exit", "kitchen", "door", "hallway"), fact("carried", "thermometer"))
+    assert read_statements(describe(facts)) == facts
+    assert read_statements("feedback : spatial: The metal pot is in the cupboard.") == (
+        fact("in", "metal pot", "cupboard"),)
+
+
+def test_an_ambiguous_command_gets_the_same_answer_whatever_the_engines_listing_order():
+    from pipeline.envs.scienceworld.build import playable_gold
+    from pipeline.envs.scienceworld.env import send
+
+    class Server:
+        def __init__(self, order):
+            self.order, self.sent = order, []
+
+        def step(self, command):
+            self.sent.append(command)
+            if len(self.sent) == 1:
+                return "Ambiguous request: Please enter the number ...\n" + "\n".join(
+                    f"{i}:\topen {d}" for i, d in enumerate(self.order)) + f"\n{len(self.order)}:\t"
+            return f"answered {command}"
+
+    class Sim:
+        def __init__(self, order):
+            self.server = Server(order)
+
+    a, b = Sim(["door to kitchen", "door to greenhouse"]), Sim(["door to greenhouse", "door to kitchen"])
+    assert send(a, "open door") == ("answered 1", True) and send(b, "open door") == ("answered 0", True)
+    assert playable_gold(["open door", "0", "go to kitchen"]) == ["open door", "go to kitchen"]
+
+
+@needs_jvm
+def test_splits_come_from_the_engines_variation_lists(sw_cfg, sw_games):
+    from pipeline.envs.scienceworld.engine import simulator
+
+    with simulator() as sw:
+        sw.load("find-non-living-thing", 0, "", generateGoldPath=False)
+        lists = {"train": set(sw.get_variations_train()), "dev": set(sw.get_variations_dev())}
+    assert sorted(r["split"] for r in sw_games.rows) == ["eval", "train"]
+    for r in sw_games.rows:
+        variation = r["scene_seed"]
+        assert variation in lists["train" if r["split"] == "train" else "dev"], r
+        assert (sw_games.root / r["game_file"]).is_file()
+        assert r["quest_length"] == len(r["expert_plan"]) > 0
+        assert r["objective"].startswith("Your task is to find")
+    assert set(sw_games.scenes) == {"find-non-living-thing"}
+
+
+@needs_jvm
+def test_gold_sequence_as_action_dicts_wins_and_reward_is_the_score(sw_games):
+    from pipeline.envs.scienceworld.commands import command_to_action
+
+    row = _row(sw_games, "eval")
+    env = _env(sw_games, row)
+    obs = env.reset()
+    assert set(SHOWN) <= set(obs) and obs["scene"] == "find-non-living-thing"
+    total, info, done = 0.0, {}, False
+    for command in row["expert_plan"]:
+        obs, reward, done, info = env.step(command_to_action(command))
+        total += reward
+        assert info["valid"], (command, info["env_feedback"])
+    assert done and info["won"] and not info["truncated"] and info["score"] == 100
+    assert total == pytest.approx(1.0)
+
+
+@needs_jvm
+def test_the_step_cap_is_not_success(sw_games):
+    from pipeline.envs.scienceworld.commands import command_to_action
+
+    row = _row(sw_games, "eval")
+    env = _env(sw_games, row, max_steps=2)
+    env.reset()
+    for command in row["expert_plan"][:2]:
+        _, _, done, info = env.step(command_to_action(command))
+    assert done and info["truncated"] and not info["won"]
+
+
+@needs_jvm
+def test_observation_is_seed_004s_shape_and_its_facts_read_back(sw_games):
+    from pipeline.envs.scienceworld.commands import action_to_command
+    from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
+
+    env = _env(sw_games, _row(sw_games, "train"))
+    obs = env.reset()
+    assert obs["agent_location"] and obs["visible_entities"] and obs["admissible_commands"]
+    assert obs["admissible_commands"] == sorted(obs["admissible_commands"])
+    # every admissible action dict says its command back (two-object commands included)
+    pairs = [(a, a["command"]) for a in obs["admissible_actions"]]
+    assert any("receptacle" in a for a, _ in pairs)
+    assert all(action_to_command(a) == c for a, c in pairs)
+    assert "look_around" in obs["available_actions"] and "focus_on" in obs["available_actions"]
+    # the description is written from the facts, and the recorded turn reads them back
+    seen = ScienceWorldFactReader().read_turn({"observation": obs}).seen
+    assert seen == env.facts()
+    assert env.facts()[0].pred == "here"
+
+
+@needs_jvm
+def test_invalid_actions_are_recorded_failed_steps(sw_games):
+    env = _env(sw_games, _row(sw_games, "train"))
+    env.reset()
+    _, reward, done, info = env.step({"action": "fly", "target": "moon"})
+    assert not info["valid"] and "unknown verb" in info["error"] and reward == 0.0 and not done
+    _, _, _, info = env.step({"action": "pick_up", "target": "unicorn"})
+    assert not info["valid"] and info["command"] is None
+    _, _, _, info = env.step({"action": "move", "target": "table"})  # two-object verb without its second object
+    assert not info["valid"] and "receptacle" in info["error"]
+
+
+@needs_jvm
+def test_simulated_user_gives_typed_hints_from_the_gold_and_the_tree(sw_cfg, sw_games):
+    from pipeline.core.config import section
+    from pipeline.core.conf_schema import UserConfig
+    from pipeline.envs.scienceworld.user import SimulatedUser
+    from pipeline.grounding.feedback import parse_feedback_line
+
+    row = _row(sw_games, "eval")  # its gold starts in another room: the hint says where
+    env = _env(sw_games, row)
+    user = SimulatedUser(section(UserConfig, {"feedback_prob": 1.0}), sw_games.scenes[row["scene_id"]], row, seed=1)
+    obs = env.reset()
+    lines = []
+    for step_id in range(1, 4):
+        before = obs
+        obs, _, _, info = env.step({"action": "look_around", "target": None})
+        fb = user.step_feedback(step_id, before, {"action": "look_around"}, info)
+        assert fb.status == "WiP"
+        lines += fb.lines
+    types = {parse_feedback_line(line)[0] for line in lines}
+    assert "general" in types  # a repeated look around
+    assert types & {"spatial", "procedural"}, lines  # the stall hint of step 2
+    _, _, _, info = env.step({"action": "fly"})
+    assert user.step_feedback(4, obs, {"action": "fly"}, info).status == "Failure"
+    assert user.end_feedback(info) == (True, [])
+
+
+@needs_jvm
+def test_reader_follows_the_oracle_advisory_to_success(sw_cfg, sw_games):
+    """The positive control's text (the gold sequence, in the oracle's advisory form) is worth a win."""
+    from pipeline.agents import make_agent
+    from pipeline.memory.injection import oracle_advisories
+
+    row = _row(sw_games, "eval")
+    messages = [a.message for a in oracle_advisories(row["expert_plan"], 2, 800, "k")]
+    cfg = OmegaConf.merge(sw_cfg, {"agent": {"name": "reader"}})
+    won = {}
+    for name, prompt in (("oracle", "\n".join(messages)), ("none", "")):
+        agent = make_agent(cfg, seed=0)
+        agent.reset({"episode_id": "ep", "objective": row["objective"], "system_prompt": prompt, "seed": 0})
+        env = _env(sw_games, row, max_steps=len(row["expert_plan"]) + 2)
+        obs, done, info = env.reset(), False, {}
+        while not done:
+            obs, _, done, info = env.step(agent.act(obs).action)
+        won[name] = info["won"]
+    assert won == {"oracle": True, "none": False}
+
+
+def _play_twice(cfg, games, tmp_path):
+    from pipeline.envs.scienceworld.engine import shutdown
+    from pipeline.session.collection import make_factories, write_collection
+    from pipeline.session.rollout import play, tasks_from_manifest
+
+    tasks = tasks_from_manifest(games.rows, split="train", master_seed=cfg.seed)
+    out = []
+    for k in range(2):
+        if k == 1:
+            shutdown()  # the second run in a fresh JVM: nothing carries over between JVMs
+        env_for, agent_for, user_for = make_factories(cfg, games.root, games.scenes)
+        records = play(tasks, make_env=env_for, make_agent=agent_for, make_user=user_for)
+        write_collection(tmp_path / f"run{k}", records)
+        out.append(tmp_path / f"run{k}")
+    return out
+
+
+@needs_jvm
+def test_same_config_gives_byte_identical_episode_parquet(sw_cfg, sw_games, tmp_path):
+    """A rule agent with epsilon draws (the agent's, the user's and the engine's dynamics), twice."""
+    cfg = OmegaConf.merge(sw_cfg, {"agent": {"epsilon": 0.3}, "env": {"max_steps": 8}})
+    a, b = _play_twice(cfg, sw_games, tmp_path)
+    for name in ("episodes.parquet", "turns.parquet"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+
+
+@needs_jvm
+def test_factories_pick_scienceworld_by_env_name(sw_cfg, sw_games):
+    from pipeline.envs import env_family, fact_reader, make_env
+    from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
+    from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
+    from pipeline.envs.scienceworld.user import SimulatedUser
+    from pipeline.session.rollout import tasks_from_manifest
+    from pipeline.users import make_user
+
+    task = tasks_from_manifest(sw_games.rows, split="eval", master_seed=0)[0]
+    assert env_family(sw_cfg) == "scienceworld"
+    assert isinstance(make_env(sw_cfg, task, sw_games.root, sw_games.scenes), ScienceWorldTaskEnv)
+    assert isinstance(fact_reader(sw_cfg), ScienceWorldFactReader)
+    assert isinstance(make_user(sw_cfg, sw_games.scenes, task), SimulatedUser)
+
+
+@needs_jvm
+def test_an_interrupted_process_leaves_no_jvm(tmp_path):
+    """Ctrl-C (SIGINT) in a process that runs an episode: it exits and its JVM is gone, reaped."""
+    script = textwrap.dedent("""
+        import sys, time
+        sys.path.insert(0, %r)
+        from pipeline.envs.scienceworld.engine import acquire, jvm_processes
+        sw = acquire()
+        sw.load("find-non-living-thing", 0, "")
+        sw.server.step("look around")
+        print(jvm_processes()[0].pid, flush=True)
+        while True:
+            sw.server.step("look around")
+            time.sleep(0.05)
+    """ % str(ROOT))
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    jvm = int(proc.stdout.readline())
+    assert _alive(jvm)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) != 0
+    deadline = time.monotonic() + 15
+    while _alive(jvm) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(jvm), f"JVM {jvm} still runs (or is a zombie) after its process was interrupted"
+
+
+@needs_jvm
+def test_shutdown_reaps_the_jvms_in_a_process_that_lives_on():
+    from pipeline.envs.scienceworld.engine import acquire, jvm_processes, release, shutdown
+
+    release(acquire())
+    pids = [p.pid for p in jvm_processes()]
+    assert pids
+    shutdown()
+    assert jvm_processes() == [] and not any(_alive(pid) for pid in pids)
+
+
+@needs_jvm
+def test_a_fresh_jvm_episode_stops_its_jvm_at_close(sw_games):
+    from pipeline.envs.scienceworld.engine import jvm_processes
+
+    before = {p.pid for p in jvm_processes()}
+    env = _env(sw_games, _row(sw_games, "train"), fresh_jvm=True)
+    env.reset()
+    (mine,) = [p for p in jvm_processes() if p.pid not in before]
+    env.close()
+    assert mine.poll() is not None and not _alive(mine.pid)
+    assert {p.pid for p in jvm_processes()} == before
+
+
+@needs_jvm
+def test_episodes_played_side_by_side_each_hold_their_own_simulator(sw_games):
+    """A batch interleaves its episodes' steps: each holds a JVM of the pool from reset to close."""
+    from pipeline.envs.scienceworld.commands import command_to_action
+    from pipeline.envs.scienceworld.engine import jvm_processes
+
+    rows = sorted(sw_games.rows, key=lambda r: r["quest_length"])
+    envs = [_env(sw_games, r) for r in rows]
+    for env in envs:
+        env.reset()
+    assert len(jvm_processes()) >= len(envs)
+    infos = [{} for _ in envs]
+    for k in range(max(len(r["expert_plan"]) for r in rows)):
+        for i, (env, r) in enumerate(zip(envs, rows)):
+            if k < len(r["expert_plan"]):
+                infos[i] = env.step(command_to_action(r["expert_plan"][k]))[3]
+    assert all(info["won"] for info in infos)
+    held = len(jvm_processes())
+    for env in envs:
+        env.close()
+    envs[0].reset()  # the next episode reuses an idle JVM: none started
+    assert len(jvm_processes()) == held
+    envs[0].close()
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not reaped, counts as alive here: it is the leak)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
