@@ -82,14 +82,8 @@ def test_world_agnostic_packages_name_no_world():
 # through the seams' factories (pipeline.envs.make_env / fact_reader, pipeline.users.make_user).
 UNNAMED_WORLD_PACKAGES = ("memory", "grounding", "conditions", "analysis")
 WORLD_NAMES = ("household", "scienceworld", "textworld")
-# Literals that name the household in runtime text, kept because they are bytes of the household's
-# committed artifacts (an advisory message, the LLM grounding generator's prompt, the report's
-# success definition): changing them would move the default run's outputs. Debt, listed exactly.
-KNOWN_WORLD_LITERALS = {
-    "pipeline/memory/advisory.py": ["Respect the user's household preferences while completing the goal."],
-    "pipeline/grounding/generate.py": ["in a household game into grounding knowledge "],
-    "pipeline/analysis/report.py": ["(TextWorld `won`, and the scene's "],
-}
+# Where runtime text needs a world's words, the world supplies them (pipeline.envs.world_words):
+# no literal of these packages names one.
 
 
 def _code_names(path: Path) -> list[tuple[str, str]]:
@@ -120,25 +114,42 @@ def _code_names(path: Path) -> list[tuple[str, str]]:
 def test_memory_grounding_conditions_analysis_name_no_world():
     """No identifier, import or string of pipeline/memory, grounding, conditions(*), analysis names
     ScienceWorld, TextWorld or the household (comments and docstrings may): the world is chosen only
-    through the seams' factories. The household literals kept for byte-identical outputs are listed
-    in :data:`KNOWN_WORLD_LITERALS` and must stay exactly those."""
-    offenders, seen_known = [], set()
+    through the seams' factories, and its words (an advisory's preference principle, the report's
+    definition of success) come from :func:`pipeline.envs.world_words`."""
+    offenders = []
     for pkg in UNNAMED_WORLD_PACKAGES:
         paths = sorted((PACKAGE / pkg).rglob("*.py")) + sorted(PACKAGE.glob(f"{pkg}_*.py"))
         assert paths, f"pipeline/{pkg} has no module"
         for path in paths:
             rel = path.relative_to(ROOT).as_posix()
             for kind, text in _code_names(path):
-                if not any(w in text.lower() for w in WORLD_NAMES):
-                    continue
-                known = [k for k in KNOWN_WORLD_LITERALS.get(rel, []) if kind == "literal" and k in text]
-                if known:
-                    seen_known.update((rel, k) for k in known)
-                else:
+                if any(w in text.lower() for w in WORLD_NAMES):
                     offenders.append(f"{rel}: {kind} {text[:80]!r}")
     assert not offenders, "world names in world-agnostic packages:\n" + "\n".join(offenders)
-    listed = {(rel, k) for rel, ks in KNOWN_WORLD_LITERALS.items() for k in ks}
-    assert seen_known == listed, f"KNOWN_WORLD_LITERALS lists literals that are gone: {sorted(listed - seen_known)}"
+
+
+def test_each_world_supplies_its_own_words_to_the_world_agnostic_text():
+    """The household's advisory principle and report definition are its own words (the bytes of
+    its artifacts), ScienceWorld's are not the household's, and both reach the text through the
+    seam: an advisory built with a world's words states its principle, the report its success."""
+    from omegaconf import OmegaConf
+
+    from pipeline.analysis.report import report_markdown
+    from pipeline.envs import world_words
+    from pipeline.memory.advisory import compose_message
+
+    house = world_words(OmegaConf.create({"env": {"name": "household"}}))
+    science = world_words(OmegaConf.create({"env": {"name": "scienceworld"}}))
+    assert house.preference_principle == "Respect the user's household preferences while completing the goal."
+    assert house.success.startswith("TextWorld `won`")
+    assert "household" not in science.preference_principle and "TextWorld" not in science.success
+    entry = {"case_summary": {"risk_tags": ["feedback_user_preference"], "symptom": "left Fridge_0 open",
+                              "rationale_summary": "the user asked to close it"},
+             "evaluation": {"won": True}, "correction": {"corrected": True}}
+    for words in (house, science):
+        assert words.preference_principle in compose_message(entry, "successful_override", words=words)
+        report = report_markdown({"settings": {}, "conditions": []}, {}, words.success)
+        assert f"Success = `is_correct` ({words.success})" in report
 
 
 def test_the_documented_layers_are_the_enforced_ones():

@@ -5,7 +5,7 @@ The library behind the ``compare`` stage (``python -m pipeline.stages.compare``)
     data = {c: load_condition(root, cfg, c) for c in cfg.condition}
     reader = load_reader(root, cfg)                  # the reader's episodes per condition (evaluate_reader@C)
     result = compare(data, manifest_rows, cfg, reader)       # CompareResult, nothing written
-    write_outputs(result, root, cfg)                 # compare.json, plots/*.json, reports/
+    write_outputs(result, root, cfg, success)        # compare.json, plots/*.json, reports/
 
 Inputs, for every condition: ``data/eval/<C>/episodes.parquet`` and ``turns.parquet``
 (written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render@C``); and the games
@@ -49,6 +49,7 @@ from pipeline.analysis.report import label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.core.facts import WorldWords
 from pipeline.core.seeding import labelled_rng
 from pipeline.core.stats import (
     PairingError,
@@ -468,10 +469,11 @@ def load_reader(root: Path, cfg: Config) -> dict[str, list[dict]]:
     return out
 
 
-def write_outputs(result: CompareResult, root: Path, cfg: Config) -> list[Path]:
-    """Write compare.json, the plot files and the report; returns the paths written."""
+def write_outputs(result: CompareResult, root: Path, cfg: Config, success: str = WorldWords().success) -> list[Path]:
+    """Write compare.json, the plot files and the report; returns the paths written (``success``:
+    what ``is_correct`` means in the world, :func:`pipeline.envs.world_words`, given by the stage)."""
     written = [atomic_write_json(root / cfg.paths.metrics / "compare.json", result.metrics)]
     for stem, rows in result.plots.items():
         written.append(atomic_write_json(root / cfg.paths.plots / f"{stem}.json", rows))
-    written += write_report(result.metrics, result.plots, root / cfg.paths.reports)
+    written += write_report(result.metrics, result.plots, root / cfg.paths.reports, success)
     return written

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.core.io import atomic_write_bytes, atomic_write_text
+from pipeline.core.facts import WorldWords
 
 #: Fixed colours for the standard conditions (others cycle through tab10).
 CONDITION_COLORS = {"C1": "#7f7f7f", "C2": "#1f77b4", "C2_silent": "#ff7f0e", "C2_placebo": "#9467bd"}
@@ -282,8 +283,10 @@ def label_hint_table(metrics: Mapping[str, Any]) -> list[str]:
             "memory block of each rendered prompt.", ""]
 
 
-def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> str:
-    """The whole report: headline, figures, tables, definitions."""
+def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str],
+                    success: str = WorldWords().success) -> str:
+    """The whole report: headline, figures, tables, definitions (``success``: what
+    ``is_correct`` means in the world, :func:`pipeline.envs.world_words`)."""
     s = _settings(metrics)
     conds = s.get("conditions") or [m["condition"] for m in metrics.get("conditions", [])]
     n_eps = {m["condition"]: m["num_episodes"] for m in metrics.get("conditions", [])}
@@ -292,8 +295,7 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str]) -> s
         "",
         f"Conditions: {', '.join(f'{c} ({n_eps.get(c, 0)} episodes)' for c in conds)}. "
         f"Seed {s.get('seed')}, {s.get('bootstrap_samples')} bootstrap resamples, "
-        f"{_level_pct(metrics)} percentile intervals. Success = `is_correct` (TextWorld `won`, and the scene's "
-        "preferences held when `user.preference_in_success`); episodes are paired by `episode_id` "
+        f"{_level_pct(metrics)} percentile intervals. Success = `is_correct` ({success}); episodes are paired by `episode_id` "
         "(same task, same seed under every condition).",
         "",
         "## Headline",
@@ -475,13 +477,14 @@ def turns_from_histogram(hist: Sequence[Mapping[str, Any]], conditions: Sequence
 
 
 def write_report(metrics: Mapping[str, Any], plots: Mapping[str, Sequence[Mapping[str, Any]]],
-                 out_dir: str | Path) -> list[Path]:
+                 out_dir: str | Path, success: str = WorldWords().success) -> list[Path]:
     """Write ``report.md``, ``compare.md`` and the PNG figures into ``out_dir``.
 
     Args:
         metrics: Content of ``metrics/compare.json``.
         plots: The plot rows (``success_by_condition``, ``turns_distribution``, ...).
         out_dir: The reports folder.
+        success: What ``is_correct`` means in the world (:func:`pipeline.envs.world_words`).
 
     Returns:
         The paths written.
@@ -497,5 +500,5 @@ def write_report(metrics: Mapping[str, Any], plots: Mapping[str, Sequence[Mappin
     }
     written = [atomic_write_bytes(out / FIGURES[k], data) for k, data in pngs.items()]
     written.append(atomic_write_text(out / "compare.md", "# Comparison tables\n\n" + markdown_tables(metrics)))
-    written.append(atomic_write_text(out / "report.md", report_markdown(metrics, FIGURES)))
+    written.append(atomic_write_text(out / "report.md", report_markdown(metrics, FIGURES, success)))
     return written

@@ -10,7 +10,7 @@ configured condition and runs the evidence checks (:mod:`pipeline.conditions.evi
 
     r = Renderer(cfg, store, root)
     row = r.row(task, "C2")                      # one row of PROMPTS_SCHEMA
-    rows, report = render_condition(tasks, "C2", cfg, store, root, block_length_for(cfg, root))
+    rows, report = render_condition(tasks, "C2", cfg, store, root, block_length_for(cfg, root), world_words(cfg))
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from pipeline.conditions.length import BlockLength
 from pipeline.conditions.schema import task_id
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
+from pipeline.core.facts import WorldWords
 from pipeline.core.io import sha256_text
 from pipeline.core.schemas import canonical_json
 from pipeline.memory import EpisodicStore
@@ -76,12 +77,15 @@ class Renderer:
         length: How a memory block's length is measured (the placebo matches C2's in it):
             ``BlockLength()`` counts characters; the render stage passes one that counts
             the model's tokens (:func:`~pipeline.conditions.length.block_length_for`).
+        words: The world's words in the advisories (the stage passes
+            :func:`pipeline.envs.world_words`); None: world-neutral.
     """
 
     cfg: Config
     store: EpisodicStore
     root: Path
     length: BlockLength = field(default_factory=lambda: BlockLength())
+    words: Optional[WorldWords] = None
 
     def __post_init__(self) -> None:
         # Read-only here: its templates, grounding files and settings; every prompt is
@@ -120,7 +124,8 @@ class Renderer:
         cond_cfg = self.cfg.condition[condition]
         # Looked up on the package at call time, so a test can substitute it.
         slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=self.cfg.seed,
-                                        condition_name=condition, measure=self.length.measure)
+                                        condition_name=condition, measure=self.length.measure,
+                                        words=self.words)
         files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
@@ -166,23 +171,25 @@ class Renderer:
         """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
         on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
         slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=self.cfg.seed,
-                                        condition_name="reference")
+                                        condition_name="reference", words=self.words)
         return [a.message for a in slot.bundle.retrieved]
 
 
 def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Config, store: EpisodicStore,
-                     root: Path, length: Optional[BlockLength] = None) -> tuple[list[dict], dict]:
+                     root: Path, length: Optional[BlockLength] = None,
+                     words: Optional[WorldWords] = None) -> tuple[list[dict], dict]:
     """The stage's core: rows for ``condition`` and the evidence report.
 
     Renders every configured condition (cheap) so the checks can compare them; raises
     :class:`~pipeline.conditions.evidence.EvidenceError` listing the violations when a check
     fails. ``length``: the unit of block lengths (default characters; the stage passes
-    :func:`~pipeline.conditions.length.block_length_for`).
+    :func:`~pipeline.conditions.length.block_length_for`); ``words``: the world's words in the
+    advisories (the stage passes :func:`pipeline.envs.world_words`).
     """
     if condition not in cfg.condition:
         raise ConfigError(f"--condition {condition!r}: not a configured condition "
                           f"(condition: {', '.join(cfg.condition)})")
-    r = Renderer(cfg, store, root, length or BlockLength())
+    r = Renderer(cfg, store, root, length or BlockLength(), words)
     tasks = sorted(tasks, key=lambda t: (str(t["scene_id"]), str(t["quest_id"])))
     rows_by = {c: [r.row(t, c) for t in tasks] for c in cfg.condition}
     exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}

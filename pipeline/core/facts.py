@@ -100,3 +100,18 @@ class FactReader(Protocol):
         its gold sequences use them); None where only admissible commands are accepted
         (the household)."""
         ...
+
+
+@dataclass(frozen=True)
+class WorldWords:
+    """A world's own words in the runtime text of the world-agnostic packages.
+
+    Memory, grounding and analysis never name a world; where their text needs one (an
+    advisory's principle, the report's definition of success) the world supplies it
+    through :func:`pipeline.envs.world_words`, and each default here is world-neutral.
+    """
+
+    preference_principle: str = "Respect the user's preferences while completing the goal."
+    """The advisory principle of a case the user's preference feedback corrected."""
+    success: str = "the world's own completion signal"
+    """What ``is_correct`` means in this world (the report's definition, in parentheses)."""

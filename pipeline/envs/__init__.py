@@ -28,13 +28,15 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from pipeline.core.conf_schema import Config, EnvName
-from pipeline.core.facts import Fact, FactReader
+from pipeline.core.facts import Fact, FactReader, WorldWords
 from pipeline.envs.household import build as household_build
 from pipeline.envs.household.env import HouseholdEnv
 from pipeline.envs.household.reader import HouseholdFactReader
+from pipeline.envs.household.text import WORDS as HOUSEHOLD_WORDS
 from pipeline.envs.scienceworld import build as scienceworld_build
 from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
 from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
+from pipeline.envs.scienceworld.text import WORDS as SCIENCEWORLD_WORDS
 
 # The `env.name` values (EnvName) that are the household world (`tiny` is it shrunk for smoke runs).
 HOUSEHOLD_ENVS = (EnvName.household, EnvName.tiny)
@@ -96,6 +98,12 @@ def env_family(cfg: Config) -> str:
         return "scienceworld"
     raise ValueError(f"env.name={name!r}: unknown environment, expected one of "
                      f"{', '.join(HOUSEHOLD_ENVS + SCIENCEWORLD_ENVS)}")
+
+
+def world_words(cfg: Config) -> WorldWords:
+    """The words of the world ``cfg.env.name`` names, for the world-agnostic packages' text
+    (an advisory's preference principle, the report's definition of success)."""
+    return HOUSEHOLD_WORDS if env_family(cfg) == "household" else SCIENCEWORLD_WORDS
 
 
 def unread_env_keys(cfg: Config) -> tuple[str, ...]:

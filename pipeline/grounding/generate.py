@@ -104,7 +104,7 @@ def llm_grounding_prompt(stacked: Mapping[str, Sequence[str]]) -> str:
     feedback = json.dumps({t: list(stacked.get(t, [])) for t in FEEDBACK_TYPES}, ensure_ascii=False, indent=2)
     keys = ", ".join(f'"{k}": "..."' for k in FINAL_KEYS.values())
     return (
-        "You turn a user's feedback on an agent's steps in a household game into grounding knowledge "
+        "You turn a user's feedback on an agent's steps in a text game into grounding knowledge "
         "for the agent's next episodes.\n"
         "Feedback of this episode by category (each entry: [ Step<N> - <status> ] : <text>):\n"
         f"{feedback}\n"

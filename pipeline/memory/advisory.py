@@ -32,6 +32,7 @@ from pipeline.memory.schemas import (
     EpisodicMemoryEntryV1_1,
     EvidenceV1_1,
 )
+from pipeline.core.facts import WorldWords
 from pipeline.memory.scene import clip, join_facts, split_scene_facts
 
 # Principle stated for each kind of failure (first tag found wins the principle_id).
@@ -43,7 +44,7 @@ PRINCIPLES = {
     "goal_not_reached": "Move toward the goal; stop exploring once what you need is found.",
     "feedback_procedural": "Respect the order of steps: open before taking or putting, unlock before opening.",
     "feedback_spatial": "Use what is known about where things are before searching elsewhere.",
-    "feedback_user_preference": "Respect the user's household preferences while completing the goal.",
+    "feedback_user_preference": WorldWords().preference_principle,  # a world's own: AdvisoryBuilder(words=)
     "feedback_general": "Act on the user's feedback as soon as it is given.",
     "no_progress": "When steps stop making progress, change the approach instead of searching on.",
 }
@@ -71,18 +72,21 @@ def advisory_type_for(entry: dict[str, Any]) -> str:
     return "failed_override_warning"
 
 
-def principles_for(entry: dict[str, Any]) -> tuple[str, list[str]]:
-    """``(principle_id, principle sentences)`` for the entry's risk tags."""
+def principles_for(entry: dict[str, Any], words: WorldWords | None = None) -> tuple[str, list[str]]:
+    """``(principle_id, principle sentences)`` for the entry's risk tags (``words``: the
+    world's own wording of the preference principle; None: the neutral one)."""
+    principles = PRINCIPLES if words is None else {**PRINCIPLES, "feedback_user_preference": words.preference_principle}
     tags = list(entry["case_summary"].get("risk_tags") or [])
     found = [t for t in PRINCIPLES if t in tags]
     if "examine_loop" in found and "repeated_action" in found:
         found.remove("repeated_action")
     if not found:
         return "pr_" + DEFAULT_PRINCIPLE[0], [DEFAULT_PRINCIPLE[1]]
-    return "pr_" + found[0], [PRINCIPLES[t] for t in found[:MAX_PRINCIPLES]]
+    return "pr_" + found[0], [principles[t] for t in found[:MAX_PRINCIPLES]]
 
 
-def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = MAX_MESSAGE_CHARS) -> str:
+def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = MAX_MESSAGE_CHARS,
+                    words: WorldWords | None = None) -> str:
     """The advisory text, at most ``max_chars``: principle first, then the past case as
     support, then the facts of its scene (whole facts, in the stored order).
 
@@ -91,7 +95,7 @@ def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = 
     what is left. Without facts (or when none fits) the message is the principle and the
     case, clipped to ``max_chars``.
     """
-    _, principles = principles_for(entry)
+    _, principles = principles_for(entry, words)
     cs = entry["case_summary"]
     principle = " ".join(principles)
     symptom = cs["symptom"]
@@ -209,15 +213,18 @@ class AdvisoryBuilder:
         max_message_chars: Message bound (at most 800, the schema's).
         label_hint_min_commands: Expert commands that make a message a label hint.
         start_id: First advisory number.
+        words: The world's words (:func:`pipeline.envs.world_words`); None: world-neutral.
     """
 
-    def __init__(self, max_message_chars: int = MAX_MESSAGE_CHARS, label_hint_min_commands: int = 2, start_id: int = 1):
+    def __init__(self, max_message_chars: int = MAX_MESSAGE_CHARS, label_hint_min_commands: int = 2, start_id: int = 1,
+                 words: WorldWords | None = None):
         if not 1 <= max_message_chars <= MAX_MESSAGE_CHARS:
             raise ValueError(f"memory.max_message_chars={max_message_chars}: expected 1..{MAX_MESSAGE_CHARS}")
         if label_hint_min_commands < 1:
             raise ValueError(f"memory.label_hint_min_commands={label_hint_min_commands}: expected >= 1")
         self.max_message_chars = max_message_chars
         self.label_hint_min_commands = label_hint_min_commands
+        self.words = words
         self._next = start_id
 
     def _new_id(self) -> str:
@@ -229,12 +236,12 @@ class AdvisoryBuilder:
         """One advisory from one entry (no label-hint check; see :meth:`build_many`)."""
         e = entry.model_dump() if isinstance(entry, EpisodicMemoryEntryV1_1) else entry
         adv_type = advisory_type_for(e)
-        principle_id, _ = principles_for(e)
+        principle_id, _ = principles_for(e, self.words)
         relevance = min(1.0, max(0.0, float(relevance)))
         return AdvisoryV1_1(
             advisory_id=self._new_id(),
             advisory_type=adv_type,
-            message=compose_message(e, adv_type, self.max_message_chars),
+            message=compose_message(e, adv_type, self.max_message_chars, self.words),
             strength=strength_for(adv_type, relevance),
             relevance_score=relevance,
             evidence=EvidenceV1_1(

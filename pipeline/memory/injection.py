@@ -18,7 +18,8 @@ condition's fields (``memory_mode``, ``retrieval_executed``, ``injection_mask``,
 The render stage calls one function per eval task::
 
     store = load_store(cfg.paths.store, tie_seed=cfg.seed)
-    slot = build_memory_slot(store, task_row, cfg.condition.C2, cfg.memory, rng=cfg.seed)
+    slot = build_memory_slot(store, task_row, cfg.condition.C2, cfg.memory, rng=cfg.seed,
+                             words=world_words(cfg))  # pipeline.envs: the world's words
     slot.bundle, slot.gate_ok, slot.reason, slot.injected_block_text
 """
 
@@ -31,6 +32,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from pipeline.core.conf_schema import ConditionConfig, MemoryConfig, MemoryMode
+from pipeline.core.facts import WorldWords
 from pipeline.core.config import ConfigError, section
 from pipeline.core.seeding import task_rng
 from pipeline.memory.advisory import (
@@ -282,7 +284,7 @@ def draw_placebo(
     cand = pool[rng.choice(len(pool), size=size, replace=False)]
     excluded = set(exclude_entry_ids)
     entries = [e for e in index.rows(cand.tolist()) if e["entry_id"] not in excluded]
-    filler = [compose_message(e, advisory_type_for(e)) for e in entries]
+    filler = [compose_message(e, advisory_type_for(e), words=builder.words) for e in entries]
     out, sources, used = [], [], set()
     types = [advisory_type_for(e) for e in entries]
     for target in targets:
@@ -493,6 +495,7 @@ def build_memory_slot(
     *,
     condition_name: str = "?",
     measure: Callable[[str], int] = len,
+    words: WorldWords | None = None,
 ) -> MemorySlot:
     """Signature -> retrieval -> advisories -> bundle -> gate -> context, for one eval task.
 
@@ -508,6 +511,8 @@ def build_memory_slot(
         condition_name: For error messages.
         measure: The length of an injected block (a placebo's is matched to C2's in it):
             ``len`` (characters), or a count of the model's tokens.
+        words: The world's words in the advisories' text (:func:`pipeline.envs.world_words`);
+            None: world-neutral.
 
     Returns:
         A :class:`MemorySlot`.
@@ -532,6 +537,7 @@ def build_memory_slot(
     builder = AdvisoryBuilder(
         max_message_chars=memory_cfg.max_message_chars,
         label_hint_min_commands=controller.label_hint_min_commands,
+        words=words,
     )
     advisories, warnings = builder.build_many(hits, query_expert_plan=plan, query_ground_truth=gt)
     retrieved_ids = [h.entry["entry_id"] for h in hits]

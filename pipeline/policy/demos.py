@@ -42,7 +42,7 @@ from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng
-from pipeline.envs import fact_reader, scene_preferences
+from pipeline.envs import fact_reader, scene_preferences, world_words
 from pipeline.core.seeding import derive_seed
 from pipeline.envs.household.env import HouseholdEnv, LogicHouseholdEnv
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
@@ -243,7 +243,7 @@ def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
     blocks: list[tuple[str, str]] = [("", "")]
     for adv in cfg.demos.advisory_variants:
         slot = build_memory_slot(memory.store, dict(row), adv, cfg.memory, rng=cfg.seed,
-                                 condition_name=str(adv.name))
+                                 condition_name=str(adv.name), words=world_words(cfg))
         block = slot.injected_block_text
         if block and block not in [b for _, b in blocks]:
             blocks.append((str(adv.name), block))

@@ -28,6 +28,7 @@ from pipeline.analysis.report import headline_lines
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, read_parquet
 from pipeline.core.stats import PairingError
+from pipeline.envs import world_words
 from pipeline.view.load import write_episodes_html
 
 
@@ -40,7 +41,7 @@ def main() -> int:
         manifest = read_parquet(root / cfg.paths.games / "manifest.parquet",
                                 columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
         result = compare(data, manifest, cfg, load_reader(root, cfg))
-        written = write_outputs(result, root, cfg)
+        written = write_outputs(result, root, cfg, world_words(cfg).success)
         written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
         print("\n".join(headline_lines(result.metrics)))
         print(f"wrote {len(written)} files: {root / cfg.paths.metrics / 'compare.json'}, "

@@ -33,7 +33,13 @@ from __future__ import annotations
 import re
 from typing import Iterable, NamedTuple, Sequence
 
-from pipeline.core.facts import Fact, fact, first
+from pipeline.core.facts import Fact, WorldWords, fact, first
+
+# The household's words in the world-agnostic packages' text (pipeline.envs.world_words).
+WORDS = WorldWords(
+    preference_principle="Respect the user's household preferences while completing the goal.",
+    success="TextWorld `won`, and the scene's preferences held when `user.preference_in_success`",
+)
 
 # Container states as the description words them: "Fridge_0 (closed)", "Drawer_1 (open, empty)".
 STATES = ("open", "closed", "locked")

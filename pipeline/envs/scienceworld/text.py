@@ -17,7 +17,13 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from pipeline.core.facts import Fact, fact
+from pipeline.core.facts import Fact, WorldWords, fact
+
+# ScienceWorld's words in the world-agnostic packages' text (pipeline.envs.world_words).
+WORDS = WorldWords(
+    preference_principle="Respect the user's preferences while completing the task.",
+    success="the engine's task completion with a score that is not negative",
+)
 
 # pred -> (template, regex); the regex reads what the template writes.
 _FORMS: list[tuple[str, str, re.Pattern]] = [
