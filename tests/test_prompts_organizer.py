@@ -96,7 +96,7 @@ def test_each_template_renders_without_warnings(cfg, template, capsys):
     assert capsys.readouterr().err == ""  # memory defaults cover every $memory[...] slot
     assert "$" not in text and OBS["objective"] in text and "Cabinet_0, Drawer_1, Apple_2" in text
     assert "## Memory (State Continuity)" in text and "- Previous Action: None" in text
-    assert '{"action": "<verb>", "target": "<entity' in text  # the output format survives verbatim
+    assert '{"action": "<verb>", "target": "<' in text  # the output format survives verbatim (the world's own nouns)
 
 
 def test_compact_template_layout(org):

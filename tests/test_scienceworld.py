@@ -286,7 +286,10 @@ def test_an_interrupted_process_leaves_no_jvm(tmp_path):
             sw.server.step("look around")
             time.sleep(0.05)
     """ % str(ROOT))
-    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    # SIGINT at its default in the child: a parent that ignores it (a pytest-xdist worker does)
+    # would pass SIG_IGN on, and Python then installs no KeyboardInterrupt handler.
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     jvm = int(proc.stdout.readline())
     assert _alive(jvm)
     proc.send_signal(signal.SIGINT)
