@@ -63,7 +63,48 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class TransformersServe:
+class _LocalServer:
+    """A server subprocess on 127.0.0.1: its port and URL, its log in a temporary directory,
+    ``with`` support and a clean stop (the subclasses say how it starts)."""
+
+    def __init__(self, port: int | None):
+        self.port = int(port or free_port())
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.proc: subprocess.Popen | None = None
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self.log_path: Path | None = None
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def log_tail(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
+        except OSError:
+            return ""
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+
+class TransformersServe(_LocalServer):
     """``transformers serve <model_dir>`` in a subprocess on 127.0.0.1.
 
     Args:
@@ -81,22 +122,11 @@ class TransformersServe:
 
     def __init__(self, model_dir: str | os.PathLike, *, port: int | None = None, threads: int = 1,
                  startup_s: float = 120.0, extra_args: list[str] | None = None):
+        super().__init__(port)
         self.model = str(Path(model_dir).resolve())
-        self.port = int(port or free_port())
-        self.url = f"http://127.0.0.1:{self.port}/v1"
         self.threads = int(threads)
         self.startup_s = float(startup_s)
         self.extra_args = list(extra_args or [])
-        self.proc: subprocess.Popen | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self.log_path: Path | None = None
-
-    def __enter__(self) -> "TransformersServe":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def start(self) -> None:
         why = serving_available()
@@ -132,24 +162,6 @@ class TransformersServe:
         except OSError:
             return False
 
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
 
 
 def llama_cpp_python() -> tuple[str | None, str]:
@@ -173,7 +185,7 @@ def llama_cpp_python() -> tuple[str | None, str]:
     return str(python), f"llama-cpp-python {out.stdout.strip()}"
 
 
-class LlamaCppServe:
+class LlamaCppServe(_LocalServer):
     """llama-cpp-python's OpenAI-compatible server (``python -m llama_cpp.server``) on 127.0.0.1.
 
     Args:
@@ -192,22 +204,11 @@ class LlamaCppServe:
 
     def __init__(self, gguf: str | os.PathLike, *, python: str, alias: str = "SmolLM2", port: int | None = None,
                  n_ctx: int = 4096, threads: int = 1, startup_s: float = 120.0):
+        super().__init__(port)
         self.gguf = str(Path(gguf).resolve())
         self.python = python
         self.model = alias
-        self.port = int(port or free_port())
-        self.url = f"http://127.0.0.1:{self.port}/v1"
         self.n_ctx, self.threads, self.startup_s = int(n_ctx), int(threads), float(startup_s)
-        self.proc: subprocess.Popen | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
-        self.log_path: Path | None = None
-
-    def __enter__(self) -> "LlamaCppServe":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     def start(self) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="llama_cpp_serve_")
@@ -231,24 +232,6 @@ class LlamaCppServe:
         self.stop()
         raise RuntimeError(f"llama_cpp.server not answering after {self.startup_s:g}s:\n{self.log_tail()}")
 
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:] if self.log_path else ""
-        except OSError:
-            return ""
-
-    def stop(self) -> None:
-        proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
 
 
 def _answers(url: str) -> bool:
