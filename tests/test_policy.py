@@ -410,6 +410,36 @@ def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
     assert report["llm"]["greedy"]["plain"]["prompt_tokens_per_turn"] > 0
 
 
+def test_scaling_study_trains_the_model_the_stage_trains(cfg, tiny_games, tmp_path):
+    """``pipeline.policy.scaling``: a bundle made by the stage's library, trained by a grid
+    point on the CPU, gives the stage's own loss curve; the point's record and table."""
+    import torch
+
+    from pipeline.policy.demoset import build_demo_set
+    from pipeline.policy.model import train
+    from pipeline.policy.training import tokenize_demos
+    from pipeline.policy.scaling import prepare_bundle, run_point, table
+
+    torch.set_num_threads(1)
+    overrides = {"demos_per_quest": 3, "incontext_tasks": 2}
+    info = prepare_bundle(cfg, tiny_games.root, tiny_games.rows, tiny_games.scenes, tmp_path / "b" / "d", overrides)
+    rec = run_point(tmp_path / "b", "d", "cpu", 0, tmp_path / "r", 1)
+    small = OmegaConf.merge(cfg, {"model": {"policy": overrides}})
+    tok = tokenize_demos(small, build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes).turns)
+    curve = train(tok.model, tok.units, small.model.policy, seed=int(small.seed),
+                  pad_id=int(tok.tokenizer.pad_token_id))
+    assert info["units"] == len(tok.units) and info["probe_tasks"] == 4  # 2 houses x (oracle, plain)
+    assert rec["done"] and rec["steps"] == rec["steps_planned"] == len(curve) > 0
+    tail = [c["loss"] for c in curve[-50:]]
+    assert rec["final_loss"] == pytest.approx(sum(tail) / len(tail), abs=1e-5)
+    assert [c["step"] for c in rec["curve"]] == [0, len(curve)]
+    assert {"oracle_first_step", "plain_first_step", "oracle_plan_copied"} <= set(rec["final"])
+    row = [ln for ln in table(tmp_path / "r").splitlines() if ln.startswith("| d |")]
+    assert len(row) == 1 and f"{len(curve)} ({len(curve)})" in row[0]
+    with pytest.raises(SystemExit, match="unknown model.policy keys"):
+        run_point(tmp_path / "b", "d:width=3", "cpu", 0, tmp_path / "r", 1)
+
+
 # --------------------------------------------------------------------------- stage
 
 

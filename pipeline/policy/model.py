@@ -248,10 +248,14 @@ def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: 
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": policy_cfg.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     model.train()
+    dev = next(model.parameters()).device
     curve, step = [], 0
     for epoch, epoch_batches in enumerate(epochs):
         for idx in epoch_batches:
             batch = collate([units[i] for i in idx], pad_id)
+            if dev.type != "cpu":  # a study on an accelerator (pipeline.tools.scaling); the stage trains on the CPU
+                batch = {k: tuple(t.to(dev) for t in v) if isinstance(v, tuple) else v.to(dev)
+                         for k, v in batch.items()}
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, lr, policy_cfg.warmup_steps)
             loss = answer_loss(model, batch)
