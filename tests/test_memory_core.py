@@ -525,6 +525,33 @@ def test_a_refitted_placebo_message_is_never_cut_to_a_stub(store):
             assert got > target and all(n == MIN_FITTED_CHARS for n in lengths)  # every message at the floor
 
 
+def test_a_refitted_placebo_never_takes_filler_that_names_the_tasks_answer(store):
+    """Filler comes from other scenes, whose names can coincide with the task's ("take Key_2
+    from Cabinet_3"): filler naming the task's answer is never used, so the refit cannot
+    become a label hint that the gate refuses (the default run's render once failed on one:
+    the placebo injected nothing where C2 injected three advisories)."""
+    from pipeline.memory import find_label_hints
+    from pipeline.memory.injection import InjectionController, match_block_length
+
+    c2 = build_memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
+    pl = build_memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
+    controller = InjectionController.from_config(load_condition("C2_placebo"), MEMORY, "C2_placebo")
+    plan = ["take Key_2 from Cabinet_3", "unlock Drawer_2 with Key_2", "open Drawer_2"]
+    answer = "Cabinet_3 held Key_2: take Key_2 from Cabinet_3, then unlock Drawer_2 with Key_2 and open Drawer_2."
+    plain = "Cabinet_4 was empty in the Garage; go south to reach the Hall."
+    longer = c2.bundle.model_copy(update={"retrieved": [a.model_copy(update={"message": a.message + " " + plain * 3})
+                                                        for a in c2.bundle.retrieved]})
+
+    def hints(bundle) -> list:
+        return [h for a in bundle.retrieved for h in find_label_hints(a.message, expert_plan=plan)]
+
+    unguarded = match_block_length(controller, longer, pl.bundle, [answer, plain], 800)
+    assert hints(unguarded)  # the case: the densest filler first, and it names the answer
+    guarded = match_block_length(controller, longer, pl.bundle, [answer, plain], 800,
+                                 names_answer=lambda text: "take key_2 from cabinet_3" in text.lower())
+    assert not hints(guarded) and "Cabinet_4 was empty" in " ".join(a.message for a in guarded.retrieved)
+
+
 def test_placebo_is_seeded(store):
     cond = load_condition("C2_placebo")
     runs = [build_memory_slot(store, TASK, cond, MEMORY, rng=s).injected_entry_ids for s in (0, 0, 1, 2, 3)]

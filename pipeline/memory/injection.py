@@ -40,6 +40,7 @@ from pipeline.memory.advisory import (
     advisory_type_for,
     compose_message,
     find_label_hints,
+    named_plan_commands,
     task_answer,
 )
 from pipeline.memory.retrieval import Retriever
@@ -347,7 +348,8 @@ MIN_FITTED_CHARS = 40  # the shortest a refitted placebo message gets (a few let
 
 def match_block_length(controller: "InjectionController", reference: AdvisoryBundleV1_1,
                        placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int,
-                       measure: Callable[[str], int] = len) -> AdvisoryBundleV1_1:
+                       measure: Callable[[str], int] = len,
+                       names_answer: Optional[Callable[[str], bool]] = None) -> AdvisoryBundleV1_1:
     """Refit the placebo's messages so its injected text is as long as the reference's.
 
     Length is ``measure(text)``: characters by default, the model's tokens when the render
@@ -361,9 +363,16 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
     ``max_chars`` gives up part of its own tail to that denser filler. The closest fit is
     kept; in characters it is exact. No message is cut below ``MIN_FITTED_CHARS`` (when the
     reference is that much shorter, the earlier messages shrink instead).
+
+    ``names_answer(text)``: whether a filler text names any part of the query task's answer
+    (a command of its expert plan, its ground truth); such filler is never used, so a refit
+    message cannot become a label hint the gate would refuse (filler comes from other
+    scenes, whose entity names can coincide with this task's: "take Key_2 from Cabinet_3").
     """
     target = measure(_injected_text(controller, reference))
     tokens = measure is not len
+    if names_answer is not None:
+        filler = [f for f in filler if not names_answer(f)]
     if tokens:
         clauses = dict.fromkeys(c for f in filler for c in re.split(r"(?<=[.;:])\s+", f) if c.strip())
         pool = sorted(clauses, key=lambda c: -measure(c) / len(c))
@@ -579,7 +588,14 @@ def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, A
     )
     bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
     if len(placebo) == len(c2_bundle.retrieved):
-        bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars, measure)
+        min_commands = controller.label_hint_min_commands
+
+        def names_answer(text: str) -> bool:
+            return bool(named_plan_commands(text, plan)
+                        or find_label_hints(text, ground_truth=gt, min_commands=min_commands))
+
+        bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars, measure,
+                                    names_answer)
     return _finish(controller, bundle, retrieved_ids, sources, notes, plan, gt)
 
 

@@ -44,12 +44,12 @@ GENERATION_CACHE_FORMAT = "pipeline.transformers_generation/1"  # part of every 
 SCORE_ROWS = 64  # candidate rows per scoring forward (choice decoding): bounds the cache copies
 
 # ``model.prompt_cache_mb=auto`` (the default): the prompt cache's budget per device type, by
-# measurement (issue 34). cpu: on; cache on ran at least as fast as cache off at every batch
-# size and prompt shape measured (``python -m benchmarks --only engines``, variant ``cache``;
-# README, Performance). cuda: off; on an H200 cache on ran at 0.43-0.66x the turns/s of cache
-# off at 8-256 conversations and doubled peak memory (issue 34, measured before that issue's
-# copy fixes; measure again with ``python -m benchmarks --only engines --device cuda`` before
-# turning it on). Any other device: not measured, off. A number always wins over this rule.
+# measurement (issue 34; ``python -m benchmarks --only engines --variants cache [--device cuda]``,
+# README, Performance). cpu: on; cache on ran 1.01-1.58x the turns/s of cache off in 27 of 28
+# rows (batch 1-56, C1/C2 prompts, free/constrained), the other 0.92x in a best-of-2 run and
+# 1.05x in the best-of-4 rerun. cuda: off; on an H200 (2026-11-26, the rebuilt one-tensor-per-
+# entry cache) cache on ran 0.66-0.94x of cache off in 6 of 9 rows at 8/64/256 conversations
+# (1.01-1.23x in the other 3). Any other device: not measured, off. A number always wins.
 AUTO_PROMPT_CACHE_MB = {"cpu": 1024.0}
 
 
