@@ -32,14 +32,13 @@ import argparse
 import dataclasses
 import gzip
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.io import atomic_write_text
+from pipeline.core.io import atomic_write_bytes, atomic_write_text
 
 
 def _parse_pairs(text: str) -> dict[str, Any]:
@@ -57,10 +56,8 @@ def _parse_pairs(text: str) -> dict[str, Any]:
 
 
 def _write_json_gz(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with gzip.open(tmp, "wt", encoding="utf-8") as f:
-        json.dump(obj, f, separators=(",", ":"))
-    os.replace(tmp, path)
+    # mtime=0: the same bundle gives the same bytes
+    atomic_write_bytes(path, gzip.compress(json.dumps(obj, separators=(",", ":")).encode("utf-8"), mtime=0))
 
 
 def _read_json_gz(path: Path) -> Any:
