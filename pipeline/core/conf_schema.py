@@ -414,6 +414,12 @@ class PolicyConfig:
     generated_drills: int = 9600
     """First turns under the oracle advisory in further generated houses, eight to a training step (0: none;
     9600: the scaling study's choice, ``oracle_plan_copied`` 0.48 vs 0.21 at 2400: README, The default policy)."""
+    generated_grounding: float = 0.5
+    """Share of the generated houses and drills whose prompt also carries the house's own grounding: what the
+    user taught the rule agent (``rule_agent``, ``rule_epsilon``) on *another* quest of that house, through the
+    ``ground`` + ``merge`` library, as the eval prompts of seen scenes carry their train quests' grounding (0: none,
+    the previous default, under which an oracle plan was copied exactly in 100%/44% of short/long held-out-scene
+    eval tasks but 19%/6% with a grounding section: README, The default policy)."""
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
     incontext_every: int = 400

@@ -423,6 +423,7 @@ def _check_policy(p: PolicyConfig) -> None:
     _require(p.threads >= 1, "model.policy.threads", p.threads, ">= 1 (fixed by config: the bytes depend on it)")
     _probability(p.rule_epsilon, "model.policy.rule_epsilon")
     _probability(p.slip_prob, "model.policy.slip_prob")
+    _probability(p.generated_grounding, "model.policy.generated_grounding")
     _count(p.explore_cap, "model.policy.explore_cap")
     for key in ("vocab_size", "hidden_size", "intermediate_size", "n_layer", "n_head", "max_positions",
                 "episodes_per_batch"):

@@ -32,7 +32,7 @@ played here):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
-from pipeline.core.seeding import crc_rng
+from pipeline.core.seeding import crc_rng, task_seed
 from pipeline.envs import fact_reader, scene_preferences, world_words
 from pipeline.core.seeding import derive_seed
 from pipeline.envs.household.env import HouseholdEnv, LogicHouseholdEnv
@@ -60,7 +60,7 @@ from pipeline.policy.expert import (
 )
 from pipeline.prompts import PromptOrganizer, extract_json_object
 from pipeline.session.collection import make_factories
-from pipeline.session.rollout import play, tasks_from_manifest
+from pipeline.session.rollout import Task, play, tasks_from_manifest
 
 
 @dataclass
@@ -299,12 +299,13 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
 
 
 def training_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
-                    heldout: bool = False) -> GeneratedHouses:
+                    heldout: bool = False, quests_per_house: int = 1) -> GeneratedHouses:
     """The generated houses the policy trains on (``heldout``: the disjoint stream its
-    in-context score is measured on), never an eval scene's layout or an eval objective."""
+    in-context score is measured on), never an eval scene's layout or an eval objective.
+    A house's first quest does not depend on ``quests_per_house`` (the later ones are drawn after it)."""
     eval_scenes = {r["scene_id"] for r in manifest if r["split"] != "train"}
     return GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "heldout") if heldout else cfg.seed,
-                           base=cfg.env, quests_per_house=1,
+                           base=cfg.env, quests_per_house=quests_per_house,
                            preferences_per_scene=cfg.user.preferences_per_scene,
                            exclude=[layout_key(scenes[s]) for s in sorted(eval_scenes) if s in scenes],
                            exclude_objectives={r["objective"] for r in manifest if r["split"] != "train"})
@@ -316,6 +317,34 @@ def house_env(cfg: Config, house: GeneratedHouse, k: int = 0) -> LogicHouseholdE
     return LogicHouseholdEnv(house.game(k), scene_id=house.scene_id, quest_id=row["quest_id"],
                              objective=row["objective"], max_steps=cfg.env.max_steps, reward=cfg.env.reward,
                              preferences=house.spec["preferences"], compute_expert_plan=False)
+
+
+def house_grounding(cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> str | None:
+    """A generated house's grounding: what the simulated user taught the rule agent
+    (``policy.rule_agent`` with ``policy.rule_epsilon``) on the house's *second* quest,
+    through the ``ground`` + ``merge`` library (:func:`scene_groundings`), as the train
+    quests of a seen scene give its grounding to the eval prompts: true of this house, and
+    about another quest than the one demonstrated. None: the house has one quest, or the
+    episode drew no feedback.
+
+    ``scenes`` must hold the house's spec (the simulated user reads the scene)."""
+    if len(house.quests) < 2:
+        return None
+    pol = cfg.model.policy
+    row = house.row(1)
+    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": pol.rule_epsilon}})
+    _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
+    task = Task(episode_id=f"ep_train_{house.scene_id}_{row['quest_id']}_0", scene_id=house.scene_id,
+                quest_id=row["quest_id"], split="train", objective=row["objective"], game_file="",
+                expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"]),
+                seed=task_seed(cfg.seed, house.scene_id, row["quest_id"], 0))
+    records = play([task], make_env=lambda _t: house_env(cfg, house, 1), make_agent=make_agent,
+                   make_user=make_user, agent_name=str(pol.rule_agent),
+                   preference_in_success=cfg.user.preference_in_success,
+                   unknown_feedback=str(cfg.grounding.unknown_type))
+    text = scene_groundings(cfg.grounding, [r["episode"] for r in records],
+                            [t for r in records for t in r["turns"]]).get(house.scene_id, "")
+    return text or None
 
 
 def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
@@ -337,10 +366,18 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
         return []
     oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
     out = []
-    for k, house in enumerate(training_houses(cfg, manifest, scenes).houses(n_houses + n_drills)):
+    # two quests a house: the first is demonstrated, the second (where the house has one) is
+    # what the rule agent plays for the house's grounding; the first is the same either way
+    houses = training_houses(cfg, manifest, scenes, quests_per_house=2).houses(n_houses + n_drills)
+    for k, house in enumerate(houses):
         row = house.row(0)
         all_scenes = {**scenes, house.scene_id: house.spec}
-        variants = prompt_variants(cfg, memory, row, organizer)
+        grounded = crc_rng(cfg.seed, "generated-grounding", house.scene_id).random() < pol.generated_grounding
+        text = house_grounding(cfg, house, all_scenes) if grounded else None
+        house_memory = replace(memory, grounding={house.scene_id: text}) if text else memory
+        variants = prompt_variants(cfg, house_memory, row, organizer)
+        if text:  # the prompts of a grounded house carry its grounding, as a seen scene's eval prompts do
+            variants = [x for x in variants if x.grounding is not None]
         drill = k >= n_houses
         if drill:  # the oracle's first turn: copy the first step, keep the rest as the plan
             v = next((x for x in variants if x.source in oracle_names), None)
