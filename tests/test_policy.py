@@ -211,7 +211,8 @@ def test_generated_house_demos_and_drills_read_only_their_own_house(cfg, tiny_ga
     from pipeline.policy.demos import DRILL_PREFIX, generated_demos, render_demos, training_houses, training_unit
     from pipeline.prompts import PromptOrganizer
 
-    gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 8, "generated_drills": 9}}})
+    gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 8, "generated_drills": 9,
+                                                     "generated_grounding": 0.0}}})
     demos = generated_demos(gen, tiny_games.rows, tiny_games.scenes, memory, PromptOrganizer.from_config(gen))
     episodes = [d for d in demos if not d.demo_id.startswith(DRILL_PREFIX)]
     drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
@@ -230,6 +231,48 @@ def test_generated_house_demos_and_drills_read_only_their_own_house(cfg, tiny_ga
     # The probe's houses are another stream: none is a training house.
     probe = training_houses(gen, tiny_games.rows, tiny_games.scenes, heldout=True).houses(17)
     assert not {layout_key(h.spec) for h in probe} & {layout_key(h.spec) for h in houses}
+
+
+def test_generated_houses_carry_their_own_grounding(cfg, tiny_games, memory):
+    """With ``generated_grounding=1`` a generated house with a second quest is grounded by
+    what the simulated user taught the rule agent on that quest (the ground + merge
+    library): deterministic, naming only the house's own entities, and in every prompt of
+    the house's demonstration or drill; at 0 no generated prompt has a grounding section.
+    The demonstrated quest does not depend on the second one being drawn."""
+    import json
+    import re
+
+    from pipeline.policy.demos import generated_demos, house_grounding, render_demos, training_houses
+    from pipeline.prompts import PromptOrganizer
+
+    gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 6, "generated_drills": 6,
+                                                     "generated_grounding": 1.0}}})
+    houses = training_houses(gen, tiny_games.rows, tiny_games.scenes, quests_per_house=2).houses(12)
+    single = training_houses(gen, tiny_games.rows, tiny_games.scenes).houses(12)
+    assert [h.row(0) for h in houses] == [h.row(0) for h in single]
+    texts = {h.scene_id: house_grounding(gen, h, {**tiny_games.scenes, h.scene_id: h.spec}) for h in houses}
+    assert sum(bool(t) for t in texts.values()) >= 4, texts
+    again = {h.scene_id: house_grounding(gen, h, {**tiny_games.scenes, h.scene_id: h.spec}) for h in houses[:3]}
+    assert again == {k: texts[k] for k in again}
+    name = re.compile(r"\b[A-Z][A-Za-z]*_\d+\b")
+    for h in houses:
+        assert set(name.findall(texts[h.scene_id] or "")) <= set(name.findall(json.dumps(h.spec))), h.scene_id
+
+    organizer = PromptOrganizer.from_config(gen)
+    demos = generated_demos(gen, tiny_games.rows, tiny_games.scenes, memory, organizer)
+    assert len(demos) == 12
+    for d in demos:
+        assert d.variant.grounding == texts[d.task["scene_id"]], d.demo_id
+    scene_of = {d.demo_id: d.task["scene_id"] for d in demos}
+    rendered = render_demos(gen, demos)
+    assert any(texts[scene_of[t.demo_id]] for t in rendered)
+    for t in rendered:
+        text = texts[scene_of[t.demo_id]]
+        assert text is None or text in t.messages[0]["content"], t.demo_id
+
+    none = OmegaConf.merge(gen, {"model": {"policy": {"generated_grounding": 0.0}}})
+    assert all(d.variant.grounding is None for d in generated_demos(none, tiny_games.rows, tiny_games.scenes,
+                                                                     memory, organizer))
 
 
 def test_incontext_probe_scores_first_steps_of_held_out_houses(cfg, tiny_games, memory):

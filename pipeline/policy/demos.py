@@ -352,13 +352,17 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
                     progress: Callable[[int], None] | None = None) -> list[Demo]:
     """One expert demonstration in each of ``policy.generated_houses`` generated houses.
 
-    The prompt variants are the train quests' (no grounding: a generated house has no
-    user feedback yet; no advisory / each of ``demos.advisory_variants``' blocks, built by
-    the memory's own :func:`build_memory_slot` from the scene store), in turn. In a house
-    never seen before, with names drawn per house, the objective, the observations and an
-    advisory that is true of this house are the only ways to predict the next action: the
-    retrieved and placebo advisories speak of other houses, and the oracle's verified plan
-    is this quest's (see :mod:`pipeline.envs.household.generate`).
+    The prompt variants are the train quests' (no advisory / each of
+    ``demos.advisory_variants``' blocks, built by the memory's own :func:`build_memory_slot`
+    from the scene store), in turn. A share ``policy.generated_grounding`` of the houses
+    (drawn per house from the seed) also carries the house's own grounding
+    (:func:`house_grounding`: the user's feedback to the rule agent on another quest of the
+    house), as a seen scene's eval prompts carry what its train quests taught; the others
+    have none, as a held-out scene's. In a house never seen before, with names drawn per
+    house, the objective, the observations, the grounding and an advisory that is true of
+    this house are the only ways to predict the next action: the retrieved and placebo
+    advisories speak of other houses, and the oracle's verified plan is this quest's (see
+    :mod:`pipeline.envs.household.generate`).
     """
     pol = cfg.model.policy
     n_houses, n_drills = max(0, pol.generated_houses), max(0, pol.generated_drills)
