@@ -242,7 +242,8 @@ def test_generated_houses_carry_their_own_grounding(cfg, tiny_games, memory):
     import json
     import re
 
-    from pipeline.policy.demos import generated_demos, house_grounding, render_demos, training_houses
+    from pipeline.policy.demos import (generated_demos, house_grounding, render_demos, rule_agent_config,
+                                       training_houses)
     from pipeline.prompts import PromptOrganizer
 
     gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 6, "generated_drills": 6,
@@ -250,9 +251,10 @@ def test_generated_houses_carry_their_own_grounding(cfg, tiny_games, memory):
     houses = training_houses(gen, tiny_games.rows, tiny_games.scenes, quests_per_house=2).houses(12)
     single = training_houses(gen, tiny_games.rows, tiny_games.scenes).houses(12)
     assert [h.row(0) for h in houses] == [h.row(0) for h in single]
-    texts = {h.scene_id: house_grounding(gen, h, {**tiny_games.scenes, h.scene_id: h.spec}) for h in houses}
+    rule_cfg = rule_agent_config(gen)
+    texts = {h.scene_id: house_grounding(rule_cfg, h, {**tiny_games.scenes, h.scene_id: h.spec}) for h in houses}
     assert sum(bool(t) for t in texts.values()) >= 4, texts
-    again = {h.scene_id: house_grounding(gen, h, {**tiny_games.scenes, h.scene_id: h.spec}) for h in houses[:3]}
+    again = {h.scene_id: house_grounding(rule_cfg, h, {**tiny_games.scenes, h.scene_id: h.spec}) for h in houses[:3]}
     assert again == {k: texts[k] for k in again}
     name = re.compile(r"\b[A-Z][A-Za-z]*_\d+\b")
     for h in houses:

@@ -588,11 +588,8 @@ def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, A
     )
     bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
     if len(placebo) == len(c2_bundle.retrieved):
-        min_commands = controller.label_hint_min_commands
-
-        def names_answer(text: str) -> bool:
-            return bool(named_plan_commands(text, plan)
-                        or find_label_hints(text, ground_truth=gt, min_commands=min_commands))
+        def names_answer(text: str) -> bool:  # any one command of the plan, or the ground truth verbatim
+            return bool(named_plan_commands(text, plan) or find_label_hints(text, ground_truth=gt))
 
         bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars, measure,
                                     names_answer)

@@ -139,6 +139,12 @@ def make_env(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[st
 # --------------------------------------------------------------------------- scene memory
 
 
+def rule_agent_config(cfg: Config) -> Config:
+    """``cfg`` with the rule agent as the agent: ``policy.rule_agent`` with ``policy.rule_epsilon``."""
+    pol = cfg.model.policy
+    return OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": pol.rule_epsilon}})
+
+
 def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                         *, progress: Callable[[int], None] | None = None) -> tuple[list[dict], list[dict]]:
     """The rule agent (``policy.rule_agent`` with ``policy.rule_epsilon``) on every train quest.
@@ -147,9 +153,8 @@ def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str,
         ``(episodes, turns)``: the rows :func:`pipeline.session.rollout.play` records.
     """
     pol = cfg.model.policy
-    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": pol.rule_epsilon}})
     tasks = tasks_from_manifest(manifest, split="train", master_seed=cfg.seed)
-    make_env_, make_agent_, make_user_ = make_factories(rule_cfg, root, dict(scenes))
+    make_env_, make_agent_, make_user_ = make_factories(rule_agent_config(cfg), root, dict(scenes))
     records = play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
                    agent_name=str(pol.rule_agent), preference_in_success=cfg.user.preference_in_success,
                    unknown_feedback=str(cfg.grounding.unknown_type), progress=_Progress(progress))
@@ -319,30 +324,29 @@ def house_env(cfg: Config, house: GeneratedHouse, k: int = 0) -> LogicHouseholdE
                              preferences=house.spec["preferences"], compute_expert_plan=False)
 
 
-def house_grounding(cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> str | None:
+def house_grounding(rule_cfg: Config, house: GeneratedHouse, scenes: dict[str, Any]) -> str | None:
     """A generated house's grounding: what the simulated user taught the rule agent
-    (``policy.rule_agent`` with ``policy.rule_epsilon``) on the house's *second* quest,
-    through the ``ground`` + ``merge`` library (:func:`scene_groundings`), as the train
-    quests of a seen scene give its grounding to the eval prompts: true of this house, and
-    about another quest than the one demonstrated. None: the house has one quest, or the
-    episode drew no feedback.
+    (``rule_cfg``: :func:`rule_agent_config`, made once by the caller) on the house's
+    *second* quest, through the ``ground`` + ``merge`` library (:func:`scene_groundings`),
+    as the train quests of a seen scene give its grounding to the eval prompts: true of
+    this house, and about another quest than the one demonstrated. None: the house has one
+    quest, or the episode drew no feedback.
 
     ``scenes`` must hold the house's spec (the simulated user reads the scene)."""
     if len(house.quests) < 2:
         return None
-    pol = cfg.model.policy
+    pol = rule_cfg.model.policy
     row = house.row(1)
-    rule_cfg = OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": pol.rule_epsilon}})
-    _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
+    _, make_agent, make_user = make_factories(rule_cfg, Path("."), scenes)
     task = Task(episode_id=f"ep_train_{house.scene_id}_{row['quest_id']}_0", scene_id=house.scene_id,
                 quest_id=row["quest_id"], split="train", objective=row["objective"], game_file="",
                 expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"]),
-                seed=task_seed(cfg.seed, house.scene_id, row["quest_id"], 0))
-    records = play([task], make_env=lambda _t: house_env(cfg, house, 1), make_agent=make_agent,
+                seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0))
+    records = play([task], make_env=lambda _t: house_env(rule_cfg, house, 1), make_agent=make_agent,
                    make_user=make_user, agent_name=str(pol.rule_agent),
-                   preference_in_success=cfg.user.preference_in_success,
-                   unknown_feedback=str(cfg.grounding.unknown_type))
-    text = scene_groundings(cfg.grounding, [r["episode"] for r in records],
+                   preference_in_success=rule_cfg.user.preference_in_success,
+                   unknown_feedback=str(rule_cfg.grounding.unknown_type))
+    text = scene_groundings(rule_cfg.grounding, [r["episode"] for r in records],
                             [t for r in records for t in r["turns"]]).get(house.scene_id, "")
     return text or None
 
@@ -373,11 +377,12 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
     # two quests a house: the first is demonstrated, the second (where the house has one) is
     # what the rule agent plays for the house's grounding; the first is the same either way
     houses = training_houses(cfg, manifest, scenes, quests_per_house=2).houses(n_houses + n_drills)
+    rule_cfg = rule_agent_config(cfg)
     for k, house in enumerate(houses):
         row = house.row(0)
         all_scenes = {**scenes, house.scene_id: house.spec}
         grounded = crc_rng(cfg.seed, "generated-grounding", house.scene_id).random() < pol.generated_grounding
-        text = house_grounding(cfg, house, all_scenes) if grounded else None
+        text = house_grounding(rule_cfg, house, all_scenes) if grounded else None
         house_memory = replace(memory, grounding={house.scene_id: text}) if text else memory
         variants = prompt_variants(cfg, house_memory, row, organizer)
         if text:  # the prompts of a grounded house carry its grounding, as a seen scene's eval prompts do
