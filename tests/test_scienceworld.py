@@ -356,3 +356,117 @@ def _alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
+
+
+# --------------------------------------------------------------------------- trust and limits (issue 43)
+
+
+@needs_jvm
+def test_the_gateway_and_its_callback_server_refuse_a_local_client_without_the_token():
+    """Another local process connects to the JVM's port (and to our callback server's) without
+    py4j's auth token: it can run nothing (no `System.getProperty`, no `Runtime.exec`)."""
+    import socket
+
+    from py4j.java_gateway import GatewayParameters, JavaGateway
+    from py4j.protocol import Py4JError
+
+    from pipeline.envs.scienceworld.engine import acquire, release
+
+    sw = acquire()
+    try:
+        intruder = JavaGateway(gateway_parameters=GatewayParameters(port=sw._gateway.gateway_parameters.port,
+                                                                    read_timeout=10))
+        try:
+            with pytest.raises(Py4JError, match="Authentication error"):
+                intruder.jvm.java.lang.System.getProperty("user.name")
+        finally:
+            intruder.close()
+        with socket.create_connection(("127.0.0.1", sw._gateway.get_callback_server().get_listening_port()),
+                                      timeout=10) as s:
+            s.sendall(b"c\nt\ngetName\ne\n")  # a py4j call command, no auth command first
+            try:
+                answer = s.recv(256)
+            except ConnectionResetError:
+                answer = b""
+        assert answer == b"", answer  # the connection is dropped unanswered
+        assert "find-non-living-thing" in sw.get_task_names()  # the rightful client still plays
+    finally:
+        release(sw)
+
+
+@needs_jvm
+def test_a_jvm_starts_with_the_configured_heap_limit():
+    from pipeline.envs.scienceworld.engine import acquire, release
+
+    sw = acquire(fresh=True, heap_mb=256)
+    try:
+        max_heap = sw._gateway.jvm.java.lang.Runtime.getRuntime().maxMemory()
+        assert 128 * 2**20 < max_heap <= 256 * 2**20
+    finally:
+        release(sw, stop=True)
+
+
+@needs_jvm
+@pytest.mark.timeout(120)
+def test_a_wedged_simulator_times_out_fails_the_episode_and_is_replaced(sw_games):
+    """SIGSTOP on the JVM mid-episode: the step raises within the call timeout (it used to block
+    for ever), the JVM is killed and forgotten, and the next episode plays in a new one."""
+    from pipeline.envs.scienceworld.commands import command_to_action
+    from pipeline.envs.scienceworld.engine import EngineFailed, jvm_processes
+    from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
+
+    row = _row(sw_games, "eval")
+    env = ScienceWorldTaskEnv(sw_games.root / row["game_file"], max_steps=30, fresh_jvm=False, call_timeout_s=5)
+    before = {p.pid for p in jvm_processes()}
+    env.reset()
+    (jvm,) = [p for p in jvm_processes() if p.pid not in before] or [
+        p for p in jvm_processes() if p is env._sw._gateway.java_process]
+    os.kill(jvm.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    with pytest.raises(EngineFailed, match=r"step 1 .*no answer within env.scienceworld.call_timeout_s=5 s"):
+        env.step(command_to_action(row["expert_plan"][0]))
+    assert time.monotonic() - t0 < 30
+    assert jvm.poll() is not None and not _alive(jvm.pid)  # killed and reaped, not left stopped
+    assert jvm.pid not in {p.pid for p in jvm_processes()}
+    obs, _, done, info = env.step(command_to_action(row["expert_plan"][0]))
+    assert done and not info["valid"]  # the failed episode is over: nothing more is played in it
+    env.reset()  # the next episode: a live JVM
+    assert env._sw._gateway.java_process.poll() is None
+    env.close()
+
+
+@needs_jvm
+def test_an_error_the_engine_answers_with_passes_through_and_keeps_the_jvm():
+    """Only a call without an answer discards a simulator: an error the JVM sent back is the caller's."""
+    from py4j.protocol import Py4JError
+
+    from pipeline.envs.scienceworld.engine import EngineFailed, acquire, answering, jvm_processes, release
+
+    sw = acquire()
+    try:
+        with pytest.raises(Py4JError, match="noSuchMethod") as info:
+            with answering(sw, "a test call"):
+                sw.server.noSuchMethod()
+        assert not isinstance(info.value, EngineFailed)
+        assert sw._gateway.java_process in jvm_processes() and sw._gateway.java_process.poll() is None
+    finally:
+        release(sw)
+
+
+@needs_jvm
+def test_a_crashed_jvm_never_goes_back_into_the_pool():
+    from pipeline.envs.scienceworld.engine import acquire, jvm_processes, release
+
+    sw = acquire(fresh=True)
+    proc = sw._gateway.java_process
+    proc.kill()
+    proc.wait(timeout=10)
+    release(sw)  # an episode ends after its JVM crashed
+    assert proc.pid not in {p.pid for p in jvm_processes()}
+    again = acquire()
+    try:
+        assert again is not sw
+        again.load("find-non-living-thing", 0, "", generateGoldPath=False)
+        assert "hallway" in str(again.server.step("look around"))
+    finally:
+        release(again)

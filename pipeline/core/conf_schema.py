@@ -253,6 +253,12 @@ class ScienceWorldConfig:
     """Every episode in a JVM of its own (~2 s more an episode): its bytes then depend on nothing played before it
     in the process (the engine names objects of one kind by their ids, which grow with what it loaded); false
     reuses a process's JVMs (faster; the admissible commands' names then depend on the episodes' order)."""
+    call_timeout_s: float = 60.0
+    """Seconds a simulator call may last (py4j's read timeout, on every call): past it the episode fails loudly and
+    its JVM is killed, never reused (a wedged JVM would otherwise block the stage for ever)."""
+    jvm_heap_mb: int = 1024
+    """Each JVM's heap limit in MiB (``-Xmx``; a JVM uses 150-400 MB resident, and without a limit the JVM may take a
+    quarter of the machine's memory, times the JVMs a batch holds)."""
 
 
 @dataclass

@@ -405,6 +405,8 @@ def _check_env(e: EnvConfig) -> None:
     _count(e.train_quests_per_scene, "env.train_quests_per_scene")
     _count(e.eval_quests_per_scene, "env.eval_quests_per_scene", 1)
     _count(e.min_quest_length, "env.min_quest_length", 1)
+    _positive(e.scienceworld.call_timeout_s, "env.scienceworld.call_timeout_s")
+    _count(e.scienceworld.jvm_heap_mb, "env.scienceworld.jvm_heap_mb", 128)
 
 
 def _check_user(u: UserConfig) -> None:

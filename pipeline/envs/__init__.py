@@ -137,7 +137,9 @@ def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mappin
     if env_family(cfg) == "scienceworld":
         return ScienceWorldTaskEnv(root / task.game_file, scene_id=task.scene_id, quest_id=task.quest_id,
                                    objective=task.objective, max_steps=cfg.env.max_steps,
-                                   fresh_jvm=cfg.env.scienceworld.fresh_jvm)
+                                   fresh_jvm=cfg.env.scienceworld.fresh_jvm,
+                                   call_timeout_s=cfg.env.scienceworld.call_timeout_s,
+                                   heap_mb=cfg.env.scienceworld.jvm_heap_mb)
     return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
                         objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
                         preferences=scene_preferences(scenes[task.scene_id], task.preferences))

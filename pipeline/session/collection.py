@@ -55,7 +55,8 @@ CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts
                    "grounding.online", "numerics")
 # Keys of those subtrees that decide how a run is played or judged, never what an episode is:
 # left out, so changing them reuses checkpoints and keeps every recorded config hash.
-CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction")
+CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction", "env.scienceworld.call_timeout_s",
+                      "env.scienceworld.jvm_heap_mb")
 
 
 def collection_hash(cfg: Config) -> str:

@@ -34,7 +34,7 @@ from pipeline.core.io import atomic_write_json, write_parquet
 from pipeline.core.schemas import SCHEMA_VERSION, canonical_json, manifest_table
 from pipeline.core.seeding import derive_seed, labelled_rng
 from pipeline.envs.household.build import GamesResult
-from pipeline.envs.scienceworld.engine import acquire, release, simulator
+from pipeline.envs.scienceworld.engine import acquire, answering, limits, release, simulator
 from pipeline.envs.scienceworld.env import send
 from pipeline.envs.scienceworld.world import rooms_of
 
@@ -59,13 +59,15 @@ def playable_gold(gold: list[str]) -> list[str]:
     return [c for c in gold if not c.strip().isdigit()]
 
 
-def _gold(task: str, variation: int, simplifications: str) -> tuple[list[str] | None, str, list[str]]:
+def _gold(task: str, variation: int, sc: Any) -> tuple[list[str] | None, str, list[str]]:
     """``(gold sequence, task description, rooms)``, the gold None when the env cannot play it
     (:func:`playable_gold`); raises when a gold without such answers does not complete the task. In a JVM
-    of its own: the gold names objects as the engine does in a fresh JVM, where the env plays it."""
-    sw = acquire(fresh=True)
+    of its own (``sc``: ``env.scienceworld``'s limits): the gold names objects as the engine does in a fresh
+    JVM, where the env plays it."""
+    sw = acquire(fresh=True, **limits(sc))
     try:
-        return _gold_in(sw, task, variation, simplifications)
+        with answering(sw, f"games: task {task!r} variation {variation}"):
+            return _gold_in(sw, task, variation, sc.simplifications)
     finally:
         release(sw, stop=True)
 
@@ -101,7 +103,7 @@ def _draw(sw: Any, cfg: Config, task: str, split: str, n: int) -> list[tuple[int
         if len(out) == n:
             break
         v = int(pool[int(i)])
-        gold, objective, rooms = _gold(task, v, sc.simplifications)
+        gold, objective, rooms = _gold(task, v, sc)
         if gold is None or (sc.max_gold_length and len(gold) > sc.max_gold_length):
             continue
         out.append((v, gold, objective, rooms))
@@ -121,7 +123,7 @@ def plan_games(cfg: Config) -> tuple[dict[str, dict[str, Any]], list[dict[str, A
             raise ValueError(f"params key env.scienceworld.{key}={value}: expected >= 0")
     if not sc.tasks:
         raise ValueError("params key env.scienceworld.tasks is empty: name at least one ScienceWorld task")
-    with simulator() as sw:
+    with simulator(**limits(sc)) as sw, answering(sw, "games: the tasks' variation lists"):
         return _plan(cfg, sw)
 
 

@@ -20,6 +20,20 @@ each); a batch of ``agent.batch_size`` episodes played side by side holds as man
     with simulator() as sw: ...   # the same, scoped
     shutdown()                    # also run at exit: every JVM stopped and reaped
 
+Trust and limits. Each JVM's py4j gateway, and the callback server this process opens for
+it, require the random token py4j's ``--enable-auth`` gives at launch: another local process
+that connects to either port without it is refused (``tests/test_scienceworld.py``). Every
+call has a read timeout (``env.scienceworld.call_timeout_s``) and each JVM a heap limit
+(``env.scienceworld.jvm_heap_mb``, ``-Xmx``). A call that times out or finds its JVM dead
+raises :class:`EngineFailed` from :func:`answering` after the simulator is discarded (its
+JVM killed and reaped): it never goes back into the pool, and neither does one whose JVM
+exited while it was held or idle (:func:`release`, :func:`acquire` check), so the next
+episode gets a new JVM::
+
+    sw = acquire(fresh=True, call_timeout_s=60.0, heap_mb=1024)   # or **limits(cfg.env.scienceworld)
+    with answering(sw, "boil v3 step 4"):
+        sw.server.step("look around")          # EngineFailed when it hangs past the timeout
+
 How the JVMs end: py4j launches each with ``die_on_exit`` (it exits when its stdin, a pipe
 from this process, closes: so also when this process is killed), :func:`shutdown` runs
 at interpreter exit (a Ctrl-C's ``KeyboardInterrupt`` included), stops each gateway and
@@ -35,10 +49,18 @@ import contextlib
 import os
 import shutil
 import subprocess
+import tempfile
 import threading
 from typing import Any, Iterator
 
 STOP_TIMEOUT_S = 10.0
+# Defaults of env.scienceworld.call_timeout_s and .jvm_heap_mb (pipeline/core/conf_schema.py), for
+# callers without a config.
+CALL_TIMEOUT_S = 60.0
+HEAP_MB = 1024
+# The read timeout while a new JVM loads the simulator's classes (its first call takes seconds on a
+# busy machine); calls after that have call_timeout_s.
+STARTUP_TIMEOUT_S = 120.0
 # Steps the engine itself allows before it calls an episode complete; the adapter caps
 # episodes at ``env.max_steps`` long before this.
 ENGINE_STEP_LIMIT = 100_000
@@ -52,6 +74,15 @@ _registered = False
 
 class EngineUnavailable(RuntimeError):
     """ScienceWorld cannot run here: the package or a Java runtime is missing (the message says how to get it)."""
+
+
+class EngineFailed(RuntimeError):
+    """A simulator gave no answer within its call timeout, or its JVM died: it was discarded (JVM killed)."""
+
+
+def limits(sc: Any) -> dict[str, Any]:
+    """:func:`acquire`'s limits from the ``env.scienceworld`` config group."""
+    return {"call_timeout_s": float(sc.call_timeout_s), "heap_mb": int(sc.jvm_heap_mb)}
 
 
 def java_binary() -> str | None:
@@ -79,9 +110,15 @@ def _own_pool() -> None:
         _pid = os.getpid()
 
 
-def acquire(*, fresh: bool = False) -> Any:
-    """An idle simulator of this process (a ``scienceworld.ScienceWorldEnv``), a new JVM when none is
-    idle or ``fresh`` (a JVM that has loaded nothing yet).
+def acquire(*, fresh: bool = False, call_timeout_s: float = CALL_TIMEOUT_S, heap_mb: int = HEAP_MB) -> Any:
+    """An idle simulator of this process (a ``scienceworld.ScienceWorldEnv``) started with the same
+    limits, a new JVM when none is idle or ``fresh`` (a JVM that has loaded nothing yet). An idle
+    one whose JVM has exited is reaped and skipped.
+
+    Args:
+        fresh: a new JVM even when one is idle.
+        call_timeout_s: a new JVM's read timeout on every call (``env.scienceworld.call_timeout_s``).
+        heap_mb: a new JVM's heap limit, ``-Xmx`` (``env.scienceworld.jvm_heap_mb``).
 
     Raises:
         EngineUnavailable: the package or Java is missing, or the JVM did not start.
@@ -89,15 +126,19 @@ def acquire(*, fresh: bool = False) -> Any:
     global _registered
     with _lock:
         _own_pool()
-        if _idle and not fresh:
-            return _idle.pop()
+        wanted = (float(call_timeout_s), int(heap_mb))
+        for sw in reversed(list(_idle) if not fresh else []):
+            if not _alive(sw):  # exited while idle: reaped, never handed out
+                _forget(sw)
+                _reap(sw)
+            elif sw.limits == wanted:
+                _idle[:] = [x for x in _idle if x is not sw]
+                return sw
         why = missing()
         if why is not None:
             raise EngineUnavailable(f"env=scienceworld: {why}")
-        from scienceworld import ScienceWorldEnv  # deferred: optional dependency, starts a JVM
-
         try:
-            sw = ScienceWorldEnv("", envStepLimit=ENGINE_STEP_LIMIT)
+            sw = _launch(call_timeout_s, heap_mb)
         except Exception as exc:  # py4j raises several kinds when the JVM does not come up
             raise EngineUnavailable(f"env=scienceworld: the ScienceWorld JVM did not start: {exc}") from exc
         _all.append(sw)
@@ -107,27 +148,112 @@ def acquire(*, fresh: bool = False) -> Any:
         return sw
 
 
+def _launch(call_timeout_s: float, heap_mb: int) -> Any:
+    """A ``ScienceWorldEnv`` on a JVM started here: the gateway and its callback server with py4j's
+    auth token, every call with a read timeout, the heap limited.
+
+    ``ScienceWorldEnv.__init__`` launches an unauthenticated gateway with no timeout and no
+    heap limit and takes no option to change that, so the object is built here and given what
+    its ``__init__`` sets after the launch (scienceworld 1.2.3, pinned in pyproject.toml;
+    every test that plays checks the result).
+    """
+    # deferred: optional dependency (the `scienceworld` extra and its py4j)
+    from py4j.java_gateway import CallbackServerParameters, GatewayParameters, JavaGateway, launch_gateway
+    from scienceworld import ScienceWorldEnv
+    from scienceworld.constants import BASEPATH, JAR_PATH
+
+    port, token, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, return_proc=True,
+                                       enable_auth=True, javaopts=[f"-Xmx{int(heap_mb)}m"])
+    gateway = None
+    try:
+        params = GatewayParameters(auto_field=True, port=port, auth_token=token,
+                                   read_timeout=max(float(call_timeout_s), STARTUP_TIMEOUT_S))
+        gateway = JavaGateway(
+            gateway_parameters=params,
+            callback_server_parameters=CallbackServerParameters(port=0, daemonize=True, auth_token=token),
+            java_process=proc)
+        server = gateway.java_gateway_server  # the JVM's callback client: to our callback server's port
+        server.resetCallbackClient(server.getCallbackClient().getAddress(),
+                                   gateway.get_callback_server().get_listening_port())
+        sw = ScienceWorldEnv.__new__(ScienceWorldEnv)
+        sw._gateway = gateway
+        sw.server = gateway.jvm.scienceworld.runtime.pythonapi.PythonInterface()
+        sw.lastStepScore = 0
+        sw.taskName = None
+        sw.envStepLimit = ENGINE_STEP_LIMIT
+        sw.clear_run_histories()
+        sw.goldPathGenerated = False
+        sw._obj_tree_tempdir = tempfile.TemporaryDirectory()
+        sw.limits = (float(call_timeout_s), int(heap_mb))  # what acquire() matches an idle one on
+        params.read_timeout = float(call_timeout_s)  # every call from now on (the client shares `params`)
+        gateway._gateway_client.close()  # its pooled connections reopen with it
+        return sw
+    except BaseException:
+        proc.kill()
+        proc.wait(timeout=STOP_TIMEOUT_S)
+        if gateway is not None:  # its callback server's thread too
+            with contextlib.suppress(Exception):
+                gateway.close(keep_callback_server=False)
+        raise
+
+
 def release(sw: Any, *, stop: bool = False) -> None:
     """Give a simulator back to the pool (the next episode loads its own task into it), or
-    with ``stop`` end its JVM (``env.scienceworld.fresh_jvm``: each episode in a JVM of its own)."""
+    with ``stop`` end its JVM (``env.scienceworld.fresh_jvm``: each episode in a JVM of its own).
+    One whose JVM has exited (crashed, killed) never goes back: it is reaped and forgotten."""
     with _lock:
         if _pid != os.getpid() or not any(x is sw for x in _all):
             return
-        if stop:
-            _all[:] = [x for x in _all if x is not sw]
-            _idle[:] = [x for x in _idle if x is not sw]
-        elif not any(x is sw for x in _idle):
-            _idle.append(sw)
-            return
+        if not _alive(sw):
+            _forget(sw)
+            dead = True
+        elif stop:
+            _forget(sw)
+            dead = False
         else:
+            if not any(x is sw for x in _idle):
+                _idle.append(sw)
             return
-    _stop(sw)
+    if dead:
+        _reap(sw)
+    else:
+        _stop(sw)
+
+
+def discard(sw: Any) -> None:
+    """Kill a simulator's JVM (it may be wedged: no polite shutdown), reap it, and forget it."""
+    with _lock:
+        mine = _pid == os.getpid() and any(x is sw for x in _all)
+        if mine:
+            _forget(sw)
+    if mine:
+        _reap(sw, kill=True)
 
 
 @contextlib.contextmanager
-def simulator() -> Iterator[Any]:
-    """A simulator for the ``with`` block (:func:`acquire`, then :func:`release`)."""
-    sw = acquire()
+def answering(sw: Any, what: str) -> Iterator[Any]:
+    """Engine calls on ``sw``: one that got no answer (timed out) or found its JVM gone discards the
+    simulator (:func:`discard`) and raises :class:`EngineFailed` naming ``what`` and why. An error
+    the JVM answered with (an exception the engine threw, an unknown method) passes through unchanged.
+    """
+    try:
+        yield sw
+    except Exception as exc:
+        proc = sw._gateway.java_process
+        code = proc.poll()
+        if code is None and not _unanswered(exc):
+            raise
+        why = (f"its JVM (pid {proc.pid}) exited with code {code}" if code is not None else
+               f"no answer within env.scienceworld.call_timeout_s={sw.limits[0]:g} s "
+               f"(its JVM, pid {proc.pid}, was killed)")
+        discard(sw)
+        raise EngineFailed(f"ScienceWorld {what}: {why}; the simulator was discarded, never reused") from exc
+
+
+@contextlib.contextmanager
+def simulator(**kwargs: Any) -> Iterator[Any]:
+    """A simulator for the ``with`` block (:func:`acquire` with ``kwargs``, then :func:`release`)."""
+    sw = acquire(**kwargs)
     try:
         yield sw
     finally:
@@ -152,6 +278,29 @@ def shutdown() -> None:
         _stop(sw)
 
 
+def _unanswered(exc: BaseException) -> bool:
+    """Whether a py4j call failed for want of an answer (a read timeout, a refused or dropped
+    connection), not with one: py4j raises a bare ``Py4JError`` (no Java trace) when its client
+    got no answer, ``Py4JNetworkError`` when it could not connect, and ``Py4JJavaError`` or a
+    ``Py4JError`` quoting a trace when the JVM answered with an error."""
+    from py4j.protocol import Py4JError, Py4JJavaError, Py4JNetworkError  # deferred: optional dependency
+
+    if isinstance(exc, Py4JNetworkError):
+        return True
+    return isinstance(exc, Py4JError) and not isinstance(exc, Py4JJavaError) and "Trace:" not in str(exc)
+
+
+def _alive(sw: Any) -> bool:
+    """Whether the simulator's JVM is still running."""
+    return sw._gateway.java_process.poll() is None
+
+
+def _forget(sw: Any) -> None:
+    """Take a simulator out of the pool (the caller holds ``_lock``)."""
+    _all[:] = [x for x in _all if x is not sw]
+    _idle[:] = [x for x in _idle if x is not sw]
+
+
 def _stop(sw: Any) -> None:
     """End one simulator's JVM and reap it."""
     proc = sw._gateway.java_process
@@ -165,3 +314,24 @@ def _stop(sw: Any) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=STOP_TIMEOUT_S)
+
+
+def _reap(sw: Any, *, kill: bool = False) -> None:
+    """A JVM that exited, or with ``kill`` one that may be wedged: killed (SIGKILL also ends a
+    stopped process), reaped, and this side's gateway and callback server closed without asking it."""
+    proc = sw._gateway.java_process
+    if kill and proc.poll() is None:
+        proc.kill()
+    try:
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=STOP_TIMEOUT_S)
+    # Disconnected: the finalizers of its Java object proxies no longer try to reach the dead JVM
+    # (each would open a refused connection and log it, from inside whatever code the GC interrupts).
+    sw._gateway._gateway_client.is_connected = False
+    try:  # this side's sockets and callback server only: no command to a JVM that is gone
+        sw._gateway.close(keep_callback_server=False, close_callback_server_connections=True)
+    except Exception:  # noqa: BLE001 - best effort: nothing listens any more
+        pass
+    sw.close = lambda: None  # the wrapper's __del__ would close it again

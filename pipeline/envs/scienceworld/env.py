@@ -25,20 +25,25 @@ One episode is one variation of one task, loaded into a simulator (a JVM) it hol
   a negative score (a wrong ``focus on``) is ``lost``; the step cap is neither.
 - ``info["expert_plan"]``: the rest of the task's gold sequence after the longest prefix
   of it the episode has played (a reference the simulated user reads, not a planner's).
+- A simulator that gives no answer within ``env.scienceworld.call_timeout_s``, or whose JVM
+  died, fails the episode loudly (:class:`~pipeline.envs.scienceworld.engine.EngineFailed`
+  from ``reset`` or ``step``): it is discarded, never reused, and the episode is not
+  recorded (a rerun plays it again from its start; finished episodes are checkpointed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from pipeline.core.config import project_root
 from pipeline.core.facts import Fact
 from pipeline.core.io import ArtifactError
 from pipeline.envs.scienceworld.commands import ActionError, action_to_command, command_to_action, verbs_of
-from pipeline.envs.scienceworld.engine import acquire, release
+from pipeline.envs.scienceworld.engine import CALL_TIMEOUT_S, HEAP_MB, EngineFailed, acquire, answering, release
 from pipeline.envs.scienceworld.text import describe
 from pipeline.envs.scienceworld.world import fact_strings, locate, observation_facts
 
@@ -116,10 +121,13 @@ class ScienceWorldTaskEnv:
         fresh_jvm: play in a JVM of its own, stopped at ``close`` (``env.scienceworld.fresh_jvm``):
             the episode's bytes then depend on nothing played before it; false: a JVM of the
             process's pool, reused.
+        call_timeout_s, heap_mb: a new JVM's read timeout on every call and heap limit
+            (``env.scienceworld.call_timeout_s``, ``.jvm_heap_mb``).
     """
 
     def __init__(self, spec_file: str | Path, *, scene_id: str | None = None, quest_id: str | None = None,
-                 objective: str | None = None, max_steps: int = 30, fresh_jvm: bool = True) -> None:
+                 objective: str | None = None, max_steps: int = 30, fresh_jvm: bool = True,
+                 call_timeout_s: float = CALL_TIMEOUT_S, heap_mb: int = HEAP_MB) -> None:
         p = Path(spec_file)
         if not p.is_absolute() and not p.exists():
             p = project_root() / p
@@ -132,6 +140,7 @@ class ScienceWorldTaskEnv:
             raise ValueError(f"max_steps={max_steps}: expected >= 1")
         self._objective = objective
         self.fresh_jvm = fresh_jvm
+        self.limits = {"call_timeout_s": float(call_timeout_s), "heap_mb": int(heap_mb)}
         self.gold = [str(c) for c in self.spec["gold"]]
         self._sw: Any = None
         self._done = True
@@ -166,6 +175,18 @@ class ScienceWorldTaskEnv:
     def _send(self, command: str) -> tuple[str, bool]:
         return send(self._sw, command)
 
+    @contextlib.contextmanager
+    def _engine(self, what: str) -> Iterator[None]:
+        """The engine calls of ``reset`` or one step (:func:`~pipeline.envs.scienceworld.engine.answering`):
+        on a timeout or a dead JVM the simulator is gone and the episode over, and the error propagates."""
+        try:
+            with answering(self._sw, f"{self.scene_id}/{self.quest_id} {what}"):
+                yield
+        except EngineFailed as exc:
+            self._sw, self._done = None, True
+            raise EngineFailed(f"{exc}; the episode is not recorded: a rerun plays it again from its start, in a new "
+                               "JVM") from exc
+
     def close(self) -> None:
         """Give the simulator back to the pool (its JVM stays up for the next episode)."""
         if self._sw is not None:
@@ -183,14 +204,15 @@ class ScienceWorldTaskEnv:
     def reset(self) -> dict[str, Any]:
         """Load the variation (a fresh state) and look around; returns the first observation."""
         if self._sw is None:
-            self._sw = acquire(fresh=self.fresh_jvm)
+            self._sw = acquire(fresh=self.fresh_jvm, **self.limits)
         spec = self.spec
-        self._sw.load(str(spec["task"]), int(spec["variation"]), str(spec["simplifications"]),
-                      generateGoldPath=False)
-        # load() gives the fresh state; the wrapper's reset() would reload it once more (~1 s).
-        look, _ = self._send("look around")
-        self._read(self._sw.look())
-        self.objective = self._objective or str(self._sw.get_task_description())
+        with self._engine("reset"):
+            self._sw.load(str(spec["task"]), int(spec["variation"]), str(spec["simplifications"]),
+                          generateGoldPath=False)
+            # load() gives the fresh state; the wrapper's reset() would reload it once more (~1 s).
+            look, _ = self._send("look around")
+            self._read(self._sw.look())
+            self.objective = self._objective or str(self._sw.get_task_description())
         self.steps = 0
         self._done = False
         self.won = False
@@ -271,11 +293,12 @@ class ScienceWorldTaskEnv:
             valid, feedback, key = False, f"Invalid action: {error}.", "invalid:" + json.dumps(action, sort_keys=True,
                                                                                               default=str)
         else:
-            text, disambiguated = self._send(command)
+            with self._engine(f"step {self.steps} ({command!r})"):
+                text, disambiguated = self._send(command)
+                self._read(self._sw.look())
             feedback = clean_text(text)
             valid = not feedback.startswith(UNKNOWN_COMMAND)
             key = normalise(command)
-            self._read(self._sw.look())
             if valid and self.gold_at < len(self.gold) and normalise(self.gold[self.gold_at]) == key:
                 self.gold_at += 1
         self.lost = self.lost or self.score < 0
