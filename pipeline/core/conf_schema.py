@@ -352,6 +352,9 @@ class AgentConfig:
     """Processes that play a collection's batches side by side (``evaluate``; not the online loop), each on
     ``numerics.threads`` threads; whole batches of the fixed partition, so the bytes do not depend on it
     (fixed by config, never by the machine: ``conf/agent/llm.yaml`` sets 2)."""
+    worker_stall_s: float = 1800.0
+    """Seconds a worker process (``workers`` > 1) may go without starting a step before the run stops it and fails,
+    naming it (its finished episodes are kept); 0: wait for ever."""
     max_error_fraction: float = 0.5
     """Most backend-failed turns a run may hold, as a fraction of its turns (in [0, 1]); more stops the stage
     (exit 1, nothing written) whatever ``on_backend_error`` says: a broken server is never a result."""

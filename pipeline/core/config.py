@@ -444,6 +444,7 @@ def _check_agent(a: AgentConfig) -> None:
     _count(a.reasoning_max_tokens, "agent.reasoning_max_tokens", 1)
     _count(a.workers, "agent.workers", 1)
     _require(0 <= a.max_error_fraction <= 1, "agent.max_error_fraction", a.max_error_fraction, "in [0, 1]")
+    _positive(a.worker_stall_s, "agent.worker_stall_s", zero=True)
 
 
 def _check_memory(m: MemoryConfig) -> None:

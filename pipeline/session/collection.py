@@ -20,6 +20,7 @@ import copy
 import hashlib
 import json
 import multiprocessing
+import os
 import shutil
 import signal
 import sys
@@ -55,8 +56,10 @@ CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts
                    "grounding.online", "numerics")
 # Keys of those subtrees that decide how a run is played or judged, never what an episode is:
 # left out, so changing them reuses checkpoints and keeps every recorded config hash.
-CHECKPOINT_IGNORED = ("agent.workers", "agent.max_error_fraction", "env.scienceworld.call_timeout_s",
-                      "env.scienceworld.jvm_heap_mb")
+CHECKPOINT_IGNORED = ("agent.workers", "agent.worker_stall_s", "agent.max_error_fraction",
+                      "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb")
+# How often the parent looks at its workers (exit codes, heartbeats).
+WORKER_POLL_S = 1.0
 
 
 def collection_hash(cfg: Config) -> str:
@@ -287,10 +290,12 @@ def online_loop(cfg: Config) -> bool:
 
 
 def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,
-                       shared: SharedBackend, online: tuple[Path, Path] | None = None) -> list[dict]:
+                       shared: SharedBackend, online: tuple[Path, Path] | None = None,
+                       heartbeat: Callable[[], None] | None = None) -> list[dict]:
     """:func:`pipeline.session.rollout.play` under a progress bar, Ctrl-C flag and thread cap.
 
     ``online=(root, work_dir)`` plays seed 000's online loop (:func:`pipeline.session.online.play_online`).
+    ``heartbeat`` runs before every step (a worker's sign of life to its parent).
     On Ctrl-C (exit 130) or a failure, says how many finished episodes the checkpoints keep.
     """
     make_env, make_agent_for, make_user = factories
@@ -303,13 +308,18 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
     try:
         with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted, \
                 inference_threads(cfg):
+            def should_stop() -> bool:
+                if heartbeat is not None:
+                    heartbeat()
+                return interrupted.is_set()
+
             def play_some(some: list[Task]) -> list[dict]:
                 return play(some, make_env=make_env, make_agent=make_agent_for, make_user=make_user,
                             batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, checkpoints=ckpts,
                             agent_name=str(cfg.agent.name), model_name=model_name,
                             preference_in_success=cfg.user.preference_in_success,
                             unknown_feedback=str(cfg.grounding.unknown_type), progress=bar,
-                            should_stop=interrupted.is_set, whole_batches=plays_with_model(cfg.agent),
+                            should_stop=should_stop, whole_batches=plays_with_model(cfg.agent),
                             on_batch_start=shared.start_batch)
 
             if online is None:
@@ -332,14 +342,20 @@ def _worker_batches(tasks: list[Task], batch_size: int, k: int, n: int) -> list[
 
 
 def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
-                 feedback_source: Any) -> None:
-    """One worker process: pin the numerics, play its batches into the shared checkpoints.
+                 feedback_source: Any, beat: Any = None) -> None:
+    """One worker process: pin the numerics, play its batches into the shared checkpoints,
+    writing ``time.monotonic()`` into ``beat`` (a shared double) before every step.
     An expected failure is one ``error:`` line (exit 1), as a stage reports it."""
+
+    def heartbeat() -> None:
+        if beat is not None:
+            beat.value = time.monotonic()
+
     try:
         pin(cfg.numerics, load_torch=plays_with_model(cfg.agent) and is_local(cfg.model))
         shared = SharedBackend()
         factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
-        _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared)
+        _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared, heartbeat=heartbeat)
     except (ConfigError, ArtifactError, BackendError, FileNotFoundError) as exc:
         print(f"error: {desc}: {exc}", file=sys.stderr)
         raise SystemExit(1)
@@ -363,22 +379,23 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
 
     Each batch is computed exactly as in one process (the same batch, the prompt cache
     emptied before it, ``numerics.threads`` threads), so the outputs are the same bytes.
-    Workers are started fresh (``spawn``): torch and the model load in each.
+    Workers are started fresh (``spawn``): torch and the model load in each. A worker that
+    starts no step for ``agent.worker_stall_s`` seconds is stopped (:func:`join_workers`).
 
     Raises:
-        ArtifactError: a worker failed (its own message is printed above).
+        ArtifactError: a worker failed or stalled (its own message is printed above).
     """
     size = cfg.agent.batch_size if cfg.agent.batched else 1
     n = worker_count(cfg, tasks)
     ctx = multiprocessing.get_context("spawn")
+    beats = [ctx.Value("d", time.monotonic(), lock=False) for _ in range(n)]
     procs = [ctx.Process(target=_worker_main, name=f"worker-{k}",
                          args=(cfg, root, _worker_batches(tasks, size, k, n), scenes, ckpt_root,
-                               f"{desc} worker {k}/{n}", feedback_source)) for k in range(n)]
+                               f"{desc} worker {k}/{n}", feedback_source, beats[k])) for k in range(n)]
     try:
         for p in procs:
             p.start()
-        for p in procs:
-            p.join()
+        stalled = join_workers(procs, beats, cfg.agent.worker_stall_s)
     except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); wait for them
         for p in procs:
             p.join(timeout=30)
@@ -387,11 +404,49 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
         print(f"\ninterrupted: the workers' finished episodes are kept in {ckpt_root}; rerun the stage to finish "
               "the rest", file=sys.stderr)
         raise SystemExit(130)
+    if stalled:
+        raise ArtifactError(f"{desc}: {', '.join(stalled)} of agent.workers={n} started no step for "
+                            f"agent.worker_stall_s={cfg.agent.worker_stall_s:g} s and "
+                            f"{'was' if len(stalled) == 1 else 'were'} stopped; the finished "
+                            f"episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
     failed = [p.name for p in procs if p.exitcode != 0]
     if failed:
         raise ArtifactError(f"{desc}: {', '.join(failed)} of agent.workers={n} failed (exit "
                             f"{', '.join(str(p.exitcode) for p in procs if p.exitcode != 0)}; their messages are "
                             f"above); the finished episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
+
+
+def join_workers(procs: list, beats: list, stall_s: float, *, poll_s: float = WORKER_POLL_S) -> list[str]:
+    """Wait for the worker processes; stop each that has not beaten for ``stall_s`` seconds.
+
+    Args:
+        procs: started processes.
+        beats: per process, a shared double its worker sets to ``time.monotonic()`` before every
+            step (the parent set it at creation: a worker's start-up counts against it too).
+        stall_s: seconds without a beat before a live worker is terminated (killed if it does
+            not end); 0: wait for ever.
+
+    Returns:
+        The names of the workers stopped for stalling (the others ran to their end).
+    """
+    stalled: list[str] = []
+    while any(p.is_alive() for p in procs):
+        for p in procs:
+            p.join(timeout=poll_s / len(procs))
+        now = time.monotonic()
+        for p, beat in zip(procs, beats):
+            if stall_s > 0 and p.is_alive() and now - beat.value > stall_s:
+                print(f"error: {p.name} started no step for {now - beat.value:.0f} s (agent.worker_stall_s="
+                      f"{stall_s:g}): stopping it", file=sys.stderr)
+                p.terminate()
+                with contextlib.suppress(ProcessLookupError):  # a stopped process takes SIGTERM once continued
+                    os.kill(p.pid, signal.SIGCONT)
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
+                    p.join()
+                stalled.append(p.name)
+    return stalled
 
 
 def write_collection(out_dir: Path, records: list[dict]) -> tuple[list[dict], list[dict]]:
