@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from pipeline.grounding.feedback import classify_feedback_lines
 from pipeline.core.io import read_parquet, write_parquet
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.grounding import episodes as S
+from pipeline.llm.backends import BackendConfigError
 
 TS = "2026-01-27T00:00:00+00:00"
 
@@ -293,11 +295,13 @@ def test_llm_unparseable_answer_falls_back_to_extractive_with_the_reason(answer,
 
 
 def test_llm_backend_error_falls_back_and_empty_episode_skips_the_backend():
+    from pipeline.grounding.generate import GenerationFailed
+
     def boom(prompt):
-        raise RuntimeError("connection refused")
+        raise GenerationFailed("BackendError: connection refused")
 
     final, info = G.generate_grounding(STACKED, "llm", generate=boom, timestamp=TS)
-    assert info["fallback_reason"] == "backend error: RuntimeError: connection refused"
+    assert info["fallback_reason"] == "backend error: BackendError: connection refused"
     assert final == G.extractive_final_grounding(STACKED, TS)
     final, info = G.generate_grounding(G.empty_stacked(), "llm", generate=boom, timestamp=TS)
     assert info["fallback_reason"] == "no feedback in this episode: the backend was not asked"
@@ -496,7 +500,7 @@ def test_ground_metrics(collected):
     assert m == {"num_episodes": 3, "num_steps": 5, "steps_with_feedback": 4,
                  "stacked_entries": {"user_preference": 1, "spatial": 2, "procedural": 1, "general": 1},
                  "final_statements": {"user_preference": 1, "spatial": 2, "procedural": 1, "general": 1},
-                 "generator_used": {"extractive": 3}, "fallbacks": {}}
+                 "generator": "extractive", "generator_used": {"extractive": 3}, "fallbacks": {}}
 
 
 def test_stage_llm_generator_wired_to_the_configured_backend(tiny_lm, collected, tmp_path):
@@ -525,3 +529,73 @@ def test_stage_llm_generator_wired_to_the_configured_backend(tiny_lm, collected,
                                           r"\(model.backend=transformers, model.name_or_path=.*missing\)"):
         S.make_generate(bad)
     assert S.make_generate(OmegaConf.merge(cfg, {"grounding": {"generator": "extractive"}})) is None
+
+
+# --------------------------------------------------------------------------- no silent fallback (issue 43)
+
+
+def _failing_backend(cfg_errors):
+    """A ``make_text_generator`` stand-in: each call raises the next of ``cfg_errors`` (None: answers)."""
+    answers = iter(cfg_errors)
+
+    def make(cfg):
+        def text(prompt):
+            exc = next(answers)
+            if exc is not None:
+                raise exc
+            return '{"user_preference": "close it", "spatial": "kitchen is green", "procedural": "x", "general": "y"}'
+        return text
+    return make
+
+
+@pytest.mark.parametrize("error", [
+    BackendConfigError("authentication failed: POST http://h/v1/chat/completions: HTTP 401"),
+    BackendConfigError("unknown model: http://h/v1 does not serve model.api_model='nope' (HTTP 404)"),
+    KeyError("choices"),  # a programming error in the backend or the parser
+    TypeError("generate() got an unexpected keyword argument 'seed'"),
+], ids=["401", "404", "KeyError", "TypeError"])
+def test_a_configuration_or_programming_error_stops_the_llm_generator_instead_of_falling_back(
+        error, collected, tiny_cfg, monkeypatch):
+    """It used to be caught like any failure: every episode silently got the extractive grounding."""
+    from omegaconf import OmegaConf
+
+    monkeypatch.setattr(S, "make_text_generator", _failing_backend([error] * 3))
+    cfg = OmegaConf.merge(tiny_cfg, {"grounding": {"generator": "llm"}})
+    with pytest.raises(type(error), match=re.escape(str(error.args[0]))):
+        S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
+
+
+def test_failed_calls_fall_back_counted_and_past_max_error_fraction_the_ground_stage_stops(
+        collected, tiny_cfg, monkeypatch):
+    from omegaconf import OmegaConf
+
+    from pipeline.llm.backends import BackendError
+
+    cfg = OmegaConf.merge(tiny_cfg, {"grounding": {"generator": "llm"}})
+    # 1 of 3 asked episodes failed: below the default limit (0.5), counted and named
+    monkeypatch.setattr(S, "make_text_generator", _failing_backend([None, BackendError("HTTP 503 after 3 attempts"),
+                                                                     None]))
+    docs = S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
+    S.check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)
+    m = S.ground_metrics(docs)
+    assert m["generator"] == "llm" and m["generator_used"] == {"extractive": 1, "llm": 2}
+    assert m["fallbacks"] == {"backend error": 1}
+    # 2 of 3: more than the limit, the stage would write nothing
+    monkeypatch.setattr(S, "make_text_generator", _failing_backend([BackendError("HTTP 503 after 3 attempts")] * 2
+                                                                    + [None]))
+    docs = S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
+    with pytest.raises(G.GroundingError, match=r"the model call failed on 2 of 3 episodes it was asked for \(67%\), "
+                                               r"more than grounding.max_error_fraction=0.5, so nothing was written; "
+                                               r"the first failure: episode ep_train_s0_q0_0: backend error: "
+                                               r"BackendError: HTTP 503"):
+        S.check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)
+    S.check_backend_fallbacks(docs, 1.0)  # the limit is the config's
+
+
+def test_grounding_max_error_fraction_is_range_checked(tiny_cfg):
+    from omegaconf import OmegaConf
+
+    from pipeline.core.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=r"grounding.max_error_fraction=1.5: expected in \[0, 1\]"):
+        validate(OmegaConf.merge(tiny_cfg, {"grounding": {"max_error_fraction": 1.5}}))

@@ -579,7 +579,11 @@ class GroundingConfig:
     """Grounding files (seed 000): generation (``ground`` stage) and merging (``merge``)."""
 
     generator: GroundingGenerator = GroundingGenerator.extractive
-    """``extractive`` (deterministic, offline) | ``llm`` (asks the model; falls back to extractive, reason recorded)."""
+    """``extractive`` (deterministic, offline) | ``llm`` (asks the model; an unusable answer or a failed call falls
+    back to extractive, the reason recorded; a configuration or programming error stops the stage)."""
+    max_error_fraction: float = 0.5
+    """With ``generator=llm``: the largest share of asked episodes whose model call may fail (after the backend's
+    retries) and fall back to extractive; past it the ``ground`` stage stops with exit 1 and writes nothing."""
     save_format: SaveFormat = SaveFormat.both
     """Per-episode files written: json | txt | both (seed's GROUNDING_SAVE_FORMAT)."""
     merge_format: SaveFormat = SaveFormat.both

@@ -36,8 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from pipeline.core import conf_schema
 from pipeline.core.conf_schema import (AgentConfig, AgentName, Backend, Config, EnvConfig, ExperimentConfig,
-                                       FeedbackSource, GroundingGenerator, MemoryConfig, ModelConfig, NumericsConfig,
-                                       PolicyConfig, RewardConfig, SamplingConfig, UserConfig)
+                                       FeedbackSource, GroundingConfig, GroundingGenerator, MemoryConfig, ModelConfig,
+                                       NumericsConfig, PolicyConfig, RewardConfig, SamplingConfig, UserConfig)
 from pipeline.core import overrides as recorded
 from pipeline.core.io import atomic_write_text
 
@@ -359,6 +359,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     _check_env(typed.env)
     _check_user(typed.user)
     _check_agent(typed.agent)
+    _check_grounding(typed.grounding)
     _check_policy(typed.model.policy)
     _check_memory(typed.memory)
     _check_conditions(typed)
@@ -445,6 +446,10 @@ def _check_agent(a: AgentConfig) -> None:
     _count(a.workers, "agent.workers", 1)
     _require(0 <= a.max_error_fraction <= 1, "agent.max_error_fraction", a.max_error_fraction, "in [0, 1]")
     _positive(a.worker_stall_s, "agent.worker_stall_s", zero=True)
+
+
+def _check_grounding(g: GroundingConfig) -> None:
+    _probability(g.max_error_fraction, "grounding.max_error_fraction")
 
 
 def _check_memory(m: MemoryConfig) -> None:

@@ -3,6 +3,7 @@
 The library behind :mod:`pipeline.stages.ground` (seed 000)::
 
     docs = ground(episodes, turns, generator="extractive", timestamp=ts)
+    check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)   # llm: too many failed calls stop here
     index = write_ground_outputs(docs, "data/grounding", "both")
     metrics = ground_metrics(docs)
 
@@ -39,7 +40,8 @@ from pipeline.grounding import (
     write_grounding_files,
     write_latest_files,
 )
-from pipeline.llm.backends import make_text_generator
+from pipeline.grounding.generate import BACKEND_ERROR, UNPARSEABLE, GenerationFailed
+from pipeline.llm.backends import BackendConfigError, BackendError, make_text_generator
 
 INDEX_FILE = "index.json"
 SCENES_DIR = "scenes"
@@ -139,8 +141,31 @@ def write_ground_outputs(docs: list[dict], out_dir: str | Path, save_format: str
     return index
 
 
+def check_backend_fallbacks(docs: list[dict], max_error_fraction: float) -> None:
+    """Stop a grounding run whose model calls failed on more than ``max_error_fraction`` of the
+    episodes the model was asked for (``grounding.max_error_fraction``): their grounding would be
+    the extractive one under the name of the llm generator. A broken server is never a result.
+
+    Raises:
+        GroundingError: naming the counts, the limit and the first failure.
+    """
+    reasons = [(d["expr_info"].get("episode_id"), d["expr_info"].get("fallback_reason") or "")
+               for d in docs if d["expr_info"].get("generator") == GroundingGenerator.llm]
+    asked = [(e, r) for e, r in reasons if not r or r.startswith((BACKEND_ERROR, UNPARSEABLE))]
+    failed = [(e, r) for e, r in asked if r.startswith(BACKEND_ERROR)]
+    if failed and len(failed) / len(asked) > max_error_fraction:
+        episode, reason = failed[0]
+        raise GroundingError(
+            f"grounding.generator=llm: the model call failed on {len(failed)} of {len(asked)} episodes it was asked "
+            f"for ({len(failed) / len(asked):.0%}), more than grounding.max_error_fraction={max_error_fraction:g}, so "
+            f"nothing was written; the first failure: episode {episode}: {reason}. Fix the server or model settings "
+            "and rerun")
+
+
 def ground_metrics(docs: list[dict]) -> dict:
-    """Counts for ``metrics/ground.json`` (``dvc metrics diff`` across experiments)."""
+    """Counts for ``metrics/ground.json`` (``dvc metrics diff`` across experiments): the generator
+    configured (``generator``), the one each episode's grounding actually came from
+    (``generator_used``: episodes per generator) and why the others fell back (``fallbacks``)."""
     entries = Counter()
     statements = Counter()
     used = Counter()
@@ -159,7 +184,9 @@ def ground_metrics(docs: list[dict]) -> dict:
         used[info.get("generator_used", "extractive")] += 1
         if info.get("fallback_reason"):
             fallbacks[info["fallback_reason"].split(":")[0]] += 1
+    configured = sorted({str(d["expr_info"].get("generator", "extractive")) for d in docs})
     return {
+        "generator": configured[0] if len(configured) == 1 else (configured or None),
         "num_episodes": len(docs),
         "num_steps": steps,
         "steps_with_feedback": with_feedback,
@@ -171,12 +198,26 @@ def ground_metrics(docs: list[dict]) -> dict:
 
 
 def make_generate(cfg: Config) -> Callable[[str], str] | None:
-    """The text-generation backend of ``grounding.generator=llm`` (``None`` otherwise)."""
+    """The text-generation backend of ``grounding.generator=llm`` (``None`` otherwise).
+
+    A call that failed after the backend's retries raises :class:`GenerationFailed` (the
+    episode falls back to extractive, counted); a :class:`BackendConfigError` (a refused key,
+    an unknown model) and anything else pass through and stop the stage."""
     if cfg.grounding.generator != GroundingGenerator.llm:
         return None
     try:
-        return make_text_generator(cfg)
+        text = make_text_generator(cfg)
     except Exception as exc:  # a missing model directory, bad endpoint, ...: name it, stop
         raise ConfigError(f"grounding.generator=llm: cannot build the text-generation backend "
                           f"(model.backend={cfg.model.backend}, model.name_or_path={cfg.model.name_or_path}): "
                           f"{type(exc).__name__}: {exc}") from exc
+
+    def generate(prompt: str) -> str:
+        try:
+            return text(prompt)
+        except BackendConfigError:
+            raise
+        except BackendError as exc:
+            raise GenerationFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    return generate

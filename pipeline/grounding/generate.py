@@ -3,7 +3,13 @@
 :func:`generate_grounding` makes the four contents of seed 000's ``final_grounding``
 from *this episode's* feedback only: ``extractive`` splits the stacked entries into
 statements (deterministic), ``llm`` asks a text-generation backend and falls back to
-the extractive result, recording why, when the answer is unusable.
+the extractive result, recording why, when the answer is unusable or the call failed
+(:class:`GenerationFailed`: a request that still failed after the backend's retries,
+:func:`pipeline.grounding.episodes.make_generate`). A configuration error (a wrong key,
+HTTP 401/403/404: a ``ConfigError``) or any other exception (a programming error) is never
+hidden behind the extractive result: it propagates and stops the stage. How many episodes
+may fall back for a failed call is ``grounding.max_error_fraction``
+(:func:`pipeline.grounding.episodes.check_backend_fallbacks`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,16 @@ from pipeline.grounding.common import (
     fact_key,
     strip_step_prefix,
 )
+
+# The fallback_reason prefix of an episode whose model call failed (counted against
+# grounding.max_error_fraction; an unusable answer is "unparseable answer").
+BACKEND_ERROR = "backend error"
+UNPARSEABLE = "unparseable answer"
+
+
+class GenerationFailed(GroundingError):
+    """A text-generation call failed for this episode (after the backend's retries): its grounding
+    falls back to the extractive one, counted against ``grounding.max_error_fraction``."""
 
 # A statement ends at . ! ? (followed by a space or the end), at a CJK full stop (Chinese
 # does not put a space after it), or at a semicolon (how several lines of one type are joined);
@@ -168,14 +184,20 @@ def generate_grounding(stacked: Mapping[str, Sequence[str]], generator: str = "e
 
     Args:
         stacked: the episode's ``stacked_grounding`` (earlier groundings never enter).
-        generator: ``extractive`` (deterministic) or ``llm`` (asks ``generate``; on any
-            failure the extractive result is used and the reason recorded).
-        generate: the text-generation backend, ``generate(prompt) -> text`` (llm only).
+        generator: ``extractive`` (deterministic) or ``llm`` (asks ``generate``; an unusable
+            answer or a failed call gives the extractive result, the reason recorded).
+        generate: the text-generation backend, ``generate(prompt) -> text`` (llm only); it
+            raises :class:`GenerationFailed` for a failed call.
         timestamp: ``generation_timestamp``; see :func:`grounding_timestamp`.
 
     Returns:
         ``(final_grounding, info)`` with ``info = {"generator", "generator_used",
         "fallback_reason"}`` (the reason is ``None`` when nothing fell back).
+
+    Raises:
+        Exception: whatever ``generate`` raised that is no :class:`GenerationFailed`: a
+            ``ConfigError`` (a refused key, an unknown model: every episode would fall back
+            the same way) or a bug.
     """
     generator = check_choice(generator, GroundingGenerator, "grounding.generator")
     ts = grounding_timestamp(timestamp)
@@ -191,13 +213,13 @@ def generate_grounding(stacked: Mapping[str, Sequence[str]], generator: str = "e
                              "model.base_url); none was given")
     try:
         answer = generate(llm_grounding_prompt(stacked))
-    except Exception as exc:  # any backend failure falls back; the reason is kept
-        info["fallback_reason"] = f"backend error: {type(exc).__name__}: {exc}"
+    except GenerationFailed as exc:  # a failed call; anything else (a setting to fix, a bug) propagates
+        info["fallback_reason"] = f"{BACKEND_ERROR}: {exc}"
         return extractive, info
     try:
         contents = parse_llm_grounding(answer, stacked)
     except GroundingError as exc:
-        info["fallback_reason"] = f"unparseable answer: {exc}"
+        info["fallback_reason"] = f"{UNPARSEABLE}: {exc}"
         return extractive, info
     final = empty_final_grounding(ts)
     for key, content in contents.items():

@@ -1,7 +1,7 @@
 """``ground`` stage: per-episode grounding files from the collected turns (seed 000).
 
     python -m pipeline.stages.ground           # what `dvc repro ground` runs
-    dvc exp run -S grounding.generator=llm     # ask the model (falls back to extractive)
+    dvc exp run -S grounding.generator=llm     # ask the model (a failed call falls back to extractive, counted)
 
 Reads ``data/episodes/{episodes,turns}.parquet``; for every episode replays its steps
 into a :class:`pipeline.grounding.GroundingFileManager` (``step_id = turn_index + 1``,
@@ -14,7 +14,11 @@ its ``final_grounding`` from that episode's feedback only, and writes under
     grounding_latest.json|.txt                       newest episode overall
     index.json                                       episodes and scenes -> file names
 
-"Newest" is collection order, which is episode-id order. Counts go to ``metrics/ground.json``.
+"Newest" is collection order, which is episode-id order. Counts go to ``metrics/ground.json``,
+with the generator configured and the one each episode's grounding came from. With
+``grounding.generator=llm``, model calls that failed on more than
+``grounding.max_error_fraction`` of the episodes stop the stage (exit 1, nothing written);
+a configuration error (a refused key, an unknown model) stops it at the first episode.
 The library doing the work is :mod:`pipeline.grounding.episodes`.
 """
 
@@ -29,7 +33,8 @@ from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
 from pipeline.core.numerics import NumericsError
 from pipeline.grounding import GroundingError
-from pipeline.grounding.episodes import ground, ground_metrics, make_generate, write_ground_outputs
+from pipeline.grounding.episodes import (check_backend_fallbacks, ground, ground_metrics, make_generate,
+                                         write_ground_outputs)
 from pipeline.llm.backends import is_local
 from pipeline.stages.common import pin_numerics
 
@@ -48,13 +53,16 @@ def main() -> int:
         t0 = time.perf_counter()
         docs = ground(episodes, turns, generator=g.generator, generate=make_generate(cfg),
                       timestamp=g.timestamp, unknown_type=g.unknown_type)
+        check_backend_fallbacks(docs, g.max_error_fraction)
         out = root / cfg.paths.grounding
         index = write_ground_outputs(docs, out, g.save_format)
         metrics = ground_metrics(docs)
         metrics["wall_time_s"] = round(time.perf_counter() - t0, 3)
         atomic_write_json(root / cfg.paths.metrics / "ground.json", metrics)
+        used = ", ".join(f"{n} by {name}" for name, n in metrics["generator_used"].items())
         print(f"grounded {len(docs)} episodes of {len(index['scenes'])} scenes -> {out} "
-              f"({metrics['steps_with_feedback']} of {metrics['num_steps']} steps with feedback)")
+              f"({metrics['steps_with_feedback']} of {metrics['num_steps']} steps with feedback; "
+              f"grounding.generator={g.generator}: {used or 'none'})")
     except (ConfigError, ArtifactError, GroundingError, NumericsError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
