@@ -51,6 +51,7 @@ import pyarrow.parquet as pq
 import yaml
 
 from pipeline.core.config import project_root
+from pipeline.tools import git_revision
 
 WORKSPACE = "workspace"
 
@@ -300,6 +301,10 @@ def open_rev(root: str | Path, name: str) -> Rev:
     root = Path(root).resolve()
     if name == WORKSPACE:
         return Rev(name=name, sha=None, kind=WORKSPACE, root=root)
+    try:
+        git_revision(name, "revision")  # never an option to git: `--output=...` would write a file
+    except ValueError as exc:
+        raise DiffError(str(exc)) from None
     # deferred: heavy dependency (dvc), needed for git revisions and experiments only
     from dvc.api import DVCFileSystem
     from dvc.repo import Repo

@@ -35,6 +35,7 @@ import yaml
 
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
+from pipeline.tools import git_revision
 
 # What a scratch project needs to run the DAG (data and caches are never copied).
 SCRATCH_COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "pyproject.toml")
@@ -93,7 +94,13 @@ def compare(expected: dict[str, str], actual: dict[str, str]) -> list[str]:
 
 
 def committed_lock(root: Path, rev: str) -> str:
-    p = subprocess.run(["git", "show", f"{rev}:dvc.lock"], cwd=root, capture_output=True, text=True)
+    """``dvc.lock`` as committed at ``rev`` (never an option: :func:`pipeline.tools.git_revision`)."""
+    try:
+        rev = git_revision(rev, "--rev")
+    except ValueError as exc:
+        raise ReproCheckError(str(exc)) from None
+    p = subprocess.run(["git", "show", "--end-of-options", f"{rev}:dvc.lock"], cwd=root, capture_output=True,
+                       text=True)
     if p.returncode != 0:
         raise ReproCheckError(f"cannot read dvc.lock at {rev}: {p.stderr.strip()}")
     return p.stdout
@@ -105,10 +112,11 @@ def check_workspace(root: Path, rev: str) -> dict[str, list[str]]:
     lock = root / "dvc.lock"
     if not lock.exists():
         raise ReproCheckError(f"{lock} does not exist: run `make repro` (or `dvc repro`) first")
+    committed = committed_lock(root, rev)  # first: a bad revision stops before any hashing
     keep = cached_outputs(root)
     locked = lock_hashes(lock.read_text(), keep)
     return {"workspace outputs vs dvc.lock": compare(locked, workspace_hashes(root, keep)),
-            f"dvc.lock vs {rev}'s": compare(lock_hashes(committed_lock(root, rev), keep), locked)}
+            f"dvc.lock vs {rev}'s": compare(lock_hashes(committed, keep), locked)}
 
 
 def scratch_repro(src: Path, overrides: list[str], work: Path) -> dict[str, str]:
