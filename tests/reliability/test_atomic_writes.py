@@ -288,7 +288,7 @@ ALLOWED = {
     ("pipeline/tools/sweep.py", "*", "open(..., 'a')"): "appends to a sweep job's log file (a log, not an artifact)",
     ("pipeline/tools/reprocheck.py", "scratch_repro", "*"):
         "sets up a throwaway scratch repository (copied code and config) in a fresh temp folder; not an artifact",
-    ("pipeline/llm/backends/serve.py", "start", "open(..., 'wb')"):
+    ("pipeline/llm/backends/serve.py", "_launch", "open(..., 'wb')"):
         "the test server's log file in its own temp folder (a log, not an artifact)",
 }
 

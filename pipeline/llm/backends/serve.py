@@ -19,11 +19,17 @@ of transformers 5.23): chat completions with ``max_tokens``, ``temperature``, ``
 ``seed`` (a global torch seed: deterministic only for greedy or one request at a time);
 ``logprobs`` and ``response_format`` are accepted and ignored; fields outside the OpenAI
 schema (vLLM's ``guided_choice``, ``structured_outputs``, ``top_k``) are refused (HTTP 422).
+
+A start succeeds only when the process started here is the one answering: the port must be
+free before it starts, the process must still run, and (where ``/proc`` tells) the listening
+socket must be its own, so another listener on the port never passes for the server. A
+start that fails keeps the server's log and names its path in the error.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -31,7 +37,7 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -63,15 +69,57 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(port: int) -> bool:
+    """Whether something listens on 127.0.0.1:``port`` (a bind the way uvicorn binds fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", int(port)))
+        except OSError:
+            return True
+    return False
+
+
+def listener_is_process(port: int, pid: int) -> bool | None:
+    """Whether the socket listening on TCP ``port`` belongs to process ``pid`` or a descendant
+    (Linux ``/proc``: the socket's inode among the process's file descriptors); None where
+    ``/proc`` cannot tell (another OS, no listener found)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            f = line.split()  # sl local_address rem_address st ... inode
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == int(port):
+                inodes.add(f"socket:[{f[9]}]")
+    if not inodes:
+        return None
+    todo, seen = [int(pid)], set()
+    while todo:
+        p = todo.pop()
+        seen.add(p)
+        try:
+            if any(os.readlink(fd) in inodes for fd in Path(f"/proc/{p}/fd").iterdir()):
+                return True
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split() if int(c) not in seen]
+        except OSError:
+            continue
+    return False
+
+
 class _LocalServer:
     """A server subprocess on 127.0.0.1: its port and URL, its log in a temporary directory,
-    ``with`` support and a clean stop (the subclasses say how it starts)."""
+    ``with`` support and a clean stop (the subclasses say how it starts: :meth:`_prepare` its
+    folder on a free port, :meth:`_launch` the command, :meth:`_wait_until` it answers)."""
 
     def __init__(self, port: int | None):
         self.port = int(port or free_port())
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.proc: subprocess.Popen | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._dir: Path | None = None  # the temporary folder (the log, a hub cache); kept when a start fails
         self.log_path: Path | None = None
 
     def start(self) -> None:
@@ -90,7 +138,52 @@ class _LocalServer:
         except OSError:
             return ""
 
-    def stop(self) -> None:
+    def _prepare(self, what: str, prefix: str) -> Path:
+        """The server's temporary folder (its log: ``log_path``), once its port is known to be free.
+
+        Raises:
+            RuntimeError: the port is in use (whatever answers there is not this server).
+        """
+        if port_in_use(self.port):
+            raise RuntimeError(f"{what}: port {self.port} on 127.0.0.1 is in use by another process, which would "
+                               "answer in the server's place: pick a free port (or leave it unset for one)")
+        self._dir = Path(tempfile.mkdtemp(prefix=prefix))
+        self.log_path = self._dir / "serve.log"
+        return self._dir
+
+    def _launch(self, cmd: list[str], env: dict[str, str]) -> None:
+        """Start ``cmd``, its stdout and stderr into ``log_path``."""
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+
+    def _wait_until(self, what: str, answers: Callable[[], bool], startup_s: float) -> None:
+        """Wait until ``answers()`` and the answer comes from the process started here.
+
+        Raises:
+            RuntimeError: it exited, something else answers on its port, or ``startup_s`` ran
+                out; the process is stopped, the log kept (its path and tail in the message).
+        """
+        deadline = time.monotonic() + startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise self._failed(f"{what} exited with {self.proc.returncode}")
+            if answers():
+                mine = listener_is_process(self.port, self.proc.pid)
+                if mine is False or self.proc.poll() is not None:
+                    raise self._failed(f"{what}: another process answers on port {self.port}, not the one started "
+                                       f"here (pid {self.proc.pid})")
+                return
+            time.sleep(0.2)
+        raise self._failed(f"{what} not answering after {startup_s:g}s")
+
+    def _failed(self, why: str) -> RuntimeError:
+        """Stop the process, keep its log (the folder is no longer removed), and say both."""
+        tail = self.log_tail()
+        self._stop_process()
+        kept, self._dir = self.log_path, None
+        return RuntimeError(f"{why} (its log is kept: {kept}):\n{tail}")
+
+    def _stop_process(self) -> None:
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             proc.terminate()
@@ -99,9 +192,13 @@ class _LocalServer:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout=10)
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+
+    def stop(self) -> None:
+        """Stop the server and remove its temporary folder (log included)."""
+        self._stop_process()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
 
 
 class TransformersServe(_LocalServer):
@@ -132,28 +229,16 @@ class TransformersServe(_LocalServer):
         why = serving_available()
         if why:
             raise RuntimeError(why)
-        self._tmp = tempfile.TemporaryDirectory(prefix="transformers_serve_")
-        home = Path(self._tmp.name) / "hf"
+        home = self._prepare("transformers serve", "transformers_serve_") / "hf"
         (home / "hub").mkdir(parents=True)  # GET /v1/models scans it (and fails when it is missing)
         env = {**os.environ, "HF_HOME": str(home), "HF_HUB_OFFLINE": "1", "HF_HUB_DISABLE_UPDATE_CHECK": "1",
                "HF_HUB_DISABLE_TELEMETRY": "1", "TRANSFORMERS_VERBOSITY": "error", "TOKENIZERS_PARALLELISM": "false",
                "OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
-        self.log_path = Path(self._tmp.name) / "serve.log"
         cmd = [sys.executable, "-m", "transformers.cli.transformers", "serve", self.model, "--host", "127.0.0.1",
                "--port", str(self.port), "--device", "cpu", "--dtype", "float32", "--log-level", "error",
                *self.extra_args]
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                         stdin=subprocess.DEVNULL)
-        deadline = time.monotonic() + self.startup_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"transformers serve exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if self._healthy():
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"transformers serve not healthy after {self.startup_s:g}s:\n{self.log_tail()}")
+        self._launch(cmd, env)
+        self._wait_until("transformers serve", self._healthy, self.startup_s)
 
     def _healthy(self) -> bool:
         try:
@@ -211,26 +296,15 @@ class LlamaCppServe(_LocalServer):
         self.n_ctx, self.threads, self.startup_s = int(n_ctx), int(threads), float(startup_s)
 
     def start(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory(prefix="llama_cpp_serve_")
-        self.log_path = Path(self._tmp.name) / "serve.log"
+        self._prepare("llama_cpp.server", "llama_cpp_serve_")
         cmd = [self.python, "-m", "llama_cpp.server", "--model", self.gguf, "--model_alias", self.model,
                "--host", "127.0.0.1", "--port", str(self.port), "--n_ctx", str(self.n_ctx),
                "--n_threads", str(self.threads), "--n_threads_batch", str(self.threads)]
         # PASSIVE: llama.cpp's OpenMP threads sleep while they wait; spinning, two threads on a
         # busy 2-core machine ran ~10x slower than one (3 vs 35 tokens/s).
         env = {**os.environ, "OMP_NUM_THREADS": str(self.threads), "OMP_WAIT_POLICY": "PASSIVE"}
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                         env=env)
-        deadline = time.monotonic() + self.startup_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama_cpp.server exited with {self.proc.returncode}:\n{self.log_tail()}")
-            if _answers(f"{self.url}/models"):
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"llama_cpp.server not answering after {self.startup_s:g}s:\n{self.log_tail()}")
+        self._launch(cmd, env)
+        self._wait_until("llama_cpp.server", lambda: _answers(f"{self.url}/models"), self.startup_s)
 
 
 
