@@ -11,6 +11,10 @@
     # 3. the table (markdown)
     python -m pipeline.policy.scaling table results/
 
+``run`` exits 1 when a grid point failed (after printing the table of the others); the table
+marks a point whose record is not final (stopped, failed or still training: its figures are
+those of its last probe) with ``(partial)`` and says how many there are.
+
 ``prepare`` calls the policy stage's own library (``build_demo_set``, ``tokenize_demos``,
 ``InContextProbe.build``) on ``params.yaml`` with each variant's ``model.policy`` overrides,
 and writes per variant: the tokenizer (``save_pretrained``), the training units and the
@@ -185,8 +189,10 @@ def run_point(bundle: Path, point: str, device: str, every: int, out: Path, thre
     return rec
 
 
-def run_grid(bundle: Path, points: list[str], device: str, every: int, out: Path, jobs: int, threads: int) -> None:
-    """Every point in its own process, ``jobs`` at a time (a failure is that point's, not the grid's)."""
+def run_grid(bundle: Path, points: list[str], device: str, every: int, out: Path, jobs: int,
+             threads: int) -> list[str]:
+    """Every point in its own process, ``jobs`` at a time (a failure is that point's, not the grid's:
+    the others run on); returns the failed points, each with its exit code."""
     pending, running, failed = list(points), [], []
     while pending or running:
         while pending and len(running) < jobs:
@@ -202,12 +208,14 @@ def run_grid(bundle: Path, points: list[str], device: str, every: int, out: Path
                     failed.append(f"{item[0]} (exit {item[1].returncode})")
     if failed:
         print("scaling: failed points: " + "; ".join(failed), file=sys.stderr)
+    return failed
 
 
 # ----------------------------------------------------------------------------- table
 
 
 def table(results: Path) -> str:
+    """The markdown table of a results folder; a point whose record is not final is marked ``(partial)``."""
     recs = sorted((json.loads(p.read_text()) for p in results.glob("*.json")), key=lambda r: r["point"])
     head = ("| point | parameters | steps (of planned) | tokens seen | oracle first step | plain first step | plan copied | "
             "best plan copied (step) | loss | train s | device |")
@@ -215,11 +223,16 @@ def table(results: Path) -> str:
     for r in recs:
         f = r["final"]
         best = max(r["curve"], key=lambda c: (c.get("oracle_plan_copied", 0), -c["step"]))
-        lines.append(f"| {r['point']} | {r['parameters']:,} | {r['steps']:,} ({r['steps_planned']:,}) | "
+        point = r["point"] if r.get("done") else f"{r['point']} (partial)"
+        lines.append(f"| {point} | {r['parameters']:,} | {r['steps']:,} ({r['steps_planned']:,}) | "
                      f"{r['tokens_seen'] / 1e6:.2f}M | "
                      f"{f.get('oracle_first_step', 0):.2f} | {f.get('plain_first_step', 0):.2f} | "
                      f"{f.get('oracle_plan_copied', 0):.2f} | {best.get('oracle_plan_copied', 0):.2f} "
                      f"({best['step']}) | {r['final_loss']:.3f} | {r['train_s']:.0f} | {r['device_name']} |")
+    partial = sum(not r.get("done") for r in recs)
+    if partial:
+        lines += ["", f"{partial} of {len(recs)} points are partial (stopped, failed or still training): their "
+                      "figures are those of their last probe, not of the planned steps."]
     return "\n".join(lines)
 
 
@@ -256,8 +269,10 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"scaling: --data {spec!r}: the overrides are not JSON ({exc})") from exc
         prepare(a.out, variants)
     elif a.cmd == "run":
-        run_grid(a.bundle, a.grid, a.device, a.every, a.out, a.jobs, a.threads)
+        failed = run_grid(a.bundle, a.grid, a.device, a.every, a.out, a.jobs, a.threads)
         print(table(a.out))
+        if failed:
+            return 1
     elif a.cmd == "point":
         run_point(a.bundle, a.point, a.device, a.every, a.out, a.threads)
     else:
