@@ -27,6 +27,7 @@ import os
 import re
 import sys
 import tempfile
+import urllib.parse
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Iterable
@@ -227,6 +228,7 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
     if stamp is not None and stamp.is_file():
         return
     _refuse_key_in_key_env(root, params)
+    _refuse_credentials_in_base_url(root, params)
     check_model_source(validate(OmegaConf.create(params)), root)
     expected = compose_text(root)
     composed = yaml.safe_load(expected)
@@ -278,6 +280,51 @@ def _key_env_error(value: Any) -> ConfigError:
                        "the config")
 
 
+# The credentials of a URL's authority (`http://user:pass@host`), wherever a URL stands in a text.
+_URL_CREDENTIALS = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.\-]*://)[^/\s?#]*@")
+
+
+def redact_url(text: Any) -> str:
+    """``text`` with the credentials of every URL in it replaced by ``***``: what is logged,
+    cached or written of a URL goes through it.
+
+    >>> redact_url("POST http://user:s3cret@proxy:8000/v1/chat/completions failed")
+    'POST http://***@proxy:8000/v1/chat/completions failed'
+    """
+    return _URL_CREDENTIALS.sub(r"\1***@", str(text))
+
+
+def url_secrets(url: Any) -> tuple[str, ...]:
+    """The credentials of ``url`` (its ``user:pass`` part, the password as written and decoded),
+    longest first: what to scrub from other text, such as a server's or a library's error message."""
+    parts = urllib.parse.urlsplit(str(url))
+    userinfo, at, _ = parts.netloc.rpartition("@")
+    if not at:
+        return ()
+    found = {userinfo, parts.password or "", urllib.parse.unquote(parts.password or "")}
+    return tuple(sorted((x for x in found if x), key=len, reverse=True))
+
+
+def _url_credentials_error(url: Any) -> ConfigError:
+    return ConfigError(f"params key model.base_url={redact_url(url)!r}: expected a URL without credentials "
+                       "(user:password@): params.yaml and dvc.lock would keep them; put the API key in the "
+                       "environment variable model.api_key_env names")
+
+
+def _refuse_credentials_in_base_url(root: Path, params: Any) -> None:
+    """Refuse a ``model.base_url`` with credentials, and blank them out of ``params.yaml`` and
+    ``params.overrides.yaml`` (``dvc exp run -S`` writes params.yaml before any check runs)."""
+    value = (params.get("model") or {}).get("base_url") if isinstance(params, dict) else None
+    secrets = url_secrets(value) if value else ()
+    if not secrets:
+        return
+    for name in (PARAMS_FILE, recorded.OVERRIDES_FILE):
+        path = root / name
+        if path.is_file() and secrets[0] in (text := path.read_text(encoding="utf-8")):
+            atomic_write_text(path, text.replace(secrets[0], "***"))
+    raise ConfigError(f"{_url_credentials_error(value)} (they were replaced by *** in {PARAMS_FILE})")
+
+
 def _refuse_key_in_key_env(root: Path, params: Any) -> None:
     """Refuse a ``model.api_key_env`` that is no variable name, and blank it out of
     ``params.yaml`` and ``params.overrides.yaml`` (``dvc exp run -S`` writes params.yaml
@@ -319,7 +366,8 @@ def check_model_source(cfg: Config, root: Path) -> None:
         return
     if m.backend == Backend.openai:
         _require(bool(m.base_url) and str(m.base_url).startswith(("http://", "https://")), "model.base_url",
-                 m.base_url, "the endpoint's URL up to /v1 (http://host:port/v1) with model.backend=openai")
+                 redact_url(m.base_url) if m.base_url else m.base_url,
+                 "the endpoint's URL up to /v1 (http://host:port/v1) with model.backend=openai")
         _require(bool(m.api_model), "model.api_model", m.api_model,
                  "the model name the endpoint serves with model.backend=openai")
         return
@@ -462,6 +510,8 @@ def _check_memory(m: MemoryConfig) -> None:
 def _check_model(m: ModelConfig) -> None:
     if not ENV_VAR_NAME.match(m.api_key_env):
         raise _key_env_error(m.api_key_env)
+    if m.base_url and url_secrets(m.base_url):
+        raise _url_credentials_error(m.base_url)
     _positive(m.timeout_s, "model.timeout_s")
     _count(m.max_retries, "model.max_retries")
     _positive(m.backoff_s, "model.backoff_s", zero=True)

@@ -26,6 +26,11 @@ model's context, a malformed response, a request that still fails after the retr
 The API key is read from the environment variable ``model.api_key_env`` (only from it:
 the client's own ``OPENAI_API_KEY`` fallback is not used), sent as a header, and never
 logged, stored, cached or put in an error message (server-provided text is scrubbed of it).
+Credentials in the URL (``http://user:pass@host/v1``; the config refuses them, a backend
+built by hand may carry them) are used for the connection only: every URL this module logs,
+caches, keys a cache entry by or puts in an error shows ``***@`` instead
+(:func:`pipeline.core.config.redact_url`), and so do the request lines the HTTP client logs
+(``HTTP Request: POST <url>``, at INFO: a filter on its loggers, installed by the backend).
 
 Token data (``model.logprobs``): asked for as ``logprobs=true, top_logprobs=0`` (OpenAI's
 fields; llama-cpp-python's server returns logprobs only when ``top_logprobs`` is set, and
@@ -93,6 +98,7 @@ from typing import Any, Mapping, Sequence
 from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig, StructuredOutput
+from pipeline.core.config import redact_url, url_secrets
 from pipeline.core.schemas import clean_action
 from pipeline.llm.backends.base import (
     BackendConfigError,
@@ -143,6 +149,32 @@ _CLIENT_FIELDS = ("model", "messages", "max_tokens", "seed", "temperature", "top
 _CONTEXT_RE = re.compile(r"context[ _-]?(length|window|size)|maximum context|max_model_len|prompt is too long|"
                          r"input is too long|too many (input )?tokens|longer than the model|exceeds? the "
                          r"(model'?s? )?(max|maximum|available) ", re.IGNORECASE)
+
+
+# Loggers of the client library that write request URLs (httpx2: "HTTP Request: POST <url> ...").
+_URL_LOGGERS = ("httpx", "httpx2", "openai._base_client")
+
+
+class _RedactURLs(logging.Filter):
+    """Replace the credentials of any URL in a log record by ``***`` (the record is kept)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        clean = redact_url(text)
+        if clean != text:
+            record.msg, record.args = clean, ()
+        return True
+
+
+_REDACT_URLS = _RedactURLs()
+
+
+def _redact_library_logs() -> None:
+    """Install :class:`_RedactURLs` on the client library's loggers (once)."""
+    for name in _URL_LOGGERS:
+        logger = logging.getLogger(name)
+        if _REDACT_URLS not in logger.filters:
+            logger.addFilter(_REDACT_URLS)
 
 
 class _Failed(Exception):
@@ -212,13 +244,18 @@ class OpenAIBackend:
     def __init__(self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig):
         base_url = model_cfg.base_url
         if not base_url or not str(base_url).startswith(("http://", "https://")):
-            raise BackendError(f"model.base_url={base_url!r}: expected the endpoint's URL, e.g. http://127.0.0.1:8000/v1")
+            raise BackendError(f"model.base_url={redact_url(base_url)!r}: expected the endpoint's URL, e.g. "
+                               "http://127.0.0.1:8000/v1")
         self.api_model = model_cfg.api_model or model_cfg.name_or_path
         if not self.api_model:
             raise BackendError("model.api_model is null: name the model the endpoint serves")
         self.name = str(self.api_model)
-        self.base_url = str(base_url).rstrip("/")
+        # The endpoint as given, for the client only; what is shown, logged and cached has no credentials.
+        self._endpoint = str(base_url).rstrip("/")
+        self._url_secrets = url_secrets(self._endpoint)
+        self.base_url = redact_url(self._endpoint)
         self.url = self.base_url + "/chat/completions"
+        _redact_library_logs()
         self.sampling = sampling_cfg
         self.timeout_s = model_cfg.timeout_s
         self.max_retries = model_cfg.max_retries
@@ -433,7 +470,7 @@ class OpenAIBackend:
             openai = _openai()
             # api_key given explicitly (never the client's OPENAI_API_KEY fallback); without
             # a key the Authorization header is left out of every request (_send).
-            self._client = openai.AsyncOpenAI(api_key=self._secret or "unused", base_url=self.base_url,
+            self._client = openai.AsyncOpenAI(api_key=self._secret or "unused", base_url=self._endpoint,
                                               max_retries=0, timeout=self.timeout_s)
             self._slots = asyncio.Semaphore(self.max_concurrency)
 
@@ -584,8 +621,12 @@ class OpenAIBackend:
         return self._scrub(" ".join(msg.split())[:300])
 
     def _scrub(self, text: str) -> str:
-        """Server-provided text with the API key's value replaced by ``***``."""
-        return text.replace(self._secret, "***") if self._secret else text
+        """Server-provided text with the API key's value and the URL's credentials replaced by ``***``."""
+        text = redact_url(text)
+        for secret in (self._secret, *self._url_secrets):
+            if secret:
+                text = text.replace(secret, "***")
+        return text
 
 
 def _context_too_long(detail: str) -> bool:
