@@ -198,32 +198,29 @@ def test_a_server_start_on_a_port_another_process_answers_on_fails(tmp_path):
             server.stop()
 
 
-class _Sleeper:
-    """A launcher whose server prints a line and never listens (the subclass API of serve.py)."""
+def _sleeper(startup_s: float, *, hijack: bool):
+    """A launcher (serve.py's subclass API) whose server prints a line and never listens; with
+    ``hijack`` another listener binds its port after the free-port check."""
+    from pipeline.llm.backends.serve import _answers, _LocalServer
 
-    @staticmethod
-    def make(startup_s: float, *, hijack: bool):
-        from pipeline.llm.backends.serve import _answers, _LocalServer
+    class Sleeper(_LocalServer):
+        def start(self):
+            self._prepare("sleeper", "sleeper_serve_")
+            self._launch([sys.executable, "-c", "print('sleeper up', flush=True); import time; time.sleep(60)"],
+                         dict(os.environ))
+            deadline = time.monotonic() + 30
+            while "sleeper up" not in self.log_tail() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            with contextlib.ExitStack() as stack:
+                if hijack:
+                    stack.enter_context(_listener(self.port))
+                self._wait_until("sleeper", lambda: _answers(f"http://127.0.0.1:{self.port}/v1/models"), startup_s)
 
-        class Sleeper(_LocalServer):
-            def start(self):
-                self._prepare("sleeper", "sleeper_serve_")
-                self._launch([sys.executable, "-c", "print('sleeper up', flush=True); import time; time.sleep(60)"],
-                             dict(os.environ))
-                deadline = time.monotonic() + 30
-                while "sleeper up" not in self.log_tail() and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                with contextlib.ExitStack() as stack:
-                    if hijack:  # another process binds the port after the free-port check
-                        stack.enter_context(_listener(self.port))
-                    self._wait_until("sleeper", lambda: _answers(f"http://127.0.0.1:{self.port}/v1/models"),
-                                     startup_s)
-
-        return Sleeper(None)
+    return Sleeper(None)
 
 
 def test_a_listener_that_is_not_the_started_process_is_refused_and_the_log_kept():
-    server = _Sleeper.make(30, hijack=True)
+    server = _sleeper(30, hijack=True)
     with pytest.raises(RuntimeError, match=r"another process answers on port \d+, not the one started here "
                                            r"\(pid \d+\) \(its log is kept: .*serve.log\)") as info:
         server.start()
@@ -240,7 +237,7 @@ def test_a_start_that_times_out_keeps_and_quotes_its_log(tmp_path):
     with pytest.raises(RuntimeError, match=r"not answering after 1s \(its log is kept: .*serve.log\)"):
         server.start()
     assert server.log_path.is_file()
-    sleeper = _Sleeper.make(1.0, hijack=False)
+    sleeper = _sleeper(1.0, hijack=False)
     with pytest.raises(RuntimeError) as info:
         sleeper.start()
     assert "sleeper up" in str(info.value) and sleeper.log_path.is_file()
