@@ -384,6 +384,9 @@ def test_the_reader_sits_beside_the_model_with_the_models_utilisation():
     lines = headline_lines(m)
     assert lines[0].startswith("reader positive control: C2_oracle vs C1") and "**ok**" in lines[0]
     assert lines[1].startswith("reader placebo check: C2_placebo vs C1") and "**ok**" in lines[1]
+    # then what the memory is worth to the reader, with its paired turns
+    assert lines[2].startswith("to the reader, the memory beyond the grounding is worth +0.33 success (C2 0.67 vs C1 0.33, "
+                               "b=20, c=0, Holm p=") and "turns" in lines[2] and "Wilcoxon" in lines[2]
     # a reader that gains nothing: no utilisation; a placebo that helps it, said so
     episodes["C2"] = episodes["C1"]
     episodes["C2_placebo"] = _condition("C2_placebo", man, [1] * 60).episodes

@@ -146,11 +146,12 @@ def _leak_silent(monkeypatch):
     """A broken injection: C2_silent gets C2's slot (content exposed despite the mask)."""
     real = memory_pkg.build_memory_slot
 
-    def leaky(store, task, cond, mem, rng=0, *, condition_name="?", measure=len, words=None):
+    def leaky(store, task, cond, mem, rng=0, *, condition_name="?", measure=len, words=None, facts=None):
+        kw = dict(condition_name=condition_name, measure=measure, words=words, facts=facts)
         if condition_name == "C2_silent":
             on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
-            return real(store, task, on, mem, rng, condition_name=condition_name, measure=measure, words=words)
-        return real(store, task, cond, mem, rng, condition_name=condition_name, measure=measure, words=words)
+            return real(store, task, on, mem, rng, **kw)
+        return real(store, task, cond, mem, rng, **kw)
 
     monkeypatch.setattr(memory_pkg, "build_memory_slot", leaky)
 

@@ -455,9 +455,11 @@ class RuleAgent:
         need_key = carrying and g.dest in m.locked_seen and not any(etype(x) == "key" for x in view.inv)
         if carrying and not need_key:
             return None
-        # Locked containers: unlock with a key held, to search them.
+        # Locked containers: unlock with a key held, to search them (not one already searched
+        # and locked again: a tidy agent would unlock and relock it for ever).
         for a in view.unlockable:
-            return a, f"I hold {a.get('key') or 'a key'} and {a.get('target')} is locked: unlock it"
+            if a.get("target") not in m.searched:
+                return a, f"I hold {a.get('key') or 'a key'} and {a.get('target')} is locked: unlock it"
 
         # Keys lying around open locked containers later.
         if self.want_keys(ctx):

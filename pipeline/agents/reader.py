@@ -46,6 +46,7 @@ from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, etype
 from pipeline.core.conf_schema import AgentConfig
 from pipeline.core.facts import Fact, FactReader
 from pipeline.memory.injection import read_verified_steps
+from pipeline.memory.knowledge import Lesson, read_lessons
 from pipeline.memory.scene import read_scene_facts
 
 # The observation fields a model's prompt shows (conf/templates: location, inventory,
@@ -71,6 +72,7 @@ class Beliefs:
     stated: list[Belief] = field(default_factory=list)
     plan: list[str] = field(default_factory=list)  # verified commands, in order
     dropped: dict[int, str] = field(default_factory=dict)  # prompt line -> the contradiction
+    priors: list[Lesson] = field(default_factory=list)  # where kinds of things usually are (memory's lessons)
 
     def live(self, pred: str | tuple[str, ...] | None = None) -> list[Belief]:
         preds = (pred,) if isinstance(pred, str) else pred
@@ -80,18 +82,30 @@ class Beliefs:
         self.dropped.setdefault(line, why)
 
     def prefers(self, kind: str, target: str | None = None) -> bool:
-        return any(b.fact.args[0] == kind and (target is None or (len(b.fact.args) > 1 and _same(b.fact.args[1], target)))
+        """Whether a live belief asks for preference ``kind`` (of ``target``); a general one
+        (no target: a habit of past houses' users) asks it of every target."""
+        return any(b.fact.args[0] == kind and (target is None or len(b.fact.args) == 1 or _same(b.fact.args[1], target))
                    for b in self.live("prefer"))
+
+    def usual_holders(self, kind: str | None) -> list[str]:
+        """The kinds of holder the lessons say things of ``kind`` were found in, best supported first."""
+        if not kind:
+            return []
+        found = sorted((lesson for lesson in self.priors if lesson.thing.lower() == kind.lower()),
+                       key=lambda lesson: (-lesson.count / lesson.total, -lesson.count))
+        return list(dict.fromkeys(lesson.holder for lesson in found))
 
 
 def read_prompt(prompt: str | None, facts: FactReader) -> Beliefs:
     """The beliefs a system prompt states: each line read by the world's reader and the
-    memory's scene-fact reader; the verified plan of the whole prompt."""
+    memory's scene-fact reader; the verified plan of the whole prompt; the memory's lessons
+    (where kinds of things usually are) as search priors."""
     stated = []
     for i, line in enumerate((prompt or "").splitlines()):
         for f in tuple(facts.read_text(line)) + read_scene_facts(line):
             stated.append(Belief(f, i))
-    return Beliefs(stated=list(dict.fromkeys(stated)), plan=read_verified_steps(prompt))
+    return Beliefs(stated=list(dict.fromkeys(stated)), plan=read_verified_steps(prompt),
+                   priors=read_lessons(prompt))
 
 
 @dataclass
@@ -303,9 +317,51 @@ class ReaderAgent(RuleAgent):
         return b.prefers("close_containers") or b.prefers("keep_closed", entity) or b.prefers("lock_after_use", entity)
 
     def rank_containers(self, names: list[str], ctx: dict) -> list[str]:
-        """Containers the prompt says hold something wanted first."""
-        wanted = {self.holder_of(w) for w in self._wanted(self.view)}
-        return sorted(names, key=lambda c: c not in wanted)
+        """Containers the prompt says hold something wanted first, then those of a kind the
+        lessons say things of a wanted kind are usually kept in, then those whose contents
+        are unknown; last those the prompt says hold nothing wanted (they may be wrong)."""
+        holders = {self.holder_of(w) for w in self._wanted(self.view)}
+        usual = self._usual_kinds(self.view)
+        return sorted(names, key=lambda c: (c not in holders, str(self.facts.kind(c) or "").lower() not in usual,
+                                            not self._worth_opening(c)))
+
+    def known_contents(self, container: str) -> set[str] | None:
+        """What ``container`` held at the start, as the prompt states it (its things, or
+        nothing when it says it was empty); None when the prompt says nothing of it."""
+        held = {b.fact.args[0] for b in self.beliefs.live(PLACE_PREDICATES) if _same(b.fact.args[1], container)}
+        if held or any(_same(b.fact.args[0], container) for b in self.beliefs.live("empty")):
+            return held
+        return None
+
+    def _worth_opening(self, container: str) -> bool:
+        """Whether looking into ``container`` may find what is needed: its contents are
+        unknown, or what the prompt says it holds includes a wanted thing or a thing of a
+        sought kind."""
+        if container in self.seen.contents or container in self.mem.searched:
+            return False
+        held = self.known_contents(container)
+        if held is None:
+            return True
+        wanted = {w.lower() for w in self._wanted(self.view)}
+        sought = set(self._sought_kinds(self.view))
+        return any(x.lower() in wanted or str(self.facts.kind(x) or "").lower() in sought for x in held)
+
+    def _sought_kinds(self, view: _View | None) -> list[str]:
+        """The kinds of what is needed and believed nowhere: the goal's object, and a key
+        while a locked container stands in the way and none is held or believed anywhere."""
+        out = [str(self.facts.kind(w)) for w in self._wanted(view) if self.holder_of(w) is None and self.facts.kind(w)]
+        g = self.goal
+        if g is not None and g.obj and not (view is not None and view.holding(g.obj)) and \
+                self.holder_of(g.obj) is None and self.facts.kind(g.obj):
+            out.append(str(self.facts.kind(g.obj)))
+        keys = [x for x in (view.inv if view is not None else []) if etype(x) == "key"]
+        if self.mem.locked_seen and not keys and not self.beliefs.live("unlocked"):
+            out.append("key")
+        return list(dict.fromkeys(k.lower() for k in out))
+
+    def _usual_kinds(self, view: _View | None) -> set[str]:
+        """The kinds of holder the lessons say what is sought is usually kept in."""
+        return {k.lower() for kind in self._sought_kinds(view) for k in self.beliefs.usual_holders(kind)}
 
     # -- decision ------------------------------------------------------------------------
 
@@ -313,7 +369,7 @@ class ReaderAgent(RuleAgent):
         """A verified plan's next step first, then the rule agent's steps with tidying first and
         walking to where the prompt says things are before searching."""
         return (self._plan_step, self._tidy, self._finish_put, self._direct_progress, self._toward_goal,
-                self._believed, self._search)
+                self._believed, self._likely_place, self._search)
 
     def _plan_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         b = self.beliefs
@@ -405,13 +461,60 @@ class ReaderAgent(RuleAgent):
                     return a, f"{holder} holds {t} and I have its key: unlock it"
         return None
 
+    def _likely_place(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """Nothing believed where what is needed is: go to the nearest room with a container
+        worth opening (:meth:`_worth_opening`: one the lessons say its kind is usually kept
+        in first, any whose contents are unknown after), when this room has none left; the
+        containers the prompt places in rooms count beside those seen. Without any, None:
+        ``react``'s search and exploration."""
+        if not self._sought_kinds(view) or self._carrying_to_dest(g, view):
+            return None
+        if any(self._worth_opening(c) for c in view.openable) or view.unlockable:
+            return None  # this room first (rank_containers orders it)
+        usual = self._usual_kinds(view)
+        has_key = any(etype(x) == "key" for x in view.inv)
+        spots = []
+        for c, room in self._known_containers().items():
+            if _same(room, view.here) or not self._worth_opening(c) or (self._locked(c) and not has_key):
+                continue  # a locked one waits for its key (the search takes keys it finds)
+            spots.append((str(self.facts.kind(c) or "").lower() not in usual, room, c))
+        for _, room, c in sorted(spots):
+            step = self.room_path(view.here, room)
+            a = self.find(cands, "go_to", step) if step else None
+            if a:
+                why = "usually kept" if str(self.facts.kind(c) or "").lower() in usual else "not yet looked into"
+                return a, f"{c} in the {room} may hold what I need ({why}): go there"
+        return None
+
+    def _carrying_to_dest(self, g: Goal, view: _View) -> bool:
+        return g.verb in ("put", "bring") and bool(g.obj) and view.holding(g.obj)
+
+    def _known_containers(self) -> dict[str, str]:
+        """Container -> room: those seen in this episode's rooms and those the prompt places."""
+        rooms: dict[str, str] = {}
+        for room, things in self.seen.in_room.items():
+            for c in things:
+                if c in self.seen.state:
+                    rooms[c] = room
+        states = {b.fact.args[0] for b in self.beliefs.live(("closed", "locked", "empty", "open"))}
+        holders = {b.fact.args[1] for b in self.beliefs.live(PLACE_PREDICATES)}
+        for b in self.beliefs.live("at"):
+            thing, room = b.fact.args
+            if (thing in states or thing in holders) and thing not in rooms:
+                rooms[thing] = room
+        return rooms
+
     def _search(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         """``react``'s search, but no container of this room is opened while what is needed
-        is believed to be in a holder elsewhere (keys lying here are still taken)."""
+        is believed to be in a holder elsewhere (keys lying here are still taken), nor one
+        the prompt says holds nothing needed while a container worth opening is known
+        anywhere (:meth:`_likely_place` goes there)."""
         targets = self._wanted(view)
         holders = [self.holder_of(t) for t in targets]
         if targets and all(h and not view.seen(h) for h in holders):
             view = replace(view, openable=[])
+        elif any(self._worth_opening(c) and not self._locked(c) for c in self._known_containers()):
+            view = replace(view, openable=[c for c in view.openable if self._worth_opening(c)])
         return super()._search(g, view, cands, ctx)
 
     def act(self, obs: Mapping[str, Any]) -> AgentStep:

@@ -13,7 +13,7 @@ difference over the reader's, on the same tasks, is the model's *utilisation* of
 - per condition: the reader's success next to the model's (bootstrap intervals);
 - per comparison of ``experiment.positive_controls`` / ``comparisons`` / ``checks``: the
   reader's paired difference (exact McNemar, Holm within the same families as the
-  model's), the model's, and utilisation = model difference / reader difference with an
+  model's) and its paired turns (Wilcoxon signed-rank, Holm likewise), the model's, and utilisation = model difference / reader difference with an
   interval that resamples tasks (all four outcomes of a task together); none when the
   reader's difference is 0 (the text is worth nothing to an agent that uses all of it);
 - the controls that read first: the reader must beat the positive control's baseline by a
@@ -29,7 +29,8 @@ from typing import Any, Mapping, Sequence
 from pipeline.analysis.metrics import bootstrap_settings
 from pipeline.core.conf_schema import Config
 from pipeline.core.seeding import labelled_rng
-from pipeline.core.stats import bootstrap_mean, holm, pair_rows, paired_binary, ratio_of_paired_diffs, verdict
+from pipeline.core.stats import (bootstrap_mean, holm, pair_rows, paired_binary, ratio_of_paired_diffs, verdict,
+                                 wilcoxon_paired)
 
 
 
@@ -70,6 +71,7 @@ def reader_ceiling(model: Mapping[str, Sequence[Mapping[str, Any]]], reader: Map
         pairs, _, _ = pair_rows(reader[t], reader[c], where=(f"reader {t}", f"reader {c}"))
         rs = paired_binary([bool(p[0]["is_correct"]) for p in pairs], [bool(p[1]["is_correct"]) for p in pairs],
                            n_resamples=n_resamples, level=level, rng=labelled_rng(seed, "ceiling", d["name"], "reader"))
+        turns = wilcoxon_paired([float(p[0]["num_turns"]) for p in pairs], [float(p[1]["num_turns"]) for p in pairs])
         mt, mc, rt, rc = _by_id(model[t]), _by_id(model[c]), _by_id(reader[t]), _by_id(reader[c])
         tasks = sorted(set(mt) & set(mc) & set(rt) & set(rc))
         util = ratio_of_paired_diffs([float(mt[k]) for k in tasks], [float(mc[k]) for k in tasks],
@@ -81,14 +83,18 @@ def reader_ceiling(model: Mapping[str, Sequence[Mapping[str, Any]]], reader: Map
             "model_diff": _interval(d["success"]["diff"]), "reader_diff": _interval(rs["diff"]),
             "reader_treatment": rs["treatment"], "reader_control": rs["control"],
             "reader_b": rs["table"]["b"], "reader_c": rs["table"]["c"], "reader_p_value": rs["p_value"],
+            "reader_turns_diff": turns["diff"], "reader_turns_p_value": turns["p_value"],
             "utilisation": util.as_dict(),
         }
     for role in ("positive_control", "primary"):  # Holm within the model's families
         members = [v for v in comparisons.values() if v["role"] == role]
         for v, p in zip(members, holm([v["reader_p_value"] for v in members])):
             v["reader_p_holm"] = p
+        for v, p in zip(members, holm([v["reader_turns_p_value"] for v in members])):
+            v["reader_turns_p_holm"] = p
     for v in comparisons.values():
         v.setdefault("reader_p_holm", None)
+        v.setdefault("reader_turns_p_holm", None)
         p = v["reader_p_holm"] if v["role"] != "check" else v["reader_p_value"]
         v["reader_verdict"] = verdict(p, v["reader_b"], v["reader_c"], cfg.experiment.alpha)
     return {"conditions": conditions, "comparisons": comparisons, "controls": controls(comparisons, reader, cfg)}

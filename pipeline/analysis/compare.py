@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.analysis.ceiling import reader_ceiling
+from pipeline.analysis.curves import summarise_curves
 from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
 from pipeline.analysis.report import label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
@@ -63,6 +64,7 @@ from pipeline.core.stats import (
     paired_continuous,
     pair_rows,
     verdict,
+    wilcoxon_paired,
 )
 
 #: Manifest columns the outcomes are broken down by.
@@ -196,6 +198,8 @@ def compare_pair(treatment: str, control: str, a: ConditionData, b: ConditionDat
         "won": binary(pairs, "won"),
         "reward": continuous(pairs, "final_reward"),
         "turns": continuous(pairs, "num_turns"),
+        # Turns, paired per task: the Wilcoxon signed-rank test (Holm within the family, below).
+        "turns_test": wilcoxon_paired(*(list(map(float, x)) for x in outcomes(pairs, "num_turns"))),
         "breakdowns": breakdowns,
     }
 
@@ -325,7 +329,10 @@ def paired_comparisons(data: Mapping[str, ConditionData], info: Mapping[tuple[st
     for members in families.values():  # Holm within each family; a check is outside both
         for d, p in zip(members, holm([d["success"]["p_value"] for d in members])):
             d["success"]["p_holm"] = p
+        for d, p in zip(members, holm([d["turns_test"]["p_value"] for d in members])):
+            d["turns_test"]["p_holm"] = p
     for d in details:
+        d["turns_test"].setdefault("p_holm", None)
         s, table = d["success"], d["success"]["table"]
         s.setdefault("p_holm", None)
         family = len(families.get(d["role"], []))
@@ -358,7 +365,8 @@ def prompt_identities(data: Mapping[str, ConditionData], cfg: Config) -> tuple[l
 
 
 def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[str, Any]], cfg: Config,
-            reader: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> CompareResult:
+            reader: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+            curves: Sequence[Mapping[str, Any]] | None = None) -> CompareResult:
     """The stage's core: metrics, paired comparisons, prompt checks and plot rows.
 
     Args:
@@ -368,6 +376,8 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
         cfg: The composed config (``seed``, ``experiment.*``).
         reader: ``{condition: the reader's episode rows}`` (:func:`load_reader`); None
             (or empty): no reader, no ``reader`` section.
+        curves: the ``curve`` stage's outcome rows (:func:`load_curves`); None (or empty):
+            no ``curves`` section.
 
     Returns:
         A :class:`CompareResult`. Comparisons naming a condition absent from ``data`` are
@@ -402,6 +412,8 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
         # Each condition's information ceiling and the model's share of it (issue 31).
         **({"reader": reader_ceiling({c: d.episodes for c, d in data.items()}, reader, details, cfg)}
            if reader else {}),
+        # Learning curves: success and turns vs past episodes per scene (the curve stage's rows).
+        **({"curves": summarise_curves(curves, n_resamples=n_resamples, level=level, seed=seed)} if curves else {}),
         # Lists: the details (DVC's table skips lists; the JSON keeps everything).
         "details": details,
         "skipped_comparisons": skipped + identity_skipped,
@@ -448,6 +460,12 @@ def load_condition(root: Path, cfg: Config, condition: str) -> ConditionData:
         turns=read_parquet(turns_path, columns=[c for c in TURN_COLUMNS if c in names]).to_pylist(),
         prompts=read_parquet(prompts).to_pylist(),
     )
+
+
+def load_curves(root: Path, cfg: Config) -> list[dict]:
+    """The ``curve`` stage's outcome rows (``<paths.curve>/outcomes.parquet``); empty when it has none."""
+    path = root / cfg.paths.curve / "outcomes.parquet"
+    return read_parquet(path).to_pylist() if path.is_file() else []
 
 
 def load_reader(root: Path, cfg: Config) -> dict[str, list[dict]]:

@@ -32,6 +32,7 @@ from pipeline.core.facts import WorldWords
 CONDITION_COLORS = {"C1": "#7f7f7f", "C2": "#1f77b4", "C2_silent": "#ff7f0e", "C2_placebo": "#9467bd"}
 TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 FIGURES = {
+    "learning_curves": "learning_curves.png",
     "success_by_condition": "success_by_condition.png",
     "paired_differences": "paired_differences.png",
     "success_by_group": "success_by_group.png",
@@ -138,20 +139,41 @@ def ceiling_markdown(metrics: Mapping[str, Any]) -> list[str]:
              _table(["condition", "model success", "reader success (ceiling)"], rows), ""]
     rows = [[f"{v['treatment']} − {v['control']}", v["role"], v["n_pairs"], _ci(v["model_diff"], signed=True),
              _ci(v["reader_diff"], signed=True), f"{v['reader_b']} / {v['reader_c']}", _p(v["reader_p_value"]),
-             _p(v["reader_p_holm"]), v["reader_verdict"], _ci(v["utilisation"])]
+             _p(v["reader_p_holm"]), v["reader_verdict"], _signed(v.get("reader_turns_diff"), 1),
+             _p(v.get("reader_turns_p_holm") if v.get("reader_turns_p_holm") is not None else v.get("reader_turns_p_value")),
+             _ci(v["utilisation"])]
             for v in ceiling["comparisons"].values()]
     parts += [_table(["comparison", "role", "pairs", "model Δ success", "reader Δ success", "reader b / c",
-                      "reader p (McNemar)", "reader p (Holm)", "reader verdict", "utilisation (model Δ / reader Δ)"],
+                      "reader p (McNemar)", "reader p (Holm)", "reader verdict", "reader Δ turns",
+                      "reader turns p (Wilcoxon, Holm)", "utilisation (model Δ / reader Δ)"],
                      rows) if rows else "_no comparison_", "",
               "Utilisation is shown only where the reader's difference is not 0: a text worth nothing to an agent "
               "that uses all of it leaves nothing to realise.", ""]
     return parts
 
 
+def worth_lines(metrics: Mapping[str, Any]) -> list[str]:
+    """What the memory and the grounding are worth to the reader (its C2 − C1 and C1 − C0):
+    the experiment's question asked of an agent that uses every statement of its prompt."""
+    comps = (metrics.get("reader") or {}).get("comparisons") or {}
+    lines = []
+    for t, c, what in (("C2", "C1", "the memory beyond the grounding"), ("C1", "C0", "the grounding")):
+        v = comps.get(f"{t}_vs_{c}")
+        if not v:
+            continue
+        turns = (f"; turns {_signed(v.get('reader_turns_diff'), 1)} (Wilcoxon Holm p="
+                 f"{_p(v.get('reader_turns_p_holm') if v.get('reader_turns_p_holm') is not None else v.get('reader_turns_p_value'))})"
+                 if v.get("reader_turns_diff") is not None else "")
+        lines.append(f"to the reader, {what} is worth {_signed(v['reader_diff']['value'])} success ({t} "
+                     f"{_f(v['reader_treatment'])} vs {c} {_f(v['reader_control'])}, b={v['reader_b']}, "
+                     f"c={v['reader_c']}, Holm p={_p(v['reader_p_holm'])}){turns}")
+    return lines
+
+
 def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
-    """One line per comparison and per prompt check: what a person reads first (the
-    reader's controls first of all)."""
-    lines = ceiling_control_lines(metrics)
+    """One line per comparison and per prompt check: what a person reads first (the reader's
+    controls first of all, then what the memory and the grounding are worth to the reader)."""
+    lines = ceiling_control_lines(metrics) + worth_lines(metrics)
     level = _level_pct(metrics)
     details = metrics.get("details", [])
     # Controls first (positive controls, then checks: identical by construction), then the
@@ -186,6 +208,34 @@ def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
     for s in metrics.get("skipped_comparisons", []):
         lines.append(f"skipped {s['name']}: {s['reason']}")
     return lines
+
+
+def curves_markdown(metrics: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: the learning curves' points and their paired comparisons at each k."""
+    curves = metrics.get("curves")
+    if not curves or not curves.get("points"):
+        return []
+    points = curves["points"]
+    agents = list(dict.fromkeys(p["agent"] for p in points))
+    conds = list(dict.fromkeys(p["condition"] for p in points))
+    parts = ["## Learning curves", "",
+             "Every eval task replayed with the grounding and the episodic memory of the first k collected episodes "
+             "of each scene (`dvc repro curve`, `experiment.curve`): success / mean turns per condition.", ""]
+    for agent in agents:
+        by = {(p["k"], p["condition"]): p for p in points if p["agent"] == agent}
+        ks = sorted({k for k, _ in by})
+        rows = [[k, max(by[(k, c)]["held"] for c in conds if (k, c) in by),
+                 *(f"{by[(k, c)]['success']:.2f} / {by[(k, c)]['turns']:.1f}" if (k, c) in by else "–" for c in conds)]
+                for k in ks]
+        parts += [f"**{agent}**", "", _table(["k", "held", *conds], rows), ""]
+    rows = [[p["agent"], p["k"], f"{p['treatment']} − {p['control']}", p["n_pairs"],
+             _signed(p["success"]["diff"]["value"]), f"{p['success']['table']['b']} / {p['success']['table']['c']}",
+             _p(p["success"]["p_value"]), _signed(p["turns"]["diff"], 1), _p(p["turns"]["p_value"])]
+            for p in curves.get("paired", [])]
+    if rows:
+        parts += [_table(["agent", "k", "comparison", "pairs", "Δ success", "b / c", "p (McNemar)", "Δ turns",
+                          "p (Wilcoxon)"], rows), ""]
+    return parts
 
 
 def _gee(g: Mapping[str, Any] | None) -> str:
@@ -230,14 +280,18 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
              _p(d["success"]["p_value"]), _p(d["success"].get("p_holm")),
              _f((d["success"].get("power") or {}).get("mde")), _f((d["success"].get("power") or {}).get("power_20pt")),
              _gee(d.get("gee")), d["success"].get("verdict", "–"), _ci(d["won"]["diff"], signed=True),
-             _ci(d["reward"]["diff"], signed=True), _ci(d["turns"]["diff"], 1, signed=True)] for d in details]
+             _ci(d["reward"]["diff"], signed=True), _ci(d["turns"]["diff"], 1, signed=True),
+             _p((d.get("turns_test") or {}).get("p_value")), _p((d.get("turns_test") or {}).get("p_holm"))]
+            for d in details]
     parts += [_table(["comparison", "role", "pairs", "success T", "success C", "Δ success (scene clusters)",
                       "Δ success (pairs)", "b / c", "p (McNemar)", "p (Holm)", "MDE", "power at 20 pt", "GEE check",
-                      "verdict", "Δ won", "Δ reward", "Δ turns"], rows) if rows else "_no comparison_", "",
+                      "verdict", "Δ won", "Δ reward", "Δ turns", "turns p (Wilcoxon)", "turns p (Holm)"], rows)
+              if rows else "_no comparison_", "",
               "b: pairs only the treatment succeeded on; c: only the control. MDE: the smallest success difference "
               "the exact test detects with the configured power at alpha/m and the planning discordance "
               "(`experiment.power`, `experiment.planning_discordance`). GEE check: logistic GEE of success on "
-              "condition with scenes as clusters (statsmodels), log-odds and p.", ""]
+              "condition with scenes as clusters (statsmodels), log-odds and p. Turns are compared per task with the "
+              "Wilcoxon signed-rank test (pairs with equal turns left out), Holm within the same family.", ""]
 
     for by, title in GROUP_TITLES.items():
         rows = []
@@ -305,7 +359,10 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str],
     parts.append("")
     parts += ["Transcripts: [episodes.html](episodes.html), every eval task's runs side by side, turn by turn.", ""]
     parts += ceiling_markdown(metrics)
+    parts += curves_markdown(metrics)
     captions = {
+        "learning_curves": "Success (left) and turns (right) against the past episodes per scene that the memory "
+                           "and the grounding hold (the curve stage; k = 0: neither).",
         "success_by_condition": "Success rate per condition with its bootstrap interval.",
         "paired_differences": "Paired difference in success (treatment − control): a bar that crosses 0 means no "
                               "detectable difference at this level.",
@@ -313,7 +370,8 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str],
         "turns_distribution": "Turns per episode (box: quartiles, line: median, points: episodes).",
     }
     parts += ["## Figures", ""]
-    for key, name in figures.items():
+    shown = set(FIGURES) - ({"learning_curves"} if not (metrics.get("curves") or {}).get("points") else set())
+    for key, name in ((k, v) for k, v in figures.items() if k in shown):
         parts += [f"![{key}]({name})", "", f"_{captions.get(key, '')}_", ""]
     parts += ["## Tables", "", markdown_tables(metrics)]
     return "\n".join(parts).rstrip() + "\n"
@@ -471,6 +529,32 @@ def figure_turns(turns_by_condition: Mapping[str, Sequence[int]]) -> bytes:
     return _png(fig)
 
 
+def figure_curves(points: Sequence[Mapping[str, Any]]) -> bytes:
+    """Success and mean turns against k, one line per condition (solid: the reader, dashed: the model)."""
+    conds = list(dict.fromkeys(p["condition"] for p in points))
+    colors = colors_for(conds)
+    fig = _new_figure(10.0, 4.0)
+    axes = fig.subplots(1, 2)
+    for agent, style in zip(dict.fromkeys(p["agent"] for p in points), ("-", "--", ":")):
+        for c in conds:
+            ps = sorted((p for p in points if p["agent"] == agent and p["condition"] == c), key=lambda p: p["k"])
+            if not ps:
+                continue
+            ks = [p["k"] for p in ps]
+            axes[0].plot(ks, [p["success"] for p in ps], style, marker="o", color=colors[c], label=f"{c} ({agent})")
+            axes[1].plot(ks, [p["turns"] for p in ps], style, marker="o", color=colors[c], label=f"{c} ({agent})")
+    axes[0].set_ylim(0, 1.05)
+    axes[0].set_ylabel("success rate")
+    axes[1].set_ylabel("turns per episode")
+    for ax in axes:
+        ax.set_xlabel("past episodes per scene (k)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="lower right")
+    fig.suptitle("Learning curves: what k past episodes per scene are worth")
+    fig.tight_layout()
+    return _png(fig)
+
+
 def turns_from_histogram(hist: Sequence[Mapping[str, Any]], conditions: Sequence[str]) -> dict[str, list[int]]:
     """Per-condition turn counts from the ``turns_distribution`` rows (num_turns, one count per condition)."""
     return {c: [int(r["num_turns"]) for r in hist for _ in range(int(r.get(c, 0)))] for c in conditions}
@@ -493,6 +577,8 @@ def write_report(metrics: Mapping[str, Any], plots: Mapping[str, Sequence[Mappin
     level = _level_pct(metrics)
     conds = [r["condition"] for r in plots.get("success_by_condition", [])]
     pngs = {
+        **({"learning_curves": figure_curves(metrics["curves"]["points"])}
+           if (metrics.get("curves") or {}).get("points") else {}),
         "success_by_condition": figure_success_by_condition(plots.get("success_by_condition", []), level),
         "paired_differences": figure_paired_differences(metrics.get("details", []), level),
         "success_by_group": figure_success_by_group(metrics.get("by_condition", []), conds, level),

@@ -40,7 +40,7 @@ from pipeline.conditions.length import BlockLength
 from pipeline.conditions.schema import task_id
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
-from pipeline.core.facts import WorldWords
+from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import sha256_text
 from pipeline.core.schemas import canonical_json
 from pipeline.memory import EpisodicStore
@@ -79,6 +79,8 @@ class Renderer:
             the model's tokens (:func:`~pipeline.conditions.length.block_length_for`).
         words: The world's words in the advisories (the stage passes
             :func:`pipeline.envs.world_words`); None: world-neutral.
+        facts: The world's fact reader (the stage passes :func:`pipeline.envs.fact_reader`):
+            the kinds and preferences of the memory's lessons across houses; None: no lessons.
     """
 
     cfg: Config
@@ -86,6 +88,7 @@ class Renderer:
     root: Path
     length: BlockLength = field(default_factory=lambda: BlockLength())
     words: Optional[WorldWords] = None
+    facts: Optional[FactReader] = None
 
     def __post_init__(self) -> None:
         # Read-only here: its templates, grounding files and settings; every prompt is
@@ -125,7 +128,7 @@ class Renderer:
         # Looked up on the package at call time, so a test can substitute it.
         slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=self.cfg.seed,
                                         condition_name=condition, measure=self.length.measure,
-                                        words=self.words)
+                                        words=self.words, facts=self.facts)
         files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
@@ -171,52 +174,70 @@ class Renderer:
         """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
         on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
         slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=self.cfg.seed,
-                                        condition_name="reference", words=self.words)
+                                        condition_name="reference", words=self.words, facts=self.facts)
         return [a.message for a in slot.bundle.retrieved]
 
 
 def render_condition(tasks: Sequence[Mapping[str, Any]], condition: str, cfg: Config, store: EpisodicStore,
-                     root: Path, length: Optional[BlockLength] = None,
-                     words: Optional[WorldWords] = None) -> tuple[list[dict], dict]:
+                     root: Path, length: Optional[BlockLength] = None, words: Optional[WorldWords] = None,
+                     facts: Optional[FactReader] = None) -> tuple[list[dict], dict]:
     """The stage's core: rows for ``condition`` and the evidence report.
 
     Renders every configured condition (cheap) so the checks can compare them; raises
     :class:`~pipeline.conditions.evidence.EvidenceError` listing the violations when a check
     fails. ``length``: the unit of block lengths (default characters; the stage passes
     :func:`~pipeline.conditions.length.block_length_for`); ``words``: the world's words in the
-    advisories (the stage passes :func:`pipeline.envs.world_words`).
+    advisories (the stage passes :func:`pipeline.envs.world_words`); ``facts``: the world's fact
+    reader (the stage passes :func:`pipeline.envs.fact_reader`: the memory's lessons need it).
     """
-    if condition not in cfg.condition:
-        raise ConfigError(f"--condition {condition!r}: not a configured condition "
-                          f"(condition: {', '.join(cfg.condition)})")
-    r = Renderer(cfg, store, root, length or BlockLength(), words)
+    return render_conditions(tasks, [condition], cfg, store, root, length, words, facts)[condition]
+
+
+def render_conditions(tasks: Sequence[Mapping[str, Any]], conditions: Sequence[str], cfg: Config,
+                      store: EpisodicStore, root: Path, length: Optional[BlockLength] = None,
+                      words: Optional[WorldWords] = None,
+                      facts: Optional[FactReader] = None) -> dict[str, tuple[list[dict], dict]]:
+    """:func:`render_condition` for several conditions at once: every configured condition
+    is rendered once and each of ``conditions`` is checked against them.
+
+    Returns:
+        ``{condition: (rows, report)}`` for each of ``conditions``.
+    """
+    for condition in conditions:
+        if condition not in cfg.condition:
+            raise ConfigError(f"--condition {condition!r}: not a configured condition "
+                              f"(condition: {', '.join(cfg.condition)})")
+    r = Renderer(cfg, store, root, length or BlockLength(), words, facts)
     tasks = sorted(tasks, key=lambda t: (str(t["scene_id"]), str(t["quest_id"])))
     rows_by = {c: [r.row(t, c) for t in tasks] for c in cfg.condition}
     exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}
-    checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
-    target = rows_by[condition]
-    unavailable = placebo_unavailable(target) if bool(cfg.condition[condition].placebo) else []
-    report = {
-        "condition": condition,
-        "placebo_unavailable": unavailable,
-        "exposed": exposed[condition],
-        "tasks": len(target),
-        "injected": sum(row["injected"] for row in target),
-        "gate_reasons": dict(sorted(Counter(row["gate_reason"] for row in target).items())),
-        "store_hash": store.store_hash,
-        "template": r.template_path,
-        "template_sha256": r.template_sha256,
-        "mean_prompt_chars": round(sum(len(row["system_prompt"]) for row in target) / max(1, len(target)), 1),
-        "block_length_unit": r.length.unit,
-        "mean_block_length": round(sum(r.length.measure(row["memory_block"]) for row in target)
-                                   / max(1, len(target)), 1),
-        "label_hints": label_hint_totals(target),
-        "evidence": {"checks": checks, "passed": not violations, "compared_conditions": list(cfg.condition)},
-    }
-    if violations:
-        shown = "\n  ".join(violations[:10]) + (f"\n  ... ({len(violations)} in all)" if len(violations) > 10 else "")
-        raise EvidenceError(f"render {condition}: evidence checks failed:\n  {shown}", violations)
-    return target, report
+    out = {}
+    for condition in conditions:
+        checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
+        target = rows_by[condition]
+        unavailable = placebo_unavailable(target) if bool(cfg.condition[condition].placebo) else []
+        report = {
+            "condition": condition,
+            "placebo_unavailable": unavailable,
+            "exposed": exposed[condition],
+            "tasks": len(target),
+            "injected": sum(row["injected"] for row in target),
+            "gate_reasons": dict(sorted(Counter(row["gate_reason"] for row in target).items())),
+            "store_hash": store.store_hash,
+            "template": r.template_path,
+            "template_sha256": r.template_sha256,
+            "mean_prompt_chars": round(sum(len(row["system_prompt"]) for row in target) / max(1, len(target)), 1),
+            "block_length_unit": r.length.unit,
+            "mean_block_length": round(sum(r.length.measure(row["memory_block"]) for row in target)
+                                       / max(1, len(target)), 1),
+            "label_hints": label_hint_totals(target),
+            "evidence": {"checks": checks, "passed": not violations, "compared_conditions": list(cfg.condition)},
+        }
+        if violations:
+            shown = "\n  ".join(violations[:10]) + (f"\n  ... ({len(violations)} in all)" if len(violations) > 10 else "")
+            raise EvidenceError(f"render {condition}: evidence checks failed:\n  {shown}", violations)
+        out[condition] = (target, report)
+    return out
 
 
 def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by: Mapping[str, list[dict]],

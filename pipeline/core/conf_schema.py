@@ -120,6 +120,21 @@ class FeedbackSource(StrEnum):
     file = "file"  # lines a person wrote (pipeline.users.file.FileFeedback)
 
 
+class SpatialFeedback(StrEnum):
+    """What the simulated user says about where things are (``user.spatial``)."""
+
+    full = "full"  # where the needed thing is ("Key_1 is in Drawer_0 in the Bedroom.") and the way to its room
+    room = "room"  # only the way to the room it is in ("From the Kitchen, go south to reach the Bedroom.")
+    none = "none"  # nothing of where things are (still the exits, when the agent walks into a wall)
+
+
+class MemoryFacts(StrEnum):
+    """Which scene facts an advisory states (``memory.facts``)."""
+
+    episode = "episode"  # what its own past episode saw, whatever house that was
+    house = "house"  # what every past visit of the agent's own house saw (other houses' facts: none)
+
+
 class MemoryMode(StrEnum):
     """Whether retrieved advisories reach the prompt (seed 001 section 2.4)."""
 
@@ -189,6 +204,8 @@ class PathsConfig:
     """Evaluation episodes per condition."""
     eval_reader: str = "data/eval_reader"
     """The reader's evaluation episodes per condition (each condition's information ceiling)."""
+    curve: str = "data/curve"
+    """Learning curves: each experience level's merged grounding and every task's outcome (stage ``curve``)."""
     demos: str = "data/demos"
     """The default policy's demonstrations (stage ``demos``)."""
     policy: str = "data/policy"
@@ -289,6 +306,10 @@ class EnvConfig:
     """Eval quests per scene, goals never used in train (8 x 14 = 112 paired tasks: a 20-point MDE)."""
     min_quest_length: int = 2
     """Shortest expert plan a quest may have (drops one-step quests)."""
+    regularity: float = 0.0
+    """Probability that an object or key is kept where its kind usually is (apples in the fridge, keys in a drawer:
+    ``games.TYPICAL_HOLDERS``) when the scene has such a container; 0: placed at random. What lessons from past houses
+    can transfer to a new one."""
     max_steps: int = 30
     """Step cap per episode."""
     compile_workers: int = 2
@@ -311,6 +332,9 @@ class UserConfig:
     """Probability the simulated user comments on a step that warrants it."""
     noise: float = 0.0
     """Probability a simulated feedback line is replaced by an unhelpful or wrong one."""
+    spatial: SpatialFeedback = SpatialFeedback.full
+    """What the user says of where needed things are: ``full`` (the holder, room and way), ``room`` (the way to
+    its room only) or ``none`` (what the agent finds out, only the agent knows: what memory can add)."""
     preferences_per_scene: int = 1
     """Scene-level user preferences (close containers after use, ...)."""
     preference_in_success: bool = True
@@ -626,6 +650,14 @@ class MemoryConfig:
     """Never retrieve the query task's own quest (scene + quest id)."""
     exclude_same_scene: bool = False
     """Also exclude the query's scene."""
+    same_scene_first: bool = False
+    """Entries of the query's scene (the house the agent is in) rank before all others."""
+    facts: MemoryFacts = MemoryFacts.episode
+    """Scene facts an advisory states: ``episode`` (its own episode's, of whatever house) or ``house`` (what all past
+    visits of the agent's own house saw, relevant ones first, none of another house)."""
+    lessons: bool = False
+    """Advisories go on with lessons across houses: the users' habits and where kinds of things were kept
+    ("Apple in a Fridge (5 of 6 seen)"), never an entity's name."""
     relevance_threshold: float = 0.0
     """Gate: refuse when the best advisory's relevance is below this (0..1)."""
     max_message_chars: int = 800
@@ -661,6 +693,19 @@ class ConditionConfig:
 
 
 @dataclass
+class CurveConfig:
+    """Learning curves (stage ``curve``): the eval tasks replayed with the memory and grounding of the first ``k``
+    past episodes of each scene."""
+
+    ks: List[int] = field(default_factory=lambda: [0, 1, 2, 4])
+    """Past episodes per scene at each point (clipped to what a scene has: ``env.train_quests_per_scene``)."""
+    conditions: List[str] = field(default_factory=lambda: ["C0", "C1", "C2", "C2_placebo"])
+    """Conditions played at every point (each must be configured; others are skipped with a note)."""
+    model: bool = False
+    """Also play them with the experiment's agent (the model), not only the reader: minutes per point, not seconds."""
+
+
+@dataclass
 class ExperimentConfig:
     """Evaluation and comparison settings (stages ``evaluate`` and ``compare``).
 
@@ -693,6 +738,8 @@ class ExperimentConfig:
     reader: bool = True
     """Play every condition's prompts with ``agent=reader`` too (``evaluate_reader@C``): each condition's information
     ceiling, and the model's share of it (utilisation) in the report."""
+    curve: CurveConfig = field(default_factory=CurveConfig)
+    """Learning curves: success and turns vs past episodes per scene (stage ``curve``)."""
 
 
 @dataclass

@@ -454,6 +454,7 @@ def _check_env(e: EnvConfig) -> None:
     _count(e.train_quests_per_scene, "env.train_quests_per_scene")
     _count(e.eval_quests_per_scene, "env.eval_quests_per_scene", 1)
     _count(e.min_quest_length, "env.min_quest_length", 1)
+    _probability(e.regularity, "env.regularity")
     _positive(e.scienceworld.call_timeout_s, "env.scienceworld.call_timeout_s")
     _count(e.scienceworld.jvm_heap_mb, "env.scienceworld.jvm_heap_mb", 128)
 
@@ -531,6 +532,9 @@ def _check_reward(r: RewardConfig) -> None:
 
 def _check_experiment(x: ExperimentConfig) -> None:
     _count(x.bootstrap_samples, "experiment.bootstrap_samples", 1)
+    ks = list(x.curve.ks)
+    _require(all(k >= 0 for k in ks) and ks == sorted(set(ks)), "experiment.curve.ks", ks,
+             "distinct counts >= 0 in increasing order")
 
 
 def _check_numerics(n: NumericsConfig) -> None:

@@ -94,6 +94,16 @@ class FactReader(Protocol):
         prose did), in the order they appear; text it does not know states nothing."""
         ...
 
+    def kind(self, name: str) -> str | None:
+        """The kind of a named thing (``Apple_2`` -> ``Apple``): what lessons across houses
+        are stated in, never naming an entity; None for a name that is no thing (a room)."""
+        ...
+
+    def sentence(self, f: Fact) -> str | None:
+        """The world's sentence for a fact :meth:`read_text` reads back (a general preference
+        ``prefer(close_containers)``: ``"Close containers after use."``); None when it has none."""
+        ...
+
     def free_command(self, command: str) -> dict[str, Any] | None:
         """The action dict of a command the world accepts although its admissible list
         does not show it (ScienceWorld's parser takes more spellings than it lists, and

@@ -24,6 +24,7 @@ its expert commands) and dropped with a warning when one is found::
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from pipeline.memory.schemas import (
@@ -33,6 +34,8 @@ from pipeline.memory.schemas import (
     EvidenceV1_1,
 )
 from pipeline.core.facts import WorldWords
+from pipeline.memory.knowledge import (HABITS_LEAD, HOUSE_LEAD, LESSONS_LEAD, StoreKnowledge, entry_facts,
+                                       relevant_first)
 from pipeline.memory.scene import clip, join_facts, split_scene_facts
 
 # Principle stated for each kind of failure (first tag found wins the principle_id).
@@ -61,6 +64,69 @@ FACTS_LEAD = {
 }
 
 
+@dataclass
+class Recall:
+    """What the memory recalls for one query beyond each retrieved entry's own episode.
+
+    With ``house``, an advisory from an entry of the house the agent is in states what
+    *all* past visits of that house saw (:meth:`StoreKnowledge.house_facts`), and one from
+    another house states none of that house's facts (they do not hold here); with
+    ``lessons``, advisories go on with the users' habits and the placement lessons across
+    houses (:meth:`StoreKnowledge.lessons`). What one advisory of a bundle stated, the next
+    does not repeat (``stated``). Facts and lessons naming the objective's things (or their
+    kinds) come first.
+
+    ``unrelated`` is the placebo's recall: the same form with nothing this task can use: an
+    entry's own (other) house stated as "this house", lessons only about kinds the
+    objective does not name and that open nothing, no habits.
+
+    Attributes:
+        knowledge: the store's knowledge (:class:`~pipeline.memory.knowledge.StoreKnowledge`).
+        scene: the house the agent is in (the query's scene id).
+        words: the objective's names and their kinds (what "naming the task's things" means).
+        house: state a house's facts over all its visits (``memory.facts=house``).
+        lessons: state the lessons across houses (``memory.lessons``).
+        unrelated: the placebo's recall (see above).
+    """
+
+    knowledge: StoreKnowledge
+    scene: Optional[str]
+    words: Sequence[str] = ()
+    house: bool = True
+    lessons: bool = True
+    unrelated: bool = False
+    stated: set[str] = field(default_factory=set)
+
+    def items(self, entry: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """``(lead, item)`` pairs this entry's advisory may state, in order, none stated before."""
+        scene = str((entry.get("provenance") or {}).get("scene_id") or "")
+        out: list[tuple[str, str]] = []
+        know = self.knowledge
+        if self.house and (scene == self.scene or self.unrelated):
+            n = know.visits.get(scene, 0)
+            lead = HOUSE_LEAD.format(n=n, s="" if n == 1 else "s")
+            facts = know.house_facts(scene)
+            out += [(lead, f) for f in (facts if self.unrelated else relevant_first(facts, self.words))]
+        elif not self.house:
+            out += [("", f) for f in entry_facts(entry)]
+        if self.lessons:
+            exclude = self.scene if self.unrelated else None
+            houses = len(know.houses(exclude))
+            if not self.unrelated:
+                out += [(HABITS_LEAD, f"{text} ({n} of {total} houses)") for text, n, total in know.habits()]
+            lessons = know.lessons(exclude)
+            if self.unrelated:
+                named = {w.lower() for w in self.words}
+                lessons = [l for l in lessons if l.thing.lower() not in named and l.holder.lower() not in named
+                           and l.thing not in know.unlocking_kinds()]
+                texts = [l.text() for l in lessons]
+            else:
+                texts = relevant_first([l.text() for l in lessons], self.words)
+            lead = LESSONS_LEAD.format(n=houses, s="" if houses == 1 else "s")
+            out += [(lead, t) for t in texts]
+        return [(lead, item) for lead, item in out if item not in self.stated]
+
+
 def advisory_type_for(entry: dict[str, Any]) -> str:
     """The advisory type of a stored case (see the module docstring)."""
     won = bool(entry["evaluation"]["won"])
@@ -85,6 +151,51 @@ def principles_for(entry: dict[str, Any], words: WorldWords | None = None) -> tu
     return "pr_" + found[0], [principles[t] for t in found[:MAX_PRINCIPLES]]
 
 
+def _tail(items: Sequence[tuple[str, str]], room: int) -> tuple[str, list[str]]:
+    """`` Lead: a; b. Other lead: c.``: as many whole items as fit in ``room`` characters (grouped by lead)."""
+    tail, used, lead_now = "", [], None
+    for lead, item in items:
+        if lead != lead_now:
+            piece = (". " if used else " ") + (f"{lead}: " if lead else "") + item
+        else:
+            piece = "; " + item
+        if len(tail) + len(piece) + 1 > room:  # 1: the final "."
+            break
+        tail += piece
+        used.append(item)
+        lead_now = lead
+    return (tail + "." if used else ""), used
+
+
+def compose_recalled(entry: dict[str, Any], advisory_type: str, recall: Recall, max_chars: int = MAX_MESSAGE_CHARS,
+                     words: WorldWords | None = None) -> str:
+    """The advisory text under a :class:`Recall`: the principle, the past case (at least
+    :data:`MIN_CASE_CHARS_WITH_FACTS` of it when more follows), then what the recall states
+    (house facts, habits, lessons; whole items within ``max_chars``). Marks what it stated."""
+    _, principles = principles_for(entry, words)
+    cs = entry["case_summary"]
+    rationale, _ = split_scene_facts(cs["rationale_summary"])
+    head, case = _head_case(advisory_type, " ".join(principles), cs["symptom"], rationale)
+    items = recall.items(entry)
+    if not items:
+        return clip(f"{head} {case}", max_chars)
+    room = max_chars - len(head) - 1 - min(len(case), MIN_CASE_CHARS_WITH_FACTS)
+    tail, used = _tail(items, room)
+    if not used:
+        return clip(f"{head} {case}", max_chars)
+    recall.stated.update(used)
+    return f"{head} {clip(case, max_chars - len(head) - 1 - len(tail))}{tail}"
+
+
+def _head_case(advisory_type: str, principle: str, symptom: str, rationale: str) -> tuple[str, str]:
+    if advisory_type == "successful_override":
+        return f"Principle: {principle}", f"A similar past case went wrong ({symptom}) and was fixed: {rationale}."
+    if advisory_type == "failed_override_warning":
+        return (f"Warning: {principle}",
+                f"A similar past case failed ({symptom}); {rationale}. Do not repeat that pattern.")
+    return f"Principle: {principle}", f"A similar past case succeeded this way: {rationale}."
+
+
 def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = MAX_MESSAGE_CHARS,
                     words: WorldWords | None = None) -> str:
     """The advisory text, at most ``max_chars``: principle first, then the past case as
@@ -100,13 +211,7 @@ def compose_message(entry: dict[str, Any], advisory_type: str, max_chars: int = 
     principle = " ".join(principles)
     symptom = cs["symptom"]
     rationale, facts = split_scene_facts(cs["rationale_summary"])
-    if advisory_type == "successful_override":
-        head, case = f"Principle: {principle}", f"A similar past case went wrong ({symptom}) and was fixed: {rationale}."
-    elif advisory_type == "failed_override_warning":
-        head, case = (f"Warning: {principle}",
-                      f"A similar past case failed ({symptom}); {rationale}. Do not repeat that pattern.")
-    else:
-        head, case = f"Principle: {principle}", f"A similar past case succeeded this way: {rationale}."
+    head, case = _head_case(advisory_type, principle, symptom, rationale)
     text = f"{head} {case}"
     if not facts:
         return clip(text, max_chars)
@@ -232,16 +337,20 @@ class AdvisoryBuilder:
         self._next += 1
         return adv_id
 
-    def build(self, entry: EpisodicMemoryEntryV1_1 | dict[str, Any], relevance: float) -> AdvisoryV1_1:
-        """One advisory from one entry (no label-hint check; see :meth:`build_many`)."""
+    def build(self, entry: EpisodicMemoryEntryV1_1 | dict[str, Any], relevance: float,
+              recall: Recall | None = None) -> AdvisoryV1_1:
+        """One advisory from one entry (no label-hint check; see :meth:`build_many`); with a
+        ``recall``, its message states what the recall adds (:func:`compose_recalled`)."""
         e = entry.model_dump() if isinstance(entry, EpisodicMemoryEntryV1_1) else entry
         adv_type = advisory_type_for(e)
         principle_id, _ = principles_for(e, self.words)
         relevance = min(1.0, max(0.0, float(relevance)))
+        message = (compose_message(e, adv_type, self.max_message_chars, self.words) if recall is None
+                   else compose_recalled(e, adv_type, recall, self.max_message_chars, self.words))
         return AdvisoryV1_1(
             advisory_id=self._new_id(),
             advisory_type=adv_type,
-            message=compose_message(e, adv_type, self.max_message_chars, self.words),
+            message=message,
             strength=strength_for(adv_type, relevance),
             relevance_score=relevance,
             evidence=EvidenceV1_1(
@@ -257,8 +366,12 @@ class AdvisoryBuilder:
         *,
         query_expert_plan: Sequence[str] = (),
         query_ground_truth: Optional[str] = None,
+        recall: Recall | None = None,
     ) -> tuple[list[AdvisoryV1_1], list[str]]:
         """Advisories for retrieval hits (``RetrievalHit`` or ``(entry, relevance)``), label hints dropped.
+
+        ``recall``: what the memory states beyond each entry's episode (:class:`Recall`),
+        shared by the hits in order so that no advisory repeats an earlier one.
 
         Returns:
             ``(advisories, warnings)``; a warning names each dropped advisory and its hint.
@@ -266,7 +379,7 @@ class AdvisoryBuilder:
         advisories, warnings = [], []
         for hit in hits:
             entry, relevance = (hit.entry, hit.relevance) if hasattr(hit, "entry") else hit
-            adv = self.build(entry, relevance)
+            adv = self.build(entry, relevance, recall)
             hints = find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
                                      min_commands=self.label_hint_min_commands)
             if hints:

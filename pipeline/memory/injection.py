@@ -31,21 +31,24 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 import numpy as np
 from omegaconf import DictConfig
 
-from pipeline.core.conf_schema import ConditionConfig, MemoryConfig, MemoryMode
-from pipeline.core.facts import WorldWords
+from pipeline.core.conf_schema import ConditionConfig, MemoryConfig, MemoryFacts, MemoryMode
+from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.config import ConfigError, section
 from pipeline.core.seeding import task_rng
 from pipeline.memory.advisory import (
     AdvisoryBuilder,
+    Recall,
     advisory_type_for,
     compose_message,
     find_label_hints,
     named_plan_commands,
     task_answer,
 )
+from pipeline.memory.knowledge import StoreKnowledge
 from pipeline.memory.retrieval import Retriever
 from pipeline.memory.schemas import (
     MAX_RETRIEVED,
+    tokenize,
     MAX_WARNINGS,
     AdvisoryBundleMetaV1_1,
     AdvisoryBundleV1_1,
@@ -258,6 +261,7 @@ def draw_placebo(
     query_expert_plan: Sequence[str] = (),
     query_ground_truth: Optional[str] = None,
     exclude_entry_ids: Sequence[str] = (),
+    recall: Recall | None = None,
 ) -> tuple[list[AdvisoryV1_1], list[str], list[str], list[str]]:
     """Advisories from entries of other scenes, one per target, each as long as its target.
 
@@ -266,7 +270,10 @@ def draw_placebo(
     no drawn entry has the target's type: entries of the target's type are used first). Entries are
     drawn without replacement from the store rows whose scene differs from the query's,
     never one of ``exclude_entry_ids`` (the entries C2 injects for the task: a held-out
-    scene's C2 advisories come from other scenes too).
+    scene's C2 advisories come from other scenes too). ``recall``: the placebo's
+    :class:`~pipeline.memory.advisory.Recall` (``unrelated``), when C2's advisories state a
+    house's facts and lessons: the drawn entry's own (other) house and lessons about kinds
+    this task does not name, in the same form.
 
     Returns:
         ``(advisories, source_entry_ids, notes, filler)``: notes are for the record, never
@@ -290,14 +297,16 @@ def draw_placebo(
     types = [advisory_type_for(e) for e in entries]
     for target in targets:
         # The same form: an entry whose advisory has the target's type first (the types'
-        # wording tokenizes differently), any other entry after those.
-        order = sorted(range(len(entries)), key=lambda k: types[k] != target.advisory_type)
+        # wording tokenizes differently), any other entry after those; an entry already
+        # drawn only when every other is (a small store: a later advisory of the same
+        # entry goes on where its recall stopped).
+        order = sorted(range(len(entries)), key=lambda k: (k in used, types[k] != target.advisory_type))
         for j in order:
             entry = entries[j]
-            if j in used:
+            if j in used and recall is None:
                 continue
             used.add(j)
-            adv = builder.build(entry, target.relevance_score)
+            adv = builder.build(entry, target.relevance_score, recall)
             others = [f for k, f in enumerate(filler) if k != j]
             message = fit_length(adv.message, len(target.message), others)
             if find_label_hints(message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
@@ -505,6 +514,7 @@ def build_memory_slot(
     condition_name: str = "?",
     measure: Callable[[str], int] = len,
     words: WorldWords | None = None,
+    facts: FactReader | None = None,
 ) -> MemorySlot:
     """Signature -> retrieval -> advisories -> bundle -> gate -> context, for one eval task.
 
@@ -522,12 +532,15 @@ def build_memory_slot(
             ``len`` (characters), or a count of the model's tokens.
         words: The world's words in the advisories' text (:func:`pipeline.envs.world_words`);
             None: world-neutral.
+        facts: The world's fact reader (:func:`pipeline.envs.fact_reader`): the kinds and
+            preferences of the lessons across houses (``memory.lessons``); None: no lessons.
 
     Returns:
         A :class:`MemorySlot`.
     """
     controller = InjectionController.from_config(condition_cfg, memory_cfg, condition_name)
     plan, gt = task_answer(task)
+    recall = _recall(store, task, memory_cfg, facts)
     if not controller.retrieval_executed:
         bundle = controller.build_slot_payload()
         return _finish(controller, bundle, [], [], [], plan, gt)
@@ -548,7 +561,8 @@ def build_memory_slot(
         label_hint_min_commands=controller.label_hint_min_commands,
         words=words,
     )
-    advisories, warnings = builder.build_many(hits, query_expert_plan=plan, query_ground_truth=gt)
+    advisories, warnings = builder.build_many(hits, query_expert_plan=plan, query_ground_truth=gt,
+                                              recall=recall() if recall else None)
     retrieved_ids = [h.entry["entry_id"] for h in hits]
     kept_ids = [h.entry["entry_id"] for h in hits if h.entry["provenance"]["episode_id"] in
                 {a.evidence.source_episode_ids[0] for a in advisories}]
@@ -565,13 +579,49 @@ def build_memory_slot(
         bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
         return _finish(controller, bundle, retrieved_ids, kept_ids, [], plan, gt)
     return _placebo_slot(controller, store, task, rng, builder, advisories, warnings, store_hash, retrieved_ids,
-                         kept_ids, plan, gt, measure)
+                         kept_ids, plan, gt, measure, recall(unrelated=True) if recall else None)
+
+
+def store_knowledge(store: Any, facts: FactReader | None) -> StoreKnowledge:
+    """The store's :class:`~pipeline.memory.knowledge.StoreKnowledge`, gathered once per store
+    and fact reader (kept on the store object)."""
+    cache = store.__dict__.setdefault("_knowledge", {}) if hasattr(store, "__dict__") else {}
+    key = type(facts).__name__ if facts is not None else None
+    if key not in cache:
+        cache[key] = StoreKnowledge.from_store(store, facts)
+    return cache[key]
+
+
+def objective_words(objective: str, facts: FactReader | None) -> list[str]:
+    """The objective's words and the kinds of the things it names: what makes a fact or a
+    lesson relevant to the task (:class:`~pipeline.memory.advisory.Recall`)."""
+    words = tokenize(objective)
+    kinds = [k for k in (facts.kind(w) for w in words) if k] if facts is not None else []
+    return list(dict.fromkeys(words + kinds))
+
+
+def _recall(store: Any, task: Mapping[str, Any], memory_cfg: MemoryConfig,
+            facts: FactReader | None) -> Optional[Callable[..., Recall]]:
+    """A maker of the task's :class:`Recall` (a fresh one per bundle), or None when
+    ``memory.facts=episode`` and no lessons: advisories as the seed builds them."""
+    house = memory_cfg.facts == MemoryFacts.house
+    lessons = bool(memory_cfg.lessons) and facts is not None
+    if not (house or lessons):
+        return None
+    know = store_knowledge(store, facts)
+    scene = str(task.get("scene_id")) if task.get("scene_id") is not None else None
+    words = objective_words(str(task.get("objective") or ""), facts)
+
+    def make(unrelated: bool = False) -> Recall:
+        return Recall(know, scene, words, house=house, lessons=lessons, unrelated=unrelated)
+
+    return make
 
 
 def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, Any], rng: int | np.random.Generator,
                   builder: AdvisoryBuilder, advisories: list, warnings: list, store_hash: Optional[str],
                   retrieved_ids: list, kept_ids: list, plan: list, gt: Optional[str],
-                  measure: Callable[[str], int] = len) -> MemorySlot:
+                  measure: Callable[[str], int] = len, recall: Recall | None = None) -> MemorySlot:
     """The placebo's slot: what would C2 inject? Then the same count and lengths drawn from
     other scenes (nothing when C2's gate would refuse)."""
     c2_bundle = controller.build_slot_payload(advisories, warnings=warnings, store_hash=store_hash)
@@ -584,7 +634,7 @@ def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, A
     c2_entries = [e for e in retrieved_ids if e in set(kept_ids)]
     placebo, sources, notes, filler = draw_placebo(
         store, c2_bundle.retrieved, query_scene_id=task.get("scene_id"), rng=generator,
-        builder=builder, query_expert_plan=plan, query_ground_truth=gt, exclude_entry_ids=c2_entries,
+        builder=builder, query_expert_plan=plan, query_ground_truth=gt, exclude_entry_ids=c2_entries, recall=recall,
     )
     bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
     if len(placebo) == len(c2_bundle.retrieved):

@@ -3,7 +3,9 @@
 Filters (each switchable): ``require_same_language`` (entry language == query language),
 ``require_structure_overlap`` (entry and query share a detected structure, or the entry's
 structure is ``none``); entries of the query's own quest are excluded (no leakage of a
-task's own solution), optionally its whole scene. Score, best first:
+task's own solution), optionally its whole scene. With ``same_scene_first`` the entries of
+the query's scene (the house the agent is in: it knows where it is) rank before all others.
+Score, best first:
 
 1. number of matching signature fields (language, detected_structure, has_negation,
    num_aspects, length_bucket), 0..5;
@@ -178,13 +180,16 @@ class RetrievalIndex:
         require_structure_overlap: bool = True,
         exclude_scene_id: Optional[str] = None,
         exclude_quest: Optional[tuple[Optional[str], str]] = None,
+        prefer_scene_id: Optional[str] = None,
     ) -> list[tuple[int, int, int, int]]:
-        """Top rows as ``(row, signature_matches, lexical_hits, num_query_tokens)``, best first."""
+        """Top rows as ``(row, signature_matches, lexical_hits, num_query_tokens)``, best first;
+        entries of ``prefer_scene_id`` rank before every other (same order among themselves)."""
         n = self.n
         if n == 0:
             return []
         qtok = sorted(set(query_tokens or ()))
         nq = len(qtok)
+        bonus = (NUM_SIGNATURE_FIELDS + 1) * (nq + 1)  # above any signature + lexical score
         c_sig = self._combo_scores(signature, nq, require_same_language=require_same_language,
                                    require_structure_overlap=require_structure_overlap)
 
@@ -197,10 +202,14 @@ class RetrievalIndex:
             np.take(c_sig, self.combo_id, out=key, mode="clip")  # mode="raise" would buffer `out`
             if nq:
                 key += self._lexical_hits(qtok)
+            qs = self.scene_ids.get(prefer_scene_id) if prefer_scene_id is not None else None
+            if qs is not None:
+                same = np.flatnonzero(self.scene_code == qs)
+                key[same] += np.where(key[same] >= 0, bonus, 0)  # a filtered entry stays filtered
             np.left_shift(key, TIE_BITS, out=key)
             key |= self.inv_tie
             self._exclude(key, exclude_scene_id=exclude_scene_id, exclude_quest=exclude_quest)
-            return _take_top(key, min(topk, n), nq)
+            return _take_top(key, min(topk, n), nq, bonus)
 
     def _combo_scores(self, signature: InputSignatureV1_1, nq: int, *, require_same_language: bool,
                       require_structure_overlap: bool) -> np.ndarray:
@@ -257,15 +266,17 @@ class RetrievalIndex:
                 key[np.flatnonzero(tmp)] = -1
 
 
-def _take_top(key: np.ndarray, k: int, nq: int) -> list[tuple[int, int, int, int]]:
+def _take_top(key: np.ndarray, k: int, nq: int, bonus: int = 0) -> list[tuple[int, int, int, int]]:
     """The ``k`` largest positive keys, best first, decoded (``key`` is consumed: each
-    taken entry is set to -1)."""
+    taken entry is set to -1); a score of at least ``bonus`` carries the same-scene bonus."""
     out = []
     for _ in range(k):
         i = int(np.argmax(key))
         if key[i] <= 0:
             break
         s = int(key[i]) >> TIE_BITS
+        if bonus and s >= bonus:
+            s -= bonus
         out.append((i, s // (nq + 1), s % (nq + 1), nq))
         key[i] = -1
     return out
@@ -298,6 +309,8 @@ class Retriever:
         require_structure_overlap: Keep only entries sharing a structure (or ``none``).
         exclude_same_quest: Drop entries of the query's quest (scene + quest id).
         exclude_same_scene: Also drop entries of the query's scene.
+        same_scene_first: Entries of the query's scene (the house the agent is in) rank
+            before all others; among themselves, and the others among themselves, by score.
         tie_seed: Seed of the tie-breaking order (None: ``entry_id`` order). A store
             passed as :class:`~pipeline.memory.store.EpisodicStore` uses its own index's seed.
     """
@@ -309,11 +322,13 @@ class Retriever:
         exclude_same_quest: bool = True,
         exclude_same_scene: bool = False,
         tie_seed: Optional[int] = None,
+        same_scene_first: bool = False,
     ):
         self.require_same_language = require_same_language
         self.require_structure_overlap = require_structure_overlap
         self.exclude_same_quest = exclude_same_quest
         self.exclude_same_scene = exclude_same_scene
+        self.same_scene_first = same_scene_first
         self.tie_seed = tie_seed
 
     @classmethod
@@ -325,6 +340,7 @@ class Retriever:
             exclude_same_quest=memory_cfg.exclude_same_quest,
             exclude_same_scene=memory_cfg.exclude_same_scene,
             tie_seed=tie_seed,
+            same_scene_first=memory_cfg.same_scene_first,
         )
 
     def _index(self, store_entries: Any) -> RetrievalIndex:
@@ -361,6 +377,7 @@ class Retriever:
             require_structure_overlap=self.require_structure_overlap,
             exclude_quest=(query_scene_id, query_quest_id) if self.exclude_same_quest and query_quest_id is not None else None,
             exclude_scene_id=query_scene_id if self.exclude_same_scene else None,
+            prefer_scene_id=query_scene_id if self.same_scene_first else None,
         )
         entries = index.rows([r for r, *_ in found])
         hits = []
@@ -411,6 +428,7 @@ def retrieve_loop(
     exclude_same_scene: bool = False,
     tie_seed: Optional[int] = None,
     ties: Optional[np.ndarray] = None,
+    same_scene_first: bool = False,
 ) -> list[tuple[str, int, float]]:
     """The same retrieval as a plain per-entry Python loop: the reference semantics.
 
@@ -451,6 +469,7 @@ def retrieve_loop(
             lex = len(qtok & etok) / len(qtok)
         else:
             lex = 0.0
-        scored.append((-matches, -lex, int(ties[i]), e["entry_id"], matches, lex))
+        same = same_scene_first and query_scene_id is not None and p["scene_id"] == query_scene_id
+        scored.append((-int(same), -matches, -lex, int(ties[i]), e["entry_id"], matches, lex))
     scored.sort()
     return [(eid, m, lex) for *_, eid, m, lex in scored[:topk]]

@@ -68,6 +68,7 @@ class SceneLog:
     locked: set[str] = field(default_factory=set)
     key_of: dict[str, str] = field(default_factory=dict)  # container -> the key that unlocked it
     first_open: dict[str, bool] = field(default_factory=dict)  # container -> empty when first seen open
+    closed: set[str] = field(default_factory=set)  # containers seen closed (never looked into, unless first_open)
     routes: set[tuple[str, str, str]] = field(default_factory=set)
     taken: set[str] = field(default_factory=set)
     other: dict[Fact, None] = field(default_factory=dict)  # a world's own facts, in the order first seen
@@ -91,6 +92,8 @@ class SceneLog:
                     self.locked.add(a[0])
                 elif f.pred == "open":
                     self.first_open.setdefault(a[0], a[0] in empty)
+                else:
+                    self.closed.add(a[0])
             elif f.pred in ("in", "on"):
                 item, holder = a
                 self.prep_of.setdefault(holder, f.pred)
@@ -150,7 +153,10 @@ class SceneLog:
         routes = sorted(f"{a} -> {d} -> {b}" for a, d, b in self.routes)
         seen = sorted(where(i) for i in self.place if i not in self.taken)
         empty = sorted(f"{at(c)} was empty" for c, was_empty in self.first_open.items() if was_empty)
-        return taken + locked + routes + seen + empty + [str(f) for f in self.other]
+        holders = {holder for _, holder, _ in self.place.values()}
+        unsearched = sorted(f"{at(c)} was never opened" for c in self.closed
+                            if c not in self.first_open and c not in self.locked and c not in holders)
+        return taken + locked + routes + seen + empty + unsearched + [str(f) for f in self.other]
 
 
 def _room(facts: Sequence[Fact]) -> Optional[str]:
@@ -166,7 +172,8 @@ def scene_facts(turns: Sequence[tuple[Mapping[str, Any], StepFacts]]) -> list[st
     ("Key_1 was in Drawer_0 in the Bedroom"), locked containers and the key that opened
     them ("Chest_2 in the Bedroom is locked (Key_1 unlocks it)"), routes between rooms
     ("Kitchen -> south -> Bathroom"), where the other items seen were, containers found
-    empty ("Drawer_1 in the Kitchen was empty"), then a world's own facts. An item's place
+    empty ("Drawer_1 in the Kitchen was empty"), containers seen closed and never looked
+    into ("Chest_3 in the Bedroom was never opened"), then a world's own facts. An item's place
     is its first sighting (before the agent moved it).
 
     Args:
@@ -236,6 +243,7 @@ _PLACE_RE = re.compile(rf"\b{_N} was (in|on) (?!the\b){_N}(?: in the {_N})?(?=[;
 _LOCKED_RE = re.compile(rf"\b{_N}(?: in the {_N})? is locked(?: \({_N} unlocks it\))?")
 _ROUTE_RE = re.compile(rf"\b{_N} -> {_N} -> {_N}\b")
 _EMPTY_RE = re.compile(rf"\b{_N}(?: in the {_N})? was empty\b")
+_UNOPENED_RE = re.compile(rf"\b{_N}(?: in the {_N})? was never opened\b")
 _OTHER_RE = re.compile(r"\b([a-z_]+)\(([A-Za-z0-9_, ]*)\)")
 
 
@@ -248,7 +256,8 @@ def read_scene_facts(text: str | None) -> tuple[Fact, ...]:
     Bedroom is locked (Key_1 unlocks it)"`` -> ``locked(Chest_2), at(Chest_2, Bedroom),
     unlocked(Chest_2, Key_1)`` (the key that unlocked it); ``"Kitchen -> south -> Bathroom"`` ->
     ``exit(Kitchen, south, Bathroom)``; ``"Drawer_1 in the Kitchen was empty"`` -> ``empty(Drawer_1),
-    at(Drawer_1, Kitchen)``; a world's own fact in fact notation (``temperature(Beaker_1, hot)``) as it is.
+    at(Drawer_1, Kitchen)``; ``"Chest_3 in the Bedroom was never opened"`` -> ``closed(Chest_3),
+    at(Chest_3, Bedroom)`` (its contents unknown); a world's own fact in fact notation (``temperature(Beaker_1, hot)``) as it is.
     """
     text = text or ""
     found: list[tuple[int, tuple[Fact, ...]]] = []
@@ -263,6 +272,8 @@ def read_scene_facts(text: str | None) -> tuple[Fact, ...]:
         found.append((m.start(), (fact("exit", m[1], m[2], m[3]),)))
     for m in _EMPTY_RE.finditer(text):
         found.append((m.start(), (fact("empty", m[1]),) + ((fact("at", m[1], m[2]),) if m[2] else ())))
+    for m in _UNOPENED_RE.finditer(text):
+        found.append((m.start(), (fact("closed", m[1]),) + ((fact("at", m[1], m[2]),) if m[2] else ())))
     for m in _OTHER_RE.finditer(text):
         if m[1] not in KNOWN_PREDICATES:
             found.append((m.start(), (Fact(m[1], tuple(a.strip() for a in m[2].split(",") if a.strip())),)))

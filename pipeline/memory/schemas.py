@@ -165,6 +165,10 @@ class EpisodicMemoryEntryV1_1(_Model):
     correction: CorrectionV1_1
     evaluation: EvaluationV1_1
     provenance: ProvenanceV1_1
+    scene_facts: Annotated[list[Annotated[str, Field(max_length=300)]], Field(max_length=400)] = []
+    """Not part of the seed's entry: every scene fact the episode saw (:func:`pipeline.memory.scene.scene_facts`;
+    ``rationale_summary`` keeps as many as its 600 characters hold), what a house's memory over its visits and the
+    lessons across houses are built from (:mod:`pipeline.memory.knowledge`)."""
 
 
 # --------------------------------------------------------------------------- advisories
@@ -313,6 +317,7 @@ STORE_SCHEMA = pa.schema(
                 ]
             ),
         ),
+        ("scene_facts", _STR_LIST),
         # Derived (not part of the seed's entry): sorted distinct tokens of the symptom and
         # rationale summary, so the retriever can index 10^6 entries without re-tokenising.
         ("lexical_tokens", _STR_LIST),

@@ -274,6 +274,7 @@ def build_entry(
             seed=episode.get("seed"),
             config_hash=meta.get("config_hash") if isinstance(meta.get("config_hash"), str) else config_hash,
         ),
+        scene_facts=facts,
     )
 
 

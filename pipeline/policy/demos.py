@@ -248,7 +248,7 @@ def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
     blocks: list[tuple[str, str]] = [("", "")]
     for adv in cfg.demos.advisory_variants:
         slot = build_memory_slot(memory.store, dict(row), adv, cfg.memory, rng=cfg.seed,
-                                 condition_name=str(adv.name), words=world_words(cfg))
+                                 condition_name=str(adv.name), words=world_words(cfg), facts=fact_reader(cfg))
         block = slot.injected_block_text
         if block and block not in [b for _, b in blocks]:
             blocks.append((str(adv.name), block))

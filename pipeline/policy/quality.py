@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from pipeline.agents.llm import LLMAgent
 from pipeline.conditions import is_exposed
 from pipeline.core.conf_schema import AdvisoryVariantConfig, Config, DemosConfig, MemoryMode
-from pipeline.envs import world_words
+from pipeline.envs import fact_reader, world_words
 from pipeline.llm.backends import TransformersBackend
 from pipeline.memory import build_memory_slot
 from pipeline.policy.demos import SceneMemory, _Progress, freeze_prompt, grounding_text
@@ -98,7 +98,7 @@ def memory_prompts(cfg: Config, rows: Mapping[tuple[str, str], Mapping[str, Any]
     out = {}
     for key, row in rows.items():
         slot = build_memory_slot(memory.store, dict(row), variant, cfg.memory, rng=cfg.seed,
-                                 condition_name=variant_name, words=world_words(cfg))
+                                 condition_name=variant_name, words=world_words(cfg), facts=fact_reader(cfg))
         out[key] = freeze_prompt(organizer, row["objective"], row["scene_id"],
                                  grounding_text(cfg.grounding, memory, row["scene_id"], organizer),
                                  slot.injected_block_text)

@@ -7,6 +7,7 @@
 Reads, for every condition in ``condition``: ``data/eval/<C>/episodes.parquet`` and
 ``turns.parquet`` (written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render@C``),
 ``data/eval_reader/<C>/episodes.parquet`` (``evaluate_reader@C``, with ``experiment.reader``);
+``data/curve/outcomes.parquet`` (the ``curve`` stage: the learning curves);
 and ``data/games/manifest.parquet`` for the breakdowns (scene, quest length, scene split).
 What is computed (paired comparisons of ``experiment.comparisons``, prompt identity of
 ``experiment.identical_prompts``) is described in :mod:`pipeline.analysis.compare`.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import sys
 
-from pipeline.analysis.compare import compare, load_condition, load_reader, write_outputs
+from pipeline.analysis.compare import compare, load_condition, load_curves, load_reader, write_outputs
 from pipeline.analysis.report import headline_lines
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, read_parquet
@@ -40,7 +41,7 @@ def main() -> int:
         data = {c: load_condition(root, cfg, c) for c in cfg.condition}
         manifest = read_parquet(root / cfg.paths.games / "manifest.parquet",
                                 columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
-        result = compare(data, manifest, cfg, load_reader(root, cfg))
+        result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg))
         written = write_outputs(result, root, cfg, world_words(cfg).success)
         written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
         print("\n".join(headline_lines(result.metrics)))

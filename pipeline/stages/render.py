@@ -32,7 +32,7 @@ from pipeline.conditions import (
 )
 from pipeline.core.config import ConfigError, load_params, project_root
 from pipeline.core.io import ArtifactError, atomic_write_json, write_parquet
-from pipeline.envs import world_words
+from pipeline.envs import fact_reader, world_words
 from pipeline.memory import load_store
 from pipeline.prompts import PromptTemplateError
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
         tasks = load_eval_tasks(root, cfg)
         store = load_store(root / cfg.paths.store, tie_seed=cfg.seed)
         rows, report = render_condition(tasks, args.condition, cfg, store, root, block_length_for(cfg, root),
-                                        world_words(cfg))
+                                        world_words(cfg), fact_reader(cfg))
         out = root / cfg.paths.prompts / f"{args.condition}.parquet"
         write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],
                       schema_version=PROMPTS_SCHEMA_VERSION)

@@ -36,7 +36,7 @@ from pipeline.core.schemas import canonical_json
 from pipeline.core.seeding import derive_seed
 from pipeline.envs.household.env import HouseholdEnv, check_game_file, command_to_action
 from pipeline.envs.household.planner import shortest_plan
-from pipeline.envs.household.text import preference_text
+from pipeline.envs.household.text import kind_of, preference_text
 from pipeline.envs.household.world import DIRECTIONS, OPPOSITE, World, fact_str, parse_fact, typed_facts
 
 ROOM_NAMES = ("Kitchen", "Bedroom", "Bathroom", "LivingRoom", "DiningRoom", "Office")
@@ -62,6 +62,15 @@ SUPPORTER_KINDS = {
 OBJECT_KINDS = ("Apple", "Mug", "Book", "Towel", "Soap", "Cup", "Remote", "Candle", "Bowl", "Spoon",
                 "Glass", "Vase")
 QUEST_TYPES = ("put_in", "put_on", "bring", "take")
+# Where things of a kind usually are kept (``env.regularity``: the share placed so): the
+# household regularities a past house can teach another (a memory's kind-level lessons), as
+# the knowledge base (conf/knowledge/household_kb.json) states them. Containers only: a
+# thing on a supporter is in plain sight, one in a closed container must be searched for.
+TYPICAL_HOLDERS = {
+    "Apple": ("Fridge",), "Mug": ("Cabinet",), "Cup": ("Cabinet",), "Glass": ("Cabinet",), "Bowl": ("Cabinet",),
+    "Spoon": ("Drawer",), "Remote": ("Drawer",), "Candle": ("Drawer",), "Book": ("Chest", "Drawer"),
+    "Towel": ("Wardrobe", "Cabinet"), "Soap": ("Cabinet",), "Vase": ("Chest", "Cabinet"), "Key": ("Drawer",),
+}
 _GRID = {"north": (0, 1), "south": (0, -1), "east": (1, 0), "west": (-1, 0)}
 _SERIAL = b"000000"  # Z-machine serial number (Inform writes the compile date there)
 # What a game's .json says for TextWorld's built-in text grammars (TextWorld writes their
@@ -97,9 +106,11 @@ def make_scene(env_cfg: EnvConfig, index: int, seed: int, preferences_per_scene:
         supporters.append({"name": f"{rng.choice(SUPPORTER_KINDS[room])}_{j}", "room": room})
     # Keys lie on a floor, a supporter or in an unlocked container: always reachable.
     key_spots = rooms + [s["name"] for s in supporters] + [c["name"] for c in containers if not c["locked"]]
-    keys = [{"name": c["key"], "location": rng.choice(key_spots), "opens": c["name"]}
+    regularity = float(env_cfg.regularity)
+    keys = [{"name": c["key"], "location": _typical_spot(rng, "Key", [x for x in containers if not x["locked"]],
+                                                         regularity) or rng.choice(key_spots), "opens": c["name"]}
             for c in containers if c["locked"]]
-    objects = _draw_objects(rng, rooms, containers, supporters, env_cfg.objects_per_scene)
+    objects = _draw_objects(rng, rooms, containers, supporters, env_cfg.objects_per_scene, regularity)
     prefs = _draw_preferences(rng, containers, bool(keys), preferences_per_scene)
     return {
         "scene_id": sid,
@@ -148,11 +159,29 @@ def _draw_containers(rng: random.Random, rooms: list[str], n: int, n_locked: int
     return containers
 
 
+def _typical_spot(rng: random.Random, kind: str, containers: list[dict[str, Any]], regularity: float) -> str | None:
+    """A container of a kind things of ``kind`` are usually kept in (:data:`TYPICAL_HOLDERS`),
+    with probability ``regularity`` when the scene has one; None otherwise. Draws nothing at
+    ``regularity`` 0 (scenes stay what they were before the setting existed)."""
+    if regularity <= 0:
+        return None
+    typical = [c["name"] for c in containers if kind_of(c["name"]) in TYPICAL_HOLDERS.get(kind, ())]
+    if rng.random() >= regularity or not typical:
+        return None
+    return rng.choice(typical)
+
+
 def _draw_objects(rng: random.Random, rooms: list[str], containers: list[dict[str, Any]],
-                  supporters: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
-    """``n`` objects of distinct kinds: half in containers, some on supporters, the rest on a floor."""
+                  supporters: list[dict[str, Any]], n: int, regularity: float = 0.0) -> list[dict[str, Any]]:
+    """``n`` objects of distinct kinds: with probability ``regularity`` in a container of a
+    kind they are usually kept in (when there is one); otherwise half in containers, some on
+    supporters, the rest on a floor."""
     objects = []
     for j, kind in enumerate(rng.sample(OBJECT_KINDS, n)):
+        typical = _typical_spot(rng, kind, containers, regularity)
+        if typical is not None:
+            objects.append({"name": f"{kind}_{j}", "location": typical})
+            continue
         r = rng.random()
         if r < 0.5:
             spot = rng.choice(containers)["name"]

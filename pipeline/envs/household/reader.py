@@ -24,7 +24,7 @@ from typing import Any, Mapping
 from pipeline.core.facts import Fact, StepFacts, fact
 from pipeline.core.schemas import json_object
 from pipeline.envs.household.env import command_to_action
-from pipeline.envs.household.text import is_description, read_description, read_statements
+from pipeline.envs.household.text import habit_text, is_description, kind_of, read_description, read_statements
 
 
 def command_facts(command: str | None) -> tuple[Fact, ...]:
@@ -79,6 +79,16 @@ class HouseholdFactReader:
         says where Cup_3 was, ``unlocked(Cabinet_2, Key_2)`` what opens Cabinet_2)."""
         commands = [f for m in _PROSE_COMMAND_RE.finditer(text or "") for f in command_facts(m[0])]
         return read_statements(text) + tuple(commands)
+
+    def kind(self, name: str) -> str | None:
+        """``Cabinet_2`` -> ``Cabinet`` (:func:`~pipeline.envs.household.text.kind_of`); None for a room."""
+        return kind_of(name)
+
+    def sentence(self, f: Fact) -> str | None:
+        """A general preference's sentence (:func:`~pipeline.envs.household.text.habit_text`); None otherwise."""
+        if f.pred == "prefer" and len(f.args) == 1:
+            return habit_text(f.args[0])
+        return None
 
     def free_command(self, command: str) -> dict[str, Any] | None:
         """None: the household's games accept only their admissible commands."""

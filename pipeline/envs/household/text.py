@@ -211,6 +211,28 @@ def preference_text(kind: str, target: str | None = None) -> str:
             "lock_after_use": f"Lock {target} again after you unlock it."}[kind]
 
 
+# The general form of each preference kind: what a lesson across houses says (memory's
+# "What users asked in past houses: ..."), read back as ``prefer(kind)`` with no target.
+HABIT_TEXT = {"close_containers": "Close containers after use.",
+              "keep_closed": "Leave containers closed when you are done with them.",
+              "lock_after_use": "Lock containers again after you unlock them."}
+
+
+def habit_text(kind: str) -> str | None:
+    """The general sentence of a preference kind (any container), or None for an unknown kind."""
+    return HABIT_TEXT.get(kind)
+
+
+# An entity's kind is its name before the index: Cabinet_2 -> Cabinet (rooms have no index).
+_KIND_RE = re.compile(r"([A-Za-z]+)_\d+")
+
+
+def kind_of(name: str) -> str | None:
+    """``"Cabinet_2"`` -> ``"Cabinet"``; None for a name without an index (a room)."""
+    m = _KIND_RE.fullmatch(str(name))
+    return m[1] if m else None
+
+
 # --------------------------------------------------------------------------- a text, as typed facts
 
 _ROUTE_RE = re.compile(r"From the (\w+), go (\w+) to reach the (\w+)")
@@ -230,7 +252,8 @@ def read_statements(text: str | None) -> tuple[Fact, ...]:
     - routes (:func:`route_sentence`, :func:`exits_sentence`): ``exit(Kitchen, south, Hallway)``;
     - preferences (:func:`preference_text`), as the household's own predicate
       ``prefer(kind)`` / ``prefer(kind, target)``: ``"Lock Cabinet_2 again after you unlock it."``
-      -> ``prefer(lock_after_use, Cabinet_2)``.
+      -> ``prefer(lock_after_use, Cabinet_2)``; their general forms (:func:`habit_text`, any
+      container): ``"Lock containers again after you unlock them."`` -> ``prefer(lock_after_use)``.
     """
     text = text or ""
     found: list[tuple[int, tuple[Fact, ...]]] = []
@@ -246,4 +269,8 @@ def read_statements(text: str | None) -> tuple[Fact, ...]:
     for kind, pattern in _PREFERENCE_RES:
         for m in pattern.finditer(text):
             found.append((m.start(), (fact("prefer", kind, *m.groups()),)))
+    for kind, sentence in HABIT_TEXT.items():
+        if sentence != preference_text(kind, _TARGET):  # close_containers' is its own general form
+            for m in re.finditer(re.escape(sentence), text):
+                found.append((m.start(), (fact("prefer", kind),)))
     return tuple(f for _, facts in sorted(found, key=lambda x: x[0]) for f in facts)

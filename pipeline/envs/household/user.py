@@ -16,7 +16,8 @@ Which remarks a step warrants:
 - ``procedural``: the action broke a precondition (take from a closed container, open a
   locked one, unlock without the key, put something not held, ...); or, when the agent
   stalls next to what it needs, the next thing to do with it.
-- ``spatial``: where a needed object or key is and how to get to its room; given when the
+- ``spatial``: where a needed object or key is and how to get to its room (``user.spatial``:
+  ``full`` both, ``room`` the way to its room only, ``none`` neither); given when the
   action named something that is not here, when the step moved away from the goal (the
   remaining expert plan got longer) and when the agent stalls (2nd, 5th, 8th, ... step
   without progress; one line is not repeated within three steps).
@@ -46,7 +47,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from pipeline.core.conf_schema import UserConfig
+from pipeline.core.conf_schema import SpatialFeedback, UserConfig
 from pipeline.envs.household.planner import room_route
 from pipeline.envs.household.text import exits_sentence, location_sentence, preference_text, route_sentence
 from pipeline.envs.household.world import (OPPOSITE, World, check_preferences, parse_preference, plain_fact,
@@ -286,6 +287,7 @@ class SimulatedUser:
     def __init__(self, user_cfg: UserConfig, scene_spec: Mapping[str, Any], quest_row: Mapping[str, Any], seed: int):
         self.feedback_prob = user_cfg.feedback_prob
         self.noise = user_cfg.noise
+        self.spatial = SpatialFeedback(user_cfg.spatial)
         for key, value in (("user.feedback_prob", self.feedback_prob), ("user.noise", self.noise)):
             if not 0.0 <= value <= 1.0:
                 raise ValueError(f"{key}={value!r}: expected a probability in [0, 1]")
@@ -349,10 +351,12 @@ class SimulatedUser:
         return [format_feedback_line("procedural", f"What you need is right here: {todo()}.")]
 
     def _spatial_hint(self, world: SceneView, entity: str | None) -> list[str]:
-        if not entity:
+        """Where ``entity`` is and the way to its room, as ``user.spatial`` allows: ``full``
+        both, ``room`` the way only, ``none`` nothing."""
+        if not entity or self.spatial == SpatialFeedback.none:
             return []
         lines = []
-        desc = world.describe(entity)
+        desc = world.describe(entity) if self.spatial == SpatialFeedback.full else None
         if desc:
             lines.append(format_feedback_line("spatial", desc))
         here, there = world.location(), world.room_of(entity)

@@ -16,6 +16,7 @@ sentences: it states nothing here (``after`` is empty).
 
 from __future__ import annotations
 
+import re
 from typing import Any, Mapping
 
 from pipeline.core.facts import Fact, StepFacts, fact
@@ -51,6 +52,15 @@ class ScienceWorldFactReader:
     def read_text(self, text: str | None) -> tuple[Fact, ...]:
         """The facts the sentences of ``text`` state (:func:`~pipeline.envs.scienceworld.text.read_statements`)."""
         return read_statements(text)
+
+    def kind(self, name: str) -> str | None:
+        """A ScienceWorld thing's name is its kind (``metal pot``); a trailing index is dropped."""
+        base = re.sub(r"\s*\d+$", "", str(name)).strip()
+        return base or None
+
+    def sentence(self, f: Fact) -> str | None:
+        """None: ScienceWorld's users state no preferences."""
+        return None
 
     def free_command(self, command: str) -> dict[str, Any] | None:
         """The action dict of any command of ScienceWorld's grammar (the engine's parser

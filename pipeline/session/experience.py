@@ -1,0 +1,203 @@
+"""Experience: the eval tasks replayed with what the first k past episodes of each scene left.
+
+A learning curve (Reflexion, CLIN, ExpeL report one) asks how an agent does as experience
+accumulates. Here the experience is the collected train episodes: for ``k`` past episodes
+per scene, the grounding is merged from the first ``k`` episodes of each seen scene (the
+``ground`` stage's per-episode files, merged as the ``merge`` stage merges them) and the
+episodic store keeps the entries of those episodes only (the ``store`` stage's entries,
+filtered). Every condition's prompts are rendered from them exactly as the ``render`` stage
+renders them (with its evidence checks) and an agent plays them (the reader by default: a
+condition's information ceiling, in seconds)::
+
+    points = experience_curve(cfg, root, ks=[0, 1, 2, 4], conditions=["C1", "C2"])
+    # [CurvePoint(k=0, condition="C1", outcomes=[Outcome(task, success, turns), ...]), ...]
+
+"First" is collection order (quest id within a scene), the order the ``collect`` stage's
+online loop plays them in: the ``k``-th episode of a scene was itself prompted with the
+grounding of the ``k - 1`` before it. Held-out scenes have no episodes of their own: their
+memory is the other houses' (``k`` each).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from omegaconf import OmegaConf
+from tqdm import tqdm
+
+from pipeline.conditions.length import BlockLength
+from pipeline.conditions.render import render_conditions
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError
+from pipeline.core.facts import FactReader, WorldWords
+from pipeline.core.io import read_json, read_parquet
+from pipeline.grounding.scenes import merge_groundings, write_merge_outputs
+from pipeline.memory import EpisodicStore
+from pipeline.session.collection import load_games, make_factories
+from pipeline.session.evaluation import reader_config
+from pipeline.session.rollout import Task, play, tasks_from_manifest
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One eval task's episode at one curve point."""
+
+    scene_id: str
+    quest_id: str
+    scene_split: str
+    success: bool
+    turns: int
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """Every eval task of one condition, played with the memory of ``k`` past episodes per scene.
+
+    Attributes:
+        k: past episodes per seen scene asked for; ``held``: how many the scenes held at
+            most (fewer when a scene has fewer episodes than ``k``).
+        injected: tasks whose prompt carried a memory block.
+    """
+
+    k: int
+    held: int
+    condition: str
+    outcomes: tuple[Outcome, ...]
+    injected: int
+
+    @property
+    def success(self) -> float:
+        return float(np.mean([o.success for o in self.outcomes])) if self.outcomes else 0.0
+
+    @property
+    def turns(self) -> float:
+        return float(np.mean([o.turns for o in self.outcomes])) if self.outcomes else 0.0
+
+
+def first_episodes(episodes: Iterable[Mapping[str, Any]], k: int) -> list[str]:
+    """The ids of the first ``k`` episodes of every scene (quest id order, then episode id)."""
+    if k < 0:
+        raise ValueError(f"k={k}: expected >= 0 past episodes per scene")
+    by_scene: dict[str, list[tuple[str, str]]] = {}
+    for ep in episodes:
+        by_scene.setdefault(str(ep["scene_id"]), []).append((str(ep["quest_id"]), str(ep["episode_id"])))
+    return sorted(eid for rows in by_scene.values() for _, eid in sorted(rows)[:k])
+
+
+def store_subset(store: EpisodicStore, episode_ids: Iterable[str]) -> EpisodicStore:
+    """The store's entries of the given episodes only (same order, same tie seed)."""
+    keep = pa.array(sorted(set(episode_ids)), pa.string())
+    ids = pc.struct_field(store.table.column("provenance"), "episode_id")
+    return EpisodicStore(store.table.filter(pc.is_in(ids, value_set=keep)), tie_seed=store.tie_seed)
+
+
+def grounding_subset(index: Mapping[str, Any], episode_ids: Iterable[str]) -> dict:
+    """The ``ground`` stage's ``index.json`` with only the given episodes."""
+    keep = set(episode_ids)
+    return {**index, "episodes": [e for e in index.get("episodes", []) if e.get("episode_id") in keep]}
+
+
+def merge_at(cfg: Config, root: Path, index: Mapping[str, Any], episode_ids: Sequence[str], out_dir: Path) -> Path:
+    """Merge the grounding of ``episode_ids`` per scene into ``out_dir`` (the ``merge``
+    stage's layout); returns ``out_dir``."""
+    g = cfg.grounding
+    scenes, configured = merge_groundings(grounding_subset(index, episode_ids), str(cfg.paths.grounding),
+                                          g.files if isinstance(g.files, str) else list(g.files or []), root=root,
+                                          dedupe_contents=g.dedupe_contents)
+    write_merge_outputs(scenes, configured, out_dir, g.merge_format)
+    return out_dir
+
+
+def play_prompts(cfg: Config, root: Path, tasks: Sequence[Task], rows: Sequence[Mapping[str, Any]],
+                 scenes: Mapping[str, Any]) -> list[dict]:
+    """Play ``tasks`` with the prompts of ``rows`` (one per task), greedy as ``evaluate`` plays;
+    returns the episode records (nothing written)."""
+    by_task = {(r["scene_id"], r["quest_id"]): r for r in rows}
+    played = []
+    for t in tasks:
+        row = by_task[(t.scene_id, t.quest_id)]
+        played.append(Task(**{**t.__dict__, "system_prompt": row["system_prompt"], "metadata": {}}))
+    if cfg.experiment.eval_greedy:
+        cfg = OmegaConf.merge(cfg, {"sampling": {"do_sample": False}})
+    make_env, make_agent, make_user = make_factories(cfg, root, dict(scenes))
+    return play(list(played), make_env=make_env, make_agent=make_agent, make_user=make_user,
+                batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, agent_name=str(cfg.agent.name),
+                preference_in_success=cfg.user.preference_in_success,
+                unknown_feedback=str(cfg.grounding.unknown_type))
+
+
+def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: Sequence[str],
+                     episodes: Sequence[Mapping[str, Any]], grounding_index: Mapping[str, Any],
+                     store: EpisodicStore, work_dir: Path, length: BlockLength | None = None,
+                     words: WorldWords | None = None, facts: FactReader | None = None, reader: bool = True,
+                     progress: bool = True) -> list[CurvePoint]:
+    """Every condition's eval tasks played with the first ``k`` past episodes of each scene, for each ``k``.
+
+    Args:
+        cfg: the composed config (its ``condition`` section names the conditions).
+        root: the project root (games, templates, grounding files).
+        ks: past episodes per scene (each >= 0).
+        conditions: which of ``cfg.condition`` to play (the rest are rendered for the checks).
+        episodes: the collected episodes (rows of ``episodes.parquet``).
+        grounding_index: the ``ground`` stage's ``index.json``.
+        store: the full episodic store (the ``store`` stage's).
+        work_dir: where each ``k``'s merged grounding is written (``<work_dir>/k<k>``),
+            relative to ``root`` or absolute inside it.
+        length: a memory block's length (the placebo matches C2's in it; the ``render``
+            stage's :func:`~pipeline.conditions.length.block_length_for`).
+        words: the world's words (:func:`pipeline.envs.world_words`).
+        facts: the world's fact reader (:func:`pipeline.envs.fact_reader`: the memory's lessons).
+        reader: play with the ``reader`` agent (else ``cfg.agent``).
+
+    Raises:
+        ConfigError: an unknown condition or a negative ``k``.
+    """
+    unknown = [c for c in conditions if c not in cfg.condition]
+    if unknown:
+        raise ConfigError(f"experience curve: {', '.join(unknown)} not configured (condition: {', '.join(cfg.condition)})")
+    if any(int(k) < 0 for k in ks):
+        raise ConfigError(f"experience curve: ks={list(ks)}: expected counts >= 0")
+    manifest, scenes = load_games(root, cfg)
+    tasks = tasks_from_manifest(manifest, split=cfg.experiment.eval_split, master_seed=cfg.seed)
+    if not tasks:
+        raise ConfigError(f"no tasks in split experiment.eval_split={cfg.experiment.eval_split!r}")
+    info = {(r["scene_id"], r["quest_id"]): r for r in manifest}
+    rows = [info[(t.scene_id, t.quest_id)] for t in tasks]
+    play_cfg = reader_config(cfg) if reader else cfg
+    work = work_dir if work_dir.is_absolute() else root / work_dir
+    per_scene: dict[str, int] = {}
+    for ep in episodes:
+        per_scene[str(ep["scene_id"])] = per_scene.get(str(ep["scene_id"]), 0) + 1
+    points: list[CurvePoint] = []
+    bar = tqdm(total=len(ks) * len(conditions), desc="experience curve", unit="point", file=sys.stderr,
+               disable=not progress)
+    for k in ks:
+        keep = first_episodes(episodes, int(k))
+        merged = merge_at(cfg, root, grounding_index, keep, work / f"k{int(k)}")
+        rel = merged.relative_to(root) if merged.is_relative_to(root) else merged
+        cfg_k = OmegaConf.merge(cfg, {"paths": {"grounding_merged": str(rel)}})
+        rendered = render_conditions(rows, list(conditions), cfg_k, store_subset(store, keep), root,
+                                     length or BlockLength(), words, facts)
+        held = min(int(k), max(per_scene.values(), default=0))
+        for cond in conditions:
+            prompt_rows, _ = rendered[cond]
+            records = play_prompts(play_cfg, root, tasks, prompt_rows, scenes)
+            outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
+                                     bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
+                             for t, r in zip(tasks, records))
+            points.append(CurvePoint(int(k), held, cond, outcomes, sum(bool(p["injected"]) for p in prompt_rows)))
+            bar.update(1)
+    bar.close()
+    return points
+
+
+def load_experience(root: Path, cfg: Config) -> tuple[list[dict], dict]:
+    """The collected episodes and the ground stage's index (what :func:`experience_curve` reads)."""
+    episodes = read_parquet(root / cfg.paths.episodes / "episodes.parquet").to_pylist()
+    return episodes, read_json(root / cfg.paths.grounding / "index.json")

@@ -1,0 +1,285 @@
+"""The experiment's design (issue 42): what the user says, what the memory keeps and recalls, what transfers.
+
+- the simulated user says where things are only as ``user.spatial`` allows;
+- placements follow the kinds' regularities with probability ``env.regularity`` (0: as before);
+- the store's knowledge: a house's facts over all its visits, lessons across houses stated
+  in kinds, the users' habits in the world's general sentences; each writer beside its reader;
+- the recall: the agent's own house's facts only, no repeats across a bundle, relevant first;
+  the placebo's recall names none of the task's kinds, no key, no habit;
+- retrieval ranks the agent's own house first (the vectorised index agrees with the loop);
+- the reader uses lessons as search priors and habits as preferences;
+- the default run's C2 advisories name no task's answer (its committed render metrics).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from pipeline.agents.reader import read_prompt
+from pipeline.core.conf_schema import EnvConfig, UserConfig
+from pipeline.core.config import section
+from pipeline.core.facts import fact
+from pipeline.core.stats import wilcoxon_paired
+from pipeline.envs import fact_reader
+from pipeline.envs.household.games import TYPICAL_HOLDERS, make_scene
+from pipeline.envs.household.text import habit_text, kind_of, preference_text, read_statements
+from pipeline.envs.household.user import SimulatedUser
+from pipeline.memory import find_label_hints
+from pipeline.memory.advisory import AdvisoryBuilder, Recall
+from pipeline.memory.knowledge import Lesson, StoreKnowledge, read_lessons, relevant_first
+from pipeline.memory.retrieval import Retriever, retrieve_loop
+from pipeline.memory.schemas import EpisodicMemoryEntryV1_1
+from pipeline.memory.signature import SignatureBuilder
+from pipeline.session.experience import first_episodes
+
+ROOT = Path(__file__).resolve().parents[1]
+HOUSEHOLD = fact_reader(SimpleNamespace(env=SimpleNamespace(name="household")))
+
+
+# --------------------------------------------------------------------------- the user
+
+
+SCENE = {
+    "scene_id": "s0", "rooms": ["Kitchen", "Bedroom"], "connections": [["Kitchen", "east", "Bedroom"]],
+    "containers": [{"name": "Fridge_0", "room": "Kitchen", "locked": False, "key": None},
+                   {"name": "Cabinet_0", "room": "Bedroom", "locked": True, "key": "Key_1"}],
+    "supporters": [{"name": "Table_0", "room": "Kitchen"}],
+    "objects": [{"name": "Apple_2", "location": "Cabinet_0"}],
+    "keys": [{"name": "Key_1", "location": "Table_0", "opens": "Cabinet_0"}],
+    "preferences": [],
+}
+QUEST = {"quest_id": "q0", "objective": "Put Apple_2 in Fridge_0 and close it.", "preferences": [],
+         "expert_plan": ["take Key_1 from Table_0", "go east", "unlock Cabinet_0 with Key_1", "open Cabinet_0",
+                         "take Apple_2 from Cabinet_0", "go west", "open Fridge_0", "insert Apple_2 into Fridge_0",
+                         "close Fridge_0"]}
+FACTS = ["at(P, Bedroom: r)", "at(Fridge_0: c, Kitchen: r)", "at(Cabinet_0: c, Bedroom: r)", "at(Table_0: s, Kitchen: r)",
+         "closed(Fridge_0: c)", "locked(Cabinet_0: c)", "match(Key_1: k, Cabinet_0: c)", "on(Key_1: k, Table_0: s)",
+         "in(Apple_2: o, Cabinet_0: c)", "east_of(Bedroom: r, Kitchen: r)", "west_of(Kitchen: r, Bedroom: r)"]
+
+
+@pytest.mark.parametrize("spatial, expected", [
+    ("full", ["feedback : procedural: Cabinet_0 is locked: unlock it with Key_1 first.",
+              "feedback : spatial: Key_1 is on Table_0 in the Kitchen.",
+              "feedback : spatial: From the Bedroom, go west to reach the Kitchen."]),
+    ("room", ["feedback : procedural: Cabinet_0 is locked: unlock it with Key_1 first.",
+              "feedback : spatial: From the Bedroom, go west to reach the Kitchen."]),
+    ("none", ["feedback : procedural: Cabinet_0 is locked: unlock it with Key_1 first."]),
+])
+def test_the_user_says_where_things_are_only_as_user_spatial_allows(spatial, expected):
+    u = SimulatedUser(section(UserConfig, {"feedback_prob": 1.0, "spatial": spatial}), SCENE, QUEST, 0)
+    info = {"valid": False, "won": False, "lost": False, "facts": FACTS, "expert_plan": QUEST["expert_plan"]}
+    fb = u.step_feedback(1, {"agent_location": "Bedroom"}, {"action": "open", "target": "Cabinet_0"}, info)
+    assert fb.lines == expected
+
+
+def test_user_spatial_is_checked_at_compose():
+    with pytest.raises(Exception, match="spatial"):
+        section(UserConfig, {"spatial": "everything"})
+
+
+# --------------------------------------------------------------------------- regularities
+
+
+def test_regularity_places_things_where_their_kind_usually_is_and_zero_changes_nothing():
+    base = section(EnvConfig, {"rooms_per_scene": 5, "containers_per_scene": 8, "objects_per_scene": 6,
+                               "locked_containers": 2})
+    typical = section(EnvConfig, {**base, "regularity": 1.0})
+    placed = checked = 0
+    for i in range(12):
+        plain, regular = make_scene(base, i, 7, 1), make_scene(typical, i, 7, 1)
+        # The layout is drawn first: the same rooms, doors and containers either way.
+        assert (plain["rooms"], plain["connections"], plain["containers"]) == \
+            (regular["rooms"], regular["connections"], regular["containers"])
+        for item in regular["objects"] + regular["keys"]:
+            # a key lies where it can be reached: never in a locked container
+            kinds = {c["name"]: kind_of(c["name"]) for c in regular["containers"]
+                     if not (c["locked"] and item in regular["keys"])}
+            wanted = TYPICAL_HOLDERS.get(kind_of(item["name"]), ())
+            if any(k in wanted for k in kinds.values()):
+                checked += 1
+                placed += kinds.get(item["location"]) in wanted
+    assert checked >= 20 and placed == checked
+    # regularity 0 draws no extra random number: the scene of a seed is what it always was
+    rng = random.Random(0)
+    assert make_scene(base, 3, 7, 1) == make_scene(section(EnvConfig, {**base, "regularity": 0.0}), 3, 7, 1)
+    assert rng.random() == random.Random(0).random()
+
+
+# --------------------------------------------------------------------------- what the store knows
+
+
+def _entry(eid, scene, facts, *, prefs=(), quest="q9", objective="Put Mug_0 on Table_0."):
+    """A store entry (validated) of scene ``scene`` that saw ``facts``."""
+    by_type = {"user_preference": list(prefs), "spatial": [], "procedural": [], "general": []}
+    return EpisodicMemoryEntryV1_1.model_validate({
+        "entry_id": eid, "input_signature": SignatureBuilder().build(objective).model_dump(),
+        "case_summary": {"symptom": "goal not reached in 9 turns", "risk_tags": ["goal_not_reached"],
+                         "rationale_summary": "no corrective feedback was given"},
+        "stage_snapshot": {}, "correction": {"corrected": False, "by_type": by_type},
+        "evaluation": {"won": False, "final_reward": 0.0, "num_turns": 9, "num_invalid": 0},
+        "provenance": {"episode_id": eid, "scene_id": scene, "quest_id": quest},
+        "scene_facts": list(facts)}).model_dump(mode="json")
+
+
+ENTRIES = [
+    _entry("a1", "s0", ["Apple_2 was in Fridge_0 in the Kitchen", "Drawer_1 in the Kitchen was empty"],
+           prefs=[preference_text("close_containers") + " (Drawer_1 left open in the Kitchen.)"]),
+    _entry("a2", "s0", ["Key_1 was in Drawer_3 in the Bedroom", "Apple_2 was in Fridge_0 in the Kitchen",
+                        "Chest_2 in the Bedroom is locked (Key_1 unlocks it)"]),
+    _entry("b1", "s1", ["Apple_0 was in Fridge_0 in the Kitchen", "Key_4 was in Drawer_1 in the Office",
+                        "Mug_2 was on Table_0 in the Office"],
+           prefs=[preference_text("lock_after_use", "Cabinet_3")]),
+    _entry("c1", "s2", ["Apple_5 was in Fridge_0 in the Kitchen", "Key_0 was in Drawer_2 in the Kitchen",
+                        "Mug_1 was in Cabinet_1 in the Kitchen"], prefs=[preference_text("close_containers")]),
+]
+
+
+def test_the_store_knows_a_house_over_all_its_visits_and_lessons_in_kinds():
+    know = StoreKnowledge.from_entries(ENTRIES, HOUSEHOLD)
+    assert know.visits == {"s0": 2, "s1": 1, "s2": 1}
+    # every fact of both visits, once; places and locks before empty containers
+    assert know.house_facts("s0") == ["Apple_2 was in Fridge_0 in the Kitchen", "Key_1 was in Drawer_3 in the Bedroom",
+                                      "Chest_2 in the Bedroom is locked (Key_1 unlocks it)",
+                                      "Drawer_1 in the Kitchen was empty"]
+    assert know.house_facts("s9") == []
+    lessons = know.lessons()
+    assert Lesson("Apple", "Fridge", 3, 3) in lessons and Lesson("Key", "Drawer", 3, 3) in lessons
+    assert not any(lesson.thing == "Mug" for lesson in lessons)  # on a Table once, in a Cabinet once: no majority
+    assert know.unlocking_kinds() == {"Key"}
+    # the houses' own wording of a habit, generalised by the world (any container)
+    assert know.habits() == [(preference_text("close_containers"), 2, 3), (habit_text("lock_after_use"), 1, 3)]
+    assert know.lessons(exclude="s0") == [Lesson("Apple", "Fridge", 2, 2), Lesson("Key", "Drawer", 2, 2)]
+
+
+def test_lessons_and_habits_read_back_as_what_they_state():
+    lessons = [Lesson("Apple", "Fridge", 5, 6), Lesson("Mug", "Table", 2, 3, "on"), Lesson("metal pot", "cupboard", 2, 2)]
+    text = "Lessons from 6 past houses: " + "; ".join(lesson.text() for lesson in lessons) + "."
+    assert read_lessons(text) == lessons
+    for kind in ("close_containers", "keep_closed", "lock_after_use"):  # a general preference: no target
+        assert read_statements(habit_text(kind)) == (fact("prefer", kind),)
+    assert HOUSEHOLD.sentence(fact("prefer", "keep_closed")) == habit_text("keep_closed")
+    assert HOUSEHOLD.kind("Cabinet_12") == "Cabinet" and HOUSEHOLD.kind("Kitchen") is None
+
+
+def test_relevant_first_keeps_order_otherwise():
+    items = ["Key_1 was in Drawer_3", "Apple_2 was in Fridge_0", "Mug_2 was on Table_0", "apple in a Fridge (2 of 2 seen)"]
+    assert relevant_first(items, ["apple_2", "apple"]) == [items[1], items[3], items[0], items[2]]
+
+
+# --------------------------------------------------------------------------- what an advisory recalls
+
+
+def _bundle(entries, recall):
+    advisories, _ = AdvisoryBuilder(max_message_chars=800).build_many([(e, 0.9) for e in entries], recall=recall)
+    return [a.message for a in advisories]
+
+
+def test_an_advisory_states_its_own_house_not_another_and_nothing_twice():
+    know = StoreKnowledge.from_entries(ENTRIES, HOUSEHOLD)
+    words = ["apple_2", "Apple"]
+    msgs = _bundle([ENTRIES[1], ENTRIES[0], ENTRIES[2]], Recall(know, "s0", words, house=True, lessons=True))
+    assert msgs[0].index("This house, from 2 past visits: Apple_2 was in Fridge_0 in the Kitchen") > 0
+    stated = [f for f in know.house_facts("s0") if any(f in m for m in msgs)]
+    assert stated == know.house_facts("s0") and all(sum(f in m for m in msgs) == 1 for f in stated)
+    assert not any("Apple_0 was in" in m or "Key_4 was in" in m for m in msgs)  # s1's facts do not hold in s0
+    assert any("Apple in a Fridge (3 of 3 seen)" in m for m in msgs)
+    assert any(habit_text("close_containers") in m for m in msgs)
+
+
+def test_a_house_never_visited_gets_lessons_and_habits_only():
+    know = StoreKnowledge.from_entries(ENTRIES, HOUSEHOLD)
+    msgs = _bundle(ENTRIES[:3], Recall(know, "s7", ["mug_4", "Mug"], house=True, lessons=True))
+    joined = " ".join(msgs)
+    assert "This house" not in joined and "Lessons from 3 past houses" in joined
+    assert read_lessons(joined) and {fact("prefer", "close_containers"), fact("prefer", "lock_after_use")} <= \
+        {f for f in HOUSEHOLD.read_text(joined)}
+
+
+def test_the_placebos_recall_says_nothing_about_this_tasks_kinds():
+    know = StoreKnowledge.from_entries(ENTRIES + [_entry("d1", "s3", ["Mug_3 was in Cabinet_0 in the Office"]),
+                                                  _entry("d2", "s4", ["Mug_0 was in Cabinet_2 in the Bedroom"])],
+                                       HOUSEHOLD)
+    msgs = _bundle([ENTRIES[2]], Recall(know, "s0", ["apple_2", "Apple"], house=True, lessons=True, unrelated=True))
+    joined = " ".join(msgs)
+    lessons = read_lessons(joined)
+    assert lessons and all(lesson.thing not in ("Apple", "Key") for lesson in lessons)  # Mug in a Cabinet only
+    assert not [f for f in HOUSEHOLD.read_text(joined) if f.pred == "prefer"]  # no habit
+    assert "This house, from 1 past visit: Apple_0 was in Fridge_0" in joined  # another house, said as this one
+
+
+def test_recalled_facts_never_name_the_tasks_answer():
+    know = StoreKnowledge.from_entries(ENTRIES, HOUSEHOLD)
+    plan = ["go west", "open Fridge_0", "take Apple_2 from Fridge_0", "go east", "put Apple_2 on Table_0"]
+    for msg in _bundle(ENTRIES, Recall(know, "s0", ["apple_2", "Apple"], house=True, lessons=True)):
+        assert find_label_hints(msg, expert_plan=plan, ground_truth=" ; ".join(plan)) == []
+
+
+# --------------------------------------------------------------------------- retrieval
+
+
+def test_the_agents_own_house_ranks_first_and_the_index_agrees_with_the_loop():
+    entries = []
+    for i, scene in enumerate(["s1", "s1", "s0", "s2", "s0"]):
+        e = _entry(f"e{i}", scene, [], objective="Put Apple_2 in Fridge_0.")
+        if scene != "s0":  # lexically the s0 entries are the weakest
+            e["case_summary"]["rationale_summary"] = "Apple_2 was in Fridge_0 in the Kitchen"
+        entries.append(e)
+    sig = SignatureBuilder().build("Put Apple_2 in Fridge_0 and close it.")
+    for first in (False, True):
+        hits = Retriever(same_scene_first=first, tie_seed=3).retrieve_scored(
+            entries, sig, "Put Apple_2 in Fridge_0 and close it.", 3, query_scene_id="s0", query_quest_id="q0")
+        loop = retrieve_loop(entries, sig, "Put Apple_2 in Fridge_0 and close it.", 3, query_scene_id="s0",
+                             query_quest_id="q0", tie_seed=3, same_scene_first=first)
+        assert [h.entry["entry_id"] for h in hits] == [eid for eid, _, _ in loop]
+        scenes = [h.entry["provenance"]["scene_id"] for h in hits]
+        assert (scenes[:2] == ["s0", "s0"]) == first
+
+
+# --------------------------------------------------------------------------- the reader
+
+
+def test_the_reader_takes_lessons_as_priors_and_habits_as_preferences():
+    prompt = ("- message: ... Lessons from 4 past houses: Apple in a Fridge (3 of 4 seen); Key in a Drawer (2 of 2 seen).\n"
+              f"  What users asked in past houses: {habit_text('lock_after_use')} (2 of 4 houses)")
+    beliefs = read_prompt(prompt, HOUSEHOLD)
+    assert beliefs.usual_holders("apple") == ["Fridge"] and beliefs.usual_holders("key") == ["Drawer"]
+    assert beliefs.usual_holders("Mug") == []
+    assert beliefs.prefers("lock_after_use", "Chest_7") and not beliefs.prefers("close_containers")
+
+
+# --------------------------------------------------------------------------- experience and statistics
+
+
+def test_the_first_k_episodes_of_each_scene():
+    eps = [{"episode_id": f"ep_{s}_{q}", "scene_id": s, "quest_id": q} for s in ("s0", "s1") for q in ("q16", "q14", "q15")]
+    assert first_episodes(eps, 0) == []
+    assert first_episodes(eps, 2) == ["ep_s0_q14", "ep_s0_q15", "ep_s1_q14", "ep_s1_q15"]
+    assert len(first_episodes(eps, 9)) == 6
+    with pytest.raises(ValueError, match="k=-1"):
+        first_episodes(eps, -1)
+
+
+def test_wilcoxon_on_paired_turns():
+    same = wilcoxon_paired([5, 6, 7], [5, 6, 7])
+    assert same["nonzero"] == 0 and same["p_value"] == 1.0
+    fewer = wilcoxon_paired([5, 6, 7, 4, 6, 5, 3, 6, 5, 4], [9, 9, 10, 8, 9, 12, 8, 9, 10, 9])
+    assert fewer["diff"] < 0 and fewer["p_value"] < 0.01
+    from scipy.stats import wilcoxon  # the reference
+
+    assert fewer["p_value"] == pytest.approx(wilcoxon([a - b for a, b in zip([5, 6, 7, 4, 6, 5, 3, 6, 5, 4],
+                                                                             [9, 9, 10, 8, 9, 12, 8, 9, 10, 9])]).pvalue)
+
+
+# --------------------------------------------------------------------------- the default run
+
+
+def test_no_c2_advisory_of_the_default_run_names_its_tasks_answer():
+    """The default run's render metrics (committed): C2's memory blocks reveal no task's answer."""
+    report = json.loads((ROOT / "metrics" / "render" / "C2.json").read_text(encoding="utf-8"))
+    assert report["tasks"] > 0 and report["injected"] > 0
+    assert report["label_hints"]["memory"] == 0, report["label_hints"]
