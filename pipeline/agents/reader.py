@@ -185,6 +185,7 @@ class ReaderAgent(RuleAgent):
         self.seen = Seen()
         self.here: str | None = None
         self.unlocked_by_me: set[str] = set()
+        self._advanced_tried: set[str] = set()
         self.trace: list[dict] = []
 
     # -- reading -------------------------------------------------------------------------
@@ -368,8 +369,8 @@ class ReaderAgent(RuleAgent):
     def decision_parts(self) -> tuple:
         """A verified plan's next step first, then the rule agent's steps with tidying first and
         walking to where the prompt says things are before searching."""
-        return (self._plan_step, self._tidy, self._finish_put, self._direct_progress, self._toward_goal,
-                self._believed, self._likely_place, self._search)
+        return (self._plan_step, self._advancing_step, self._tidy, self._finish_put, self._direct_progress,
+                self._toward_goal, self._believed, self._likely_place, self._search)
 
     def _plan_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         b = self.beliefs
@@ -384,6 +385,22 @@ class ReaderAgent(RuleAgent):
             return None
         self.plan_at += 1
         return a, f"verified step {self.plan_at} of {len(b.plan)}: {command}"
+
+    def _advancing_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """A command the prompt says raised the score in a past trial (``advanced(command)``,
+        a world's own fact kept by the memory), each tried once, in the order stated, when it
+        is possible here (admissible, or a command the world's parser takes)."""
+        done = self._advanced_tried
+        for b in self.beliefs.live("advanced"):
+            command = b.fact.args[0] if b.fact.args else ""
+            if not command or command.lower() in done:
+                continue
+            a = next((c for c in cands if str(c.get("command", "")).lower() == command.lower()), None)
+            a = a or self.facts.free_command(command)
+            if a is not None:
+                done.add(command.lower())
+                return a, f"{command} raised the score in a past trial"
+        return None
 
     def _wanted(self, view: _View | None) -> list[str]:
         """What the agent still needs to get hold of: the goal's object, then the keys of

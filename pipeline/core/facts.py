@@ -25,7 +25,8 @@ it understands and passes the rest on unchanged, see :mod:`pipeline.memory.scene
 =====================  ==========================================================
 
 What a step did (``StepFacts.did``): ``took(thing)`` / ``took(thing, holder)``,
-``unlocked(c, key)``, ``went(direction)``.
+``unlocked(c, key)``, ``went(direction)``; ``advanced(command)``: the command raised the
+world's score (a world that keeps one says so; the memory keeps it, the reader retries it).
 
 The order of an observation's facts is the order the world presents things in (its
 text follows the same order), so a tuple of facts is compared as a sequence.

@@ -131,6 +131,8 @@ class SceneLog:
                     self.room_of.setdefault(container, here)
             elif f.pred == "went" and here and there and here != there:
                 self.routes.add((here, f.args[0].lower(), there))
+            elif f.pred not in KNOWN_PREDICATES:  # a world's own (advanced(command): it raised the score)
+                self.other.setdefault(Fact(f.pred, tuple(a)))
 
     def canon(self, name: str) -> str:
         """``name`` as the world spells it (commands may be lower-cased)."""
