@@ -74,8 +74,9 @@ def test_descriptions_read_back_as_the_facts_they_were_written_from():
 
     facts = (fact("here", "kitchen"), fact("at", "stove", "kitchen"), fact("active", "stove"),
              fact("in", "substance in metal pot", "metal pot"), fact("matter", "water", "liquid"),
-             fact("closed", "door to hallway"), fact("exit", "kitchen", "door", "hallway"), fact("carried", "thermometer"))
+             fact("closed", "door to hallway"), fact("exit", "kitchen", "hallway", "hallway"), fact("carried", "thermometer"))
     assert read_statements(describe(facts)) == facts
+    assert "From the kitchen a door leads to the hallway." in describe(facts)  # a door, taken by the room's name
     assert read_statements("feedback : spatial: The metal pot is in the cupboard.") == (
         fact("in", "metal pot", "cupboard"),)
 

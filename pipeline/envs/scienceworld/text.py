@@ -36,7 +36,9 @@ _FORMS: list[tuple[str, str, re.Pattern]] = [
     ("active", "The {0} is on.", re.compile(r"^The (.+) is on\.$")),
     ("inactive", "The {0} is off.", re.compile(r"^The (.+) is off\.$")),
     ("matter", "The {0} is a {1}.", re.compile(r"^The (.+) is a (liquid|gas|plasma)\.$")),
-    ("exit", "From the {0} a {1} leads to the {2}.", re.compile(r"^From the (.+) a (door) leads to the (.+)\.$")),
+    # exit(kitchen, hallway, hallway): a door of the kitchen, taken by the room's name (go to hallway); the
+    # nested group gives the room twice, as way and destination
+    ("exit", "From the {0} a door leads to the {2}.", re.compile(r"^From the (.+) a door leads to the ((.+))\.$")),
     ("room_of", "The {0} is a room you can reach.", re.compile(r"^The (.+) is a room you can reach\.$")),
 ]
 _TEMPLATE = {pred: tmpl for pred, tmpl, _ in _FORMS}

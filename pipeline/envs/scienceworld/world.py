@@ -5,10 +5,11 @@ rooms, their contents, each with container / device / material properties). The 
 an observation are what the agent can see: its room's things, the contents of open
 containers in it (recursively), what it carries, and the room's doors (doors are not in
 the tree: they are read from the engine's ``look around`` text, the one sentence form
-this module reads). In the shared vocabulary of :mod:`pipeline.core.facts`::
+this module reads: a door stands in its room, and is an exit taken by the name of the room it
+leads to, ``go to hallway``). In the shared vocabulary of :mod:`pipeline.core.facts`::
 
     here(kitchen)  at(stove, kitchen)  in(metal pot, cupboard)  closed(cupboard)
-    carried(thermometer)  exit(kitchen, door, hallway)  open(door to hallway)
+    carried(thermometer)  exit(kitchen, hallway, hallway)  open(door to hallway)
 
 plus ScienceWorld's own predicates: ``active(x)`` / ``inactive(x)`` (a device that can be
 switched on), ``matter(x, liquid|gas)`` (a thing that is not solid; air excluded)::
@@ -125,7 +126,8 @@ def observation_facts(tree: Mapping[str, Any], look_text: str | None = None) -> 
         out += _state_facts(c)
         out += _contents(c)
     for to, state in _DOOR.findall(look_text or ""):
-        out.append(fact("exit", rname, "door", to))
+        out.append(fact("at", f"door to {to}", rname))  # a door stands in its room like any thing seen there
+        out.append(fact("exit", rname, to, to))  # taken by the room's name: go to hallway
         out.append(fact(state, f"door to {to}"))
     return tuple(dict.fromkeys(out + carried))
 
