@@ -237,15 +237,22 @@ def split_scene_facts(text: str) -> tuple[str, list[str]]:
 # --------------------------------------------------------------------------- reading them back
 
 # The sentences of SceneLog.facts(), in any text (an advisory carries them after its lead);
-# names are single words, a fact holds no "." or ";". A fact cut by a message's length
-# bound matches only when what is left is a whole sentence of this form.
-_N = r"([A-Za-z][A-Za-z0-9_]*)"
-_FLOOR_RE = re.compile(rf"\b{_N} was on the floor of the {_N}\b")
-_PLACE_RE = re.compile(rf"\b{_N} was (in|on) (?!the\b){_N}(?: in the {_N})?(?=[;.]|$)")
-_LOCKED_RE = re.compile(rf"\b{_N}(?: in the {_N})? is locked(?: \({_N} unlocks it\))?")
-_ROUTE_RE = re.compile(rf"\b{_N} -> {_N} -> {_N}\b")
-_EMPTY_RE = re.compile(rf"\b{_N}(?: in the {_N})? was empty\b")
-_UNOPENED_RE = re.compile(rf"\b{_N}(?: in the {_N})? was never opened\b")
+# a fact holds no "." or ";". A fact cut by a message's length bound matches only when what
+# is left is a whole sentence of this form. A name is one word (the household's Key_1,
+# Bedroom), or several lower-case words, no article first (ScienceWorld's metal pot, art
+# studio): a sentence that starts with such a name starts the text or follows ": " or "; "
+# (a lead, another fact), and one that ends with it ends at ";", "." or the text's end.
+_W = r"[A-Za-z][A-Za-z0-9_]*"
+_MW = r"(?!(?:the|an?) )[a-z][a-z0-9]*(?: [a-z0-9]+)+?"
+_N = rf"({_W}|{_MW})"  # followed by a sentence's own words
+_F = rf"((?<![A-Za-z0-9_]){_W}|(?:^|(?<=: )|(?<=; )){_MW})"  # a sentence's first name
+_L = rf"({_MW}(?=[;.]|$)|{_W}\b)"  # a sentence's last name
+_FLOOR_RE = re.compile(rf"{_F} was on the floor of the {_L}")
+_PLACE_RE = re.compile(rf"{_F} was (in|on) (?!the\b){_N}(?: in the {_N})?(?=[;.]|$)")
+_LOCKED_RE = re.compile(rf"{_F}(?: in the {_N})? is locked(?: \({_N} unlocks it\))?")
+_ROUTE_RE = re.compile(rf"{_F} -> {_N} -> {_L}")
+_EMPTY_RE = re.compile(rf"{_F}(?: in the {_N})? was empty\b")
+_UNOPENED_RE = re.compile(rf"{_F}(?: in the {_N})? was never opened\b")
 _OTHER_RE = re.compile(r"\b([a-z_]+)\(([A-Za-z0-9_, ]*)\)")
 
 
