@@ -4,15 +4,19 @@ The library behind the ``games`` stage for ``env.name=scienceworld*``::
 
     result = build_games(cfg, project_root())   # data/games/<task>/<quest>.json, scenes.json, manifest.parquet
 
-A scene is a task (``boil``); a quest one of its variations. The splits come from the
-engine's own variation lists (``get_variations_train/dev/test``):
+The splits come from the engine's own variation lists (``get_variations_train/dev/test``):
 
-- ``generalisation``: ``train_variations`` per task from the engine's ``train`` list (quest
-  ``v0007``), ``eval_variations`` from ``eval_split`` (``dev`` or ``test``): memory from
-  other variations of the same task, evaluated on held-out ones;
-- ``adaptation``: the eval variations only; each one's ``trials`` earlier trials are the
-  train split (quests ``v0007_t1``, ...), so the memory of an eval episode comes from its
-  own variation's earlier trials (CLIN, Reflexion).
+- ``generalisation``: a scene is a task (``boil``), a quest one of its variations:
+  ``train_variations`` per task from the engine's ``train`` list (quest ``v0007``),
+  ``eval_variations`` from ``eval_split`` (``dev`` or ``test``): memory from other
+  variations of the same task, evaluated on held-out ones;
+- ``adaptation``: a scene is one eval variation (``boil-v0007``: its rooms and things, the
+  same in every trial), its quests the eval trial (``v0007``) and its ``trials`` earlier
+  trials, the train split (``v0007_t1``, ...): the memory of an eval episode comes from its
+  own variation's earlier trials (CLIN, Reflexion), which are the entries of its own scene
+  (``memory.same_scene_first``, ``memory.facts=house``), and the grounding merged for it is
+  theirs alone. Its eval quest is never in the store (only the train split is), so
+  ``memory.exclude_same_quest`` keeps its meaning.
 
 Which variations: a draw from the split's list, seeded from ``(seed, task, split)``
 (``numpy.random.default_rng``); a variation whose gold sequence is longer than
@@ -31,7 +35,7 @@ from typing import Any
 
 from pipeline.core.conf_schema import Config, SwSetup
 from pipeline.core.io import atomic_write_json, write_parquet
-from pipeline.core.schemas import SCHEMA_VERSION, canonical_json, manifest_table
+from pipeline.core.schemas import SCHEMA_VERSION, canonical_json, json_object, manifest_table
 from pipeline.core.seeding import derive_seed, labelled_rng
 from pipeline.envs.household.build import GamesResult
 from pipeline.envs.scienceworld.engine import acquire, answering, limits, release, simulator
@@ -44,6 +48,12 @@ log = logging.getLogger(__name__)
 def quest_id(variation: int, trial: int | None = None) -> str:
     """``v0007`` (a variation), ``v0007_t1`` (its first earlier trial, adaptation)."""
     return f"v{variation:04d}" + (f"_t{trial}" if trial is not None else "")
+
+
+def scene_id(task: str, setup: SwSetup, variation: int) -> str:
+    """``boil`` (generalisation: a scene is a task), ``boil-v0007`` (adaptation: a scene is one
+    variation, played in its earlier trials and its eval trial)."""
+    return f"{task}-{quest_id(variation)}" if setup == SwSetup.adaptation else task
 
 
 def _split_variations(sw: Any, task: str, split: str) -> list[int]:
@@ -143,7 +153,7 @@ def _plan(cfg: Config, sw: Any) -> tuple[dict[str, dict[str, Any]], list[dict[st
         specs[game_file] = {"task": task, "variation": v, "simplifications": sc.simplifications,
                             "objective": objective, "gold": gold}
         rows.append({
-            "scene_id": task, "quest_id": qid, "split": split, "scene_split": "seen", "objective": objective,
+            "scene_id": scene_id(task, sc.setup, v), "quest_id": qid, "split": split, "scene_split": "seen", "objective": objective,
             "quest_length": len(gold), "expert_plan": gold, "game_file": game_file, "scene_seed": v,
             "quest_seed": derive_seed(cfg.seed, task, qid), "preferences": [],
             "metadata": canonical_json({"task": task, "variation": v, "engine_split": engine_split,
@@ -159,13 +169,20 @@ def _plan(cfg: Config, sw: Any) -> tuple[dict[str, dict[str, Any]], list[dict[st
             if sc.setup == SwSetup.adaptation:
                 for k in range(1, sc.trials + 1):
                     add(task, quest_id(v, k), "train", str(sc.eval_split), v, gold, objective)
+                sid = scene_id(task, sc.setup, v)
+                scenes[sid] = {"scene_id": sid, "task": task, "rooms": task_rooms, "preferences": []}
         if sc.setup == SwSetup.generalisation:
             for v, gold, objective, task_rooms in _draw(sw, cfg, task, "train", sc.train_variations):
                 add(task, quest_id(v), "train", "train", v, gold, objective)
                 rooms = rooms or task_rooms
-        scenes[task] = {"scene_id": task, "task": task, "rooms": rooms, "preferences": []}
+            scenes[task] = {"scene_id": task, "task": task, "rooms": rooms, "preferences": []}
     rows.sort(key=lambda r: (r["scene_id"], r["quest_id"], r["split"]))
     return scenes, rows, specs
+
+
+def _task_of(row: dict[str, Any]) -> str:
+    """The engine task a manifest row plays (its metadata's ``task``)."""
+    return str(json_object(row.get("metadata"))["task"])
 
 
 def games_metrics(rows: list[dict[str, Any]], scenes: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -184,7 +201,7 @@ def games_metrics(rows: list[dict[str, Any]], scenes: dict[str, dict[str, Any]])
         "mean_quest_length_train": mean([r["quest_length"] for r in rows if r["split"] == "train"]),
         "mean_quest_length_eval": mean([r["quest_length"] for r in rows if r["split"] == "eval"]),
         "max_quest_length": max((r["quest_length"] for r in rows), default=None),
-        "quest_types": {t: sum(r["scene_id"] == t for r in rows) for t in sorted(scenes)},
+        "quest_types": {t: sum(_task_of(r) == t for r in rows) for t in sorted({_task_of(r) for r in rows})},
     }
 
 
