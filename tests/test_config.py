@@ -107,7 +107,7 @@ def test_unknown_group_option_names_it(repo: Path, override: str, group: str):
         ("sampling.top_p", 1.5, "in \\(0, 1\\]"),
         ("user.feedback_prob", 2.0, "in \\[0, 1\\]"),
         ("memory.topk", 5, "in \\[1, 3\\]"),
-        ("env.heldout_scenes", 8, "env.heldout_scenes=8"),
+        ("env.heldout_scenes", 12, "env.heldout_scenes=12"),
         ("model.prompt_cache_mb", -1, ">= 0"),
         ("model.prompt_cache_mb", "lots", "or auto"),
     ],
@@ -261,7 +261,8 @@ def test_restated_default_check_sees_one(tmp_path: Path):
     (conf / "condition" / "C1.yaml").write_text("C1:\n  placebo: false\n  description: no memory\n")
     (conf / "sampling" / "default.yaml").write_text("seed: ${seed}\ntop_k: 40\n")
     (conf / "sampling" / "greedy.yaml").write_text("defaults: [default, _self_]\ndo_sample: false\ntop_k: 40\n")
-    assert _restated(_rooted(conf / "env" / "tiny.yaml", conf), conf_schema.Config, {}) == [
+    tiny = conf / "env" / "tiny.yaml"
+    assert _restated(_rooted(tiny, conf), conf_schema.Config, _inherited(tiny, conf)) == [
         "env.reward.win", "env.min_quest_length"]
     assert _restated(_rooted(conf / "condition" / "C1.yaml", conf), conf_schema.Config, {}) == ["condition.C1.placebo"]
     greedy = conf / "sampling" / "greedy.yaml"

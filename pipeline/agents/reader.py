@@ -389,14 +389,14 @@ class ReaderAgent(RuleAgent):
     def _advancing_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         """A command the prompt says raised the score in a past trial (``advanced(command)``,
         a world's own fact kept by the memory), each tried once, in the order stated, when it
-        is possible here (admissible, or a command the world's parser takes)."""
+        is admissible here; one that is not waits until it is (a past trial played it where
+        it was possible: another room, a thing in hand)."""
         done = self._advanced_tried
         for b in self.beliefs.live("advanced"):
             command = b.fact.args[0] if b.fact.args else ""
             if not command or command.lower() in done:
                 continue
             a = next((c for c in cands if str(c.get("command", "")).lower() == command.lower()), None)
-            a = a or self.facts.free_command(command)
             if a is not None:
                 done.add(command.lower())
                 return a, f"{command} raised the score in a past trial"
@@ -456,6 +456,10 @@ class ReaderAgent(RuleAgent):
             targets.append(g.dest)
         has_key = any(etype(x) == "key" for x in view.inv)
         for t in targets:
+            if not view.holding(t):
+                a = self.find(cands, "pick_up", t)
+                if a:
+                    return a, f"{t} is here and I need it: take it"
             holder = self.holder_of(t)
             if holder and self._locked(holder) and not has_key and not view.holding(t):
                 continue  # locked and no key at hand: its key first (stated, or searched for)

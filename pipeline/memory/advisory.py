@@ -71,8 +71,9 @@ class Recall:
     With ``house``, an advisory from an entry of the house the agent is in states what
     *all* past visits of that house saw (:meth:`StoreKnowledge.house_facts`), and one from
     another house states none of that house's facts (they do not hold here); with
-    ``lessons``, advisories go on with the users' habits and the placement lessons across
-    houses (:meth:`StoreKnowledge.lessons`). What one advisory of a bundle stated, the next
+    ``lessons``, advisories go on with the placement lessons across houses
+    (:meth:`StoreKnowledge.lessons`) and, in a house never visited (whose user the grounding
+    has not heard), the habits of the other houses' users. What one advisory of a bundle stated, the next
     does not repeat (``stated``). Facts and lessons naming the objective's things (or their
     kinds) come first.
 
@@ -112,7 +113,8 @@ class Recall:
         if self.lessons:
             exclude = self.scene if self.unrelated else None
             houses = len(know.houses(exclude))
-            if not self.unrelated:
+            if not self.unrelated and not know.visits.get(str(self.scene)):
+                # a house visited before has its own user's word (the grounding): habits are for a new one
                 out += [(HABITS_LEAD, f"{text} ({n} of {total} houses)") for text, n, total in know.habits()]
             lessons = know.lessons(exclude)
             if self.unrelated:

@@ -138,9 +138,10 @@ class StoreKnowledge:
 
     def house_facts(self, scene: str | None) -> list[str]:
         """Every scene fact the past visits of ``scene`` saw (none for a house never visited):
-        where things were and what is locked first, then the containers no visit looked into,
-        then those found empty, then routes between rooms (a walk shows those), each group in
-        the order first seen."""
+        the commands that raised a world's score first (``advanced(command)``), then where
+        things were and what is locked, then the containers no visit looked into, then those
+        found empty, then routes between rooms (a walk shows those), each group in the order
+        first seen."""
         facts = list(self.facts.get(str(scene), [])) if scene is not None else []
         read = {f: read_scene_facts(f) for f in facts}
         # what some visit looked into is no longer "never opened"
@@ -152,7 +153,8 @@ class StoreKnowledge:
 
         def group(f: str) -> int:
             preds = {x.pred for x in read[f]}
-            return 3 if "exit" in preds else 2 if "empty" in preds else 1 if "closed" in preds else 0
+            return -1 if "advanced" in preds else 3 if "exit" in preds else 2 if "empty" in preds else \
+                1 if "closed" in preds else 0
 
         return sorted((f for f in facts if not (unsearched(f) and read[f][0].args[0] in searched)), key=group)
 

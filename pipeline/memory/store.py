@@ -63,8 +63,9 @@ STORE_HASH = "store_hash.txt"
 EPISODE_COLUMNS = ("episode_id", "scene_id", "quest_id", "objective", "won", "final_reward", "num_turns", "num_invalid")
 TURN_COLUMNS = ("episode_id", "turn_index", "action", "command", "action_valid", "status")
 # What a world's fact reader reads of a turn row (all optional), and where build_entries
-# keeps each row's reading instead of the row's (large) observation.
-FACT_COLUMNS = ("observation", "env_feedback", "command")
+# keeps each row's reading instead of the row's (large) observation. ``reward``: a world
+# that keeps a score says which commands raised it (ScienceWorld's ``advanced(command)``).
+FACT_COLUMNS = ("observation", "env_feedback", "command", "reward")
 STEP_FACTS = "step_facts"
 
 MAX_FEEDBACK_PER_TYPE = 5

@@ -49,8 +49,23 @@ from pipeline.session.rollout import tasks_from_manifest
 
 CONDITIONS = ("C0", "C1", "C2", "C2_placebo")
 # The study as run for docs/memory.md: name -> overrides (on top of params.yaml).
+# The previous default (the seed's design): a user who says where everything is, small houses
+# with things anywhere, 2 visits per house, each advisory its own episode's facts, 30 steps.
+BEFORE = ["user.spatial=full", "memory.facts=episode", "memory.lessons=false", "memory.same_scene_first=false",
+          "env.num_scenes=8", "env.heldout_scenes=2", "env.rooms_per_scene=3", "env.containers_per_scene=4",
+          "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=4",
+          "env.train_quests_per_scene=2", "env.eval_quests_per_scene=14", "env.max_steps=30", "env.regularity=0.0"]
 GRID: dict[str, list[str]] = {
-    "today": [],
+    "before": BEFORE,
+    "quiet user": BEFORE + ["user.spatial=none"],
+    "quiet, recall": BEFORE + ["user.spatial=none", "memory.facts=house", "memory.lessons=true",
+                               "memory.same_scene_first=true", "env.train_quests_per_scene=6"],
+    "default": [],
+    "30 steps": ["env.max_steps=30"],
+    "no regularity": ["env.regularity=0.0"],
+    "user says the room": ["user.spatial=room"],
+    "episode facts": ["memory.facts=episode"],
+    "no lessons": ["memory.lessons=false"],
 }
 # What the games depend on (the `games` stage's params in dvc.yaml): equal worlds share their games.
 GAMES_KEYS = ("seed", "env.name", "env.scienceworld", "env.num_scenes", "env.heldout_scenes", "env.rooms_per_scene",
