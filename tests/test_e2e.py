@@ -49,10 +49,15 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for rel in ("data/games/manifest.parquet", "data/episodes/episodes.parquet", "data/episodes/turns.parquet",
                 "data/grounding/grounding_latest.json", "data/store/episodic_store.parquet",
-                "data/prompts/C2.parquet", "data/eval/C1/episodes.parquet", "metrics/collect.json"):
+                "data/prompts/C2.parquet", "data/eval/C1/episodes.parquet", "metrics/collect.json",
+                "data/curve/outcomes.parquet", "metrics/curve_success.csv", "reports/learning_curves.png"):
         assert (repo / rel).exists(), rel
     stats = json.loads((repo / "metrics" / "collect.json").read_text())
     assert stats["num_episodes"] == 2 and stats["num_turns"] > 0
+    # the learning curves: every k of experiment.curve.ks (the tiny scene has 2 visits: k clipped to 2), in the report
+    curve = json.loads((repo / "metrics" / "curve.json").read_text())
+    assert {(p["k"], p["held"]) for p in curve["points"]} == {(0, 0), (1, 1), (2, 2), (4, 2), (8, 2)}
+    assert "## Learning curves" in (repo / "reports" / "report.md").read_text()
     second = _run([sys.executable, "-m", "dvc", "repro"], repo, env)
     assert second.returncode == 0
     assert "Data and pipelines are up to date." in second.stdout

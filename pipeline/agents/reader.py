@@ -389,7 +389,8 @@ class ReaderAgent(RuleAgent):
     def _advancing_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         """A command the prompt says raised the score in a past trial (``advanced(command)``,
         a world's own fact kept by the memory), each tried once, in the order stated, when it
-        is admissible here; one that is not waits until it is (a past trial played it where
+        is possible here: admissible, or a command the world's parser takes that names a thing
+        in sight or in hand; one that is not waits until it is (a past trial played it where
         it was possible: another room, a thing in hand)."""
         done = self._advanced_tried
         for b in self.beliefs.live("advanced"):
@@ -397,6 +398,9 @@ class ReaderAgent(RuleAgent):
             if not command or command.lower() in done:
                 continue
             a = next((c for c in cands if str(c.get("command", "")).lower() == command.lower()), None)
+            free = self.facts.free_command(command) if a is None else None
+            if free and any(view.seen(free.get(k)) or view.holding(free.get(k)) for k in ("target", "receptacle")):
+                a = free
             if a is not None:
                 done.add(command.lower())
                 return a, f"{command} raised the score in a past trial"

@@ -101,6 +101,20 @@ def summarise(points: Sequence[CurvePoint], name: str, seed: int) -> list[dict[s
     return rows
 
 
+def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
+    """One row per point at its largest k (all tasks): each condition's success and the two
+    differences, labelled for ``dvc plots`` (template ``bar_horizontal``, ``y: point``)."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(["point", "k", *CONDITIONS, "c1_minus_c0", "c2_minus_c1"])
+    for name in dict.fromkeys(r["point"] for r in rows):
+        kmax = max(r["k"] for r in rows if r["point"] == name)
+        cell = {r["condition"]: r["success"] for r in rows if r["point"] == name and r["k"] == kmax and r["split"] == "all"}
+        diff = [f"{cell[a] - cell[b]:+.4f}" if a in cell and b in cell else "" for a, b in (("C1", "C0"), ("C2", "C1"))]
+        w.writerow([name, kmax, *(cell.get(c, "") for c in CONDITIONS), *diff])
+    return buf.getvalue()
+
+
 def paired(points: Sequence[CurvePoint], k: int, treatment: str, control: str) -> str:
     """``+0.12 (b=15, c=2, p=0.002)``: the paired success difference at ``k``."""
     by = {(p.k, p.condition): p for p in points}
@@ -124,6 +138,33 @@ def table(results: dict[str, list[CurvePoint]]) -> str:
             lines.append(f"| {name} | {k} | " + " | ".join(cells) +
                          f" | {paired(points, k, 'C1', 'C0')} | {paired(points, k, 'C2', 'C1')} |")
     return "\n".join(lines)
+
+
+def markdown_page(results: dict[str, list[CurvePoint]], args: argparse.Namespace, rows: Sequence[dict]) -> str:
+    """The study's page: what was run, each point's overrides, the table (success / mean turns
+    per condition, the paired differences), and the same by scene split at the largest k."""
+    cmd = ["python -m pipeline.tools.design", f"--seed {args.seed}", "--ks " + " ".join(map(str, args.ks)),
+           f"--collector {args.collector}"]
+    points = _parse_points(args.point)
+    lines = ["# Design study: what each condition's text is worth to the reader", "",
+             "Written by `" + " ".join(cmd) + (" --point ..." if args.point else "") + f" --markdown {args.markdown}`"
+             " (pipeline/tools/design.py): every point is the default config with the overrides below, on the design "
+             f"seed {args.seed} (never the default run's), the train quests played by `{args.collector}` with the "
+             "simulated user, then every condition rendered from the first k past episodes of each scene and played "
+             "by the reader. Cells: success / mean turns; differences: paired, exact McNemar p.", "",
+             "| point | overrides |", "|---|---|"]
+    lines += [f"| {name} | {', '.join(f'`{o}`' for o in points.get(name, [])) or '(the default)'} |" for name in results]
+    lines += ["", table(results), "", "By scene split, at each point's largest k (success):", "",
+              "| point | split | n | " + " | ".join(CONDITIONS) + " |", "|" + "---|" * (3 + len(CONDITIONS))]
+    for name in results:
+        kmax = max(r["k"] for r in rows if r["point"] == name)
+        for split in ("seen", "heldout"):
+            cells = {r["condition"]: r for r in rows if r["point"] == name and r["k"] == kmax and r["split"] == split}
+            if cells:
+                n = next(iter(cells.values()))["n"]
+                lines.append(f"| {name} | {split} | {n} | " + " | ".join(
+                    f"{cells[c]['success']:.2f}" if c in cells else "-" for c in CONDITIONS) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def run_point(base: Config, root: Path, work: Path, name: str, overrides: Sequence[str], *, seed: int,
@@ -182,7 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the rule agent that plays the train quests")
     ap.add_argument("--conditions", nargs="+", default=list(CONDITIONS), help="conditions played")
     ap.add_argument("--work", type=Path, default=Path(".checkpoints/design"), help="scratch folder")
-    ap.add_argument("--out", type=Path, default=None, help="CSV of the rows (appended per point)")
+    ap.add_argument("--out", type=Path, default=None, help="CSV of the rows (one per point, k, condition, split)")
+    ap.add_argument("--markdown", type=Path, default=None,
+                    help="write the summary table, with the command that made it, to this Markdown file")
     args = ap.parse_args(argv)
     try:
         root = project_root()
@@ -200,12 +243,15 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {time.perf_counter() - t0:.0f} s", file=sys.stderr)
             print(table({name: results[name]}), file=sys.stderr, flush=True)
         print(table(results))
+        if args.markdown:
+            atomic_write_text(args.markdown, markdown_page(results, args, rows))
         if args.out:
             buf = io.StringIO()
             w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
             w.writeheader()
             w.writerows(rows)
             atomic_write_text(args.out, buf.getvalue())
+            atomic_write_text(args.out.with_name(args.out.stem + "_summary.csv"), summary_csv(rows))
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
