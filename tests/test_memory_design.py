@@ -284,3 +284,40 @@ def test_no_c2_advisory_of_the_default_run_names_its_tasks_answer():
     report = json.loads((ROOT / "metrics" / "render" / "C2.json").read_text(encoding="utf-8"))
     assert report["tasks"] > 0 and report["injected"] > 0
     assert report["label_hints"]["memory"] == 0, report["label_hints"]
+
+
+def test_curves_are_summarised_paired_per_k():
+    from pipeline.analysis.curves import curve_csv, summarise_curves
+
+    rows = []
+    for k in (0, 2):
+        for i in range(12):
+            for cond, won in (("C0", i < 3), ("C1", i < 4), ("C2", i < (4 if k == 0 else 10))):
+                rows.append({"agent": "reader", "k": k, "held": k, "condition": cond, "scene_id": f"s{i % 3}",
+                             "quest_id": f"q{i}", "scene_split": "seen" if i % 3 else "heldout", "success": won,
+                             "turns": 9 if won and cond == "C2" and k else 12})
+    summary = summarise_curves(rows, n_resamples=200, level=0.95, seed=0)
+    at2 = {(p["treatment"], p["control"]): p for p in summary["paired"] if p["k"] == 2}
+    assert at2[("C2", "C1")]["success"]["table"] == {"both": 4, "b": 6, "c": 0, "neither": 2}
+    assert at2[("C2", "C1")]["success"]["p_value"] == pytest.approx(2 * 0.5 ** 6)
+    assert at2[("C2", "C1")]["turns"]["diff"] < 0 and at2[("C2", "C1")]["turns"]["nonzero"] == 10
+    at0 = {(p["treatment"], p["control"]): p for p in summary["paired"] if p["k"] == 0}
+    assert at0[("C2", "C1")]["success"]["diff"]["value"] == 0
+    assert ("C2", "C2_placebo") not in at0  # a comparison whose condition was not played is left out
+    point = next(p for p in summary["points"] if (p["k"], p["condition"]) == (2, "C2"))
+    assert point["success"] == pytest.approx(10 / 12) and set(point["by_split"]) == {"seen", "heldout"}
+    assert curve_csv(rows, agent="reader", value="success", conditions=["C0", "C1", "C2"]).splitlines() == [
+        "k,C0,C1,C2", "0,0.2500,0.3333,0.3333", "2,0.2500,0.3333,0.8333"]
+
+
+def test_the_design_study_summarises_each_point_at_its_largest_k():
+    from pipeline.session.experience import CurvePoint, Outcome
+    from pipeline.tools.design import summarise, summary_csv
+
+    def point(k, cond, wins):
+        return CurvePoint(k, k, cond, tuple(Outcome("s0", f"q{i}", "seen", i < wins, 10) for i in range(10)), 0)
+
+    rows = summarise([point(0, "C1", 2), point(4, "C0", 1), point(4, "C1", 5), point(4, "C2", 8)], "quiet", 1000)
+    assert {(r["k"], r["condition"], r["split"]) for r in rows} >= {(4, "C2", "all"), (4, "C2", "seen")}
+    assert summary_csv(rows).splitlines() == ["point,k,C0,C1,C2,C2_placebo,c1_minus_c0,c2_minus_c1",
+                                              "quiet,4,0.1,0.5,0.8,,+0.4000,+0.3000"]

@@ -549,9 +549,11 @@ def figure_curves(points: Sequence[Mapping[str, Any]]) -> bytes:
     for ax in axes:
         ax.set_xlabel("past episodes per scene (k)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="lower right")
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=min(4, max(1, len(labels))), fontsize=8,
+               bbox_to_anchor=(0.5, -0.02 - 0.045 * ((len(labels) - 1) // 4)), frameon=False)
     fig.suptitle("Learning curves: what k past episodes per scene are worth")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.06 + 0.045 * ((len(labels) - 1) // 4), 1, 1))
     return _png(fig)
 
 
