@@ -101,6 +101,8 @@ def test_scene_facts_of_a_successful_episode():
         "Mug_1 was on Table_0 in the Kitchen",
         # searched and found empty
         "Fridge_0 in the Kitchen was empty",
+        # seen closed, never looked into
+        "Drawer_4 in the Bedroom was never opened",
     ]
     assert all(";" not in f for f in facts)
 
@@ -114,7 +116,7 @@ def test_scene_facts_read_lowercase_commands_and_routes_walked_without_descripti
     assert "Chest_2 in the Bedroom is locked (key_2 unlocks it)" in facts
     # Invalid commands give nothing; without an observation a command still says what it showed.
     assert scene_facts([turn(0, "Kitchen", KITCHEN, "take Key_9 from Drawer_9", valid=False)]) == [
-        "Kitchen -> south -> Bedroom", "Mug_1 was on Table_0 in the Kitchen"]
+        "Kitchen -> south -> Bedroom", "Mug_1 was on Table_0 in the Kitchen", "Fridge_0 in the Kitchen was never opened"]
     assert scene_facts([{"turn_index": 0, "command": "take Key_1 from Drawer_0", "action_valid": True},
                         {"turn_index": 1, "command": "go south", "action_valid": True},
                         {"turn_index": 2, "command": "take Soap_1", "action_valid": True}]) == [
@@ -175,7 +177,8 @@ def test_successful_override_advisory_says_where_the_key_was_and_what_is_locked(
     assert msg.startswith("Principle: ") and "A similar past case went wrong" in msg
     assert "Facts of that case's scene (scene_01): Key_2 was in Drawer_0 in the Bedroom; " in msg
     assert "Chest_2 in the Bedroom is locked (Key_2 unlocks it)" in msg and "Kitchen -> south -> Bedroom" in msg
-    assert len(msg) <= MAX_MESSAGE_CHARS and msg.endswith("Fridge_0 in the Kitchen was empty.")
+    assert len(msg) <= MAX_MESSAGE_CHARS and msg.endswith("Fridge_0 in the Kitchen was empty; "
+                                                          "Drawer_4 in the Bedroom was never opened.")
     # Facts of the scene, not the commands: an eval task whose plan repeats them keeps the advisory.
     assert find_label_hints(msg, expert_plan=EVAL_PLAN) == []
     advs, warnings = AdvisoryBuilder().build_many([(entry, 0.9)], query_expert_plan=EVAL_PLAN)
@@ -194,7 +197,8 @@ def test_plain_success_and_failure_carry_the_scene_too():
     adv = AdvisoryBuilder().build(failed, 0.9)
     assert adv.advisory_type == "failed_override_warning" and adv.message.startswith("Warning: ")
     assert ("Observed in that case's scene (scene_01): Chest_2 in the Bedroom is locked; "
-            "Bedroom -> north -> Kitchen; Drawer_4 in the Bedroom was empty.") in adv.message
+            "Bedroom -> north -> Kitchen; Drawer_4 in the Bedroom was empty; Drawer_0 in the Bedroom was never opened."
+            ) in adv.message
 
 
 def test_many_facts_stay_within_800_characters_cut_at_whole_facts():

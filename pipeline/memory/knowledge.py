@@ -20,6 +20,7 @@ many sightings support them is part of the sentence. :func:`read_lessons` reads 
 
 from __future__ import annotations
 
+import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -87,6 +88,7 @@ class StoreKnowledge:
     preferences: dict[str, set[str]] = field(default_factory=dict)
     sentences: dict[str, str] = field(default_factory=dict)
     unlockers: set[str] = field(default_factory=set)
+    _memo: dict = field(default_factory=dict, repr=False, compare=False)  # answers, computed once per question
 
     @classmethod
     def from_entries(cls, entries: Iterable[Mapping[str, Any]], reader: FactReader | None) -> "StoreKnowledge":
@@ -142,6 +144,12 @@ class StoreKnowledge:
         things were and what is locked, then the containers no visit looked into, then those
         found empty, then routes between rooms (a walk shows those), each group in the order
         first seen."""
+        key = ("house", scene)
+        if key not in self._memo:
+            self._memo[key] = self._house_facts(scene)
+        return list(self._memo[key])
+
+    def _house_facts(self, scene: str | None) -> list[str]:
         facts = list(self.facts.get(str(scene), [])) if scene is not None else []
         read = {f: read_scene_facts(f) for f in facts}
         # what some visit looked into is no longer "never opened"
@@ -162,6 +170,12 @@ class StoreKnowledge:
         """Placement lessons over the houses (but ``exclude``): per kind of thing, the kind of
         holder most often found holding it, with at least :data:`MIN_SUPPORT` sightings and
         more than half of them; most supported first, then by name."""
+        key = ("lessons", exclude)
+        if key not in self._memo:
+            self._memo[key] = self._lessons(exclude)
+        return list(self._memo[key])
+
+    def _lessons(self, exclude: str | None) -> list[Lesson]:
         counts: dict[str, Counter] = {}
         for scene in self.houses(exclude):
             for _, thing, prep, holder in self.placements.get(scene, ()):
@@ -184,9 +198,13 @@ class StoreKnowledge:
 
 def relevant_first(items: Sequence[str], words: Iterable[str]) -> list[str]:
     """``items`` with those naming any of ``words`` (whole words, case-insensitive) first, order kept otherwise."""
-    keys = [w.lower() for w in words if w]
+    keys = tuple(sorted({w.lower() for w in words if w}))
     if not keys:
         return list(items)
-    pattern = re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(re.escape(k) for k in sorted(set(keys))) + r")(?![A-Za-z0-9_])",
-                         re.IGNORECASE)
+    pattern = _words_pattern(keys)
     return sorted(items, key=lambda s: pattern.search(s) is None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _words_pattern(keys: tuple[str, ...]) -> re.Pattern:
+    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(re.escape(k) for k in keys) + r")(?![A-Za-z0-9_])", re.IGNORECASE)
