@@ -1,0 +1,166 @@
+"""The default run's results in the docs, written from ``metrics/``: a table copied by hand goes stale.
+
+    python -m pipeline.tools.results            # rewrite every marked block from metrics/
+    python -m pipeline.tools.results --check    # exit 1 naming each block that differs (what the test runs)
+
+A document holds a block between ``<!-- results:<name> -->`` and ``<!-- /results:<name> -->``
+lines; this tool replaces what is between them with the table ``<name>`` rendered from the
+committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
+``metrics/eval_reader/<C>.json``, ``metrics/curve.json``). The blocks:
+
+- ``conditions``: per condition, the model's and the reader's success with intervals, turns;
+- ``comparisons``: per comparison, the model's and the reader's paired differences (b / c,
+  Holm p) and the reader's paired turns (Wilcoxon, Holm), controls first;
+- ``curve``: the reader's success / turns per k and condition, and C2 − C1 at each k.
+
+Documents: README.md and docs/memory.md (``DOCS``); a block may appear in any of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pipeline.core.config import project_root
+from pipeline.core.io import atomic_write_text
+
+DOCS = ("README.md", "docs/memory.md")
+_BLOCK_RE = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+
+
+def _read(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _f(x: Any, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _ci(d: Mapping[str, Any] | None, digits: int = 2, signed: bool = False) -> str:
+    if not d or d.get("value") is None:
+        return "–"
+    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
+    return f"{fmt.format(d['value'])} [{fmt.format(d['ci_low'])}, {fmt.format(d['ci_high'])}]"
+
+
+def _p(p: Any) -> str:
+    if p is None:
+        return "–"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
+
+
+def conditions_table(metrics: Path) -> str:
+    """Per condition: the model's success and turns, the reader's success and turns."""
+    compare = _read(metrics / "compare.json")
+    reader = (compare.get("reader") or {}).get("conditions") or {}
+    rows = []
+    for m in compare.get("conditions", []):
+        c = m["condition"]
+        r = _read(metrics / "eval_reader" / f"{c}.json")
+        rows.append([c, _ci(m.get("success_rate")), _f((m.get("mean_turns") or {}).get("value"), 1),
+                     _ci((reader.get(c) or {}).get("reader")), _f((r.get("mean_turns") or {}).get("value"), 1)])
+    n = compare.get("conditions", [{}])[0].get("num_episodes", "?") if compare.get("conditions") else "?"
+    return (_table(["condition", "model success [95% interval]", "model turns", "reader success (ceiling)",
+                    "reader turns"], rows) + f"\n\n{n} paired eval tasks per condition; the model greedy.")
+
+
+def comparisons_table(metrics: Path) -> str:
+    """Per comparison (controls first): model and reader differences, the reader's turns."""
+    compare = _read(metrics / "compare.json")
+    reader = (compare.get("reader") or {}).get("comparisons") or {}
+    order = {"positive_control": 0, "check": 1}
+    details = sorted(compare.get("details", []), key=lambda d: order.get(d.get("role", "primary"), 2))
+    rows = []
+    for d in details:
+        v = reader.get(d["name"]) or {}
+        s = d["success"]
+        rows.append([f"{d['treatment']} − {d['control']}", d.get("role", "primary"),
+                     _ci(d.get("success_cluster_diff") or s["diff"], signed=True),
+                     f"{s['table']['b']} / {s['table']['c']}", _p(s.get("p_holm") if s.get("p_holm") is not None
+                                                                  else s.get("p_value")),
+                     _ci(v.get("reader_diff"), signed=True),
+                     f"{v['reader_b']} / {v['reader_c']}" if v else "–",
+                     _p(v.get("reader_p_holm") if v.get("reader_p_holm") is not None else v.get("reader_p_value")),
+                     f"{v['reader_turns_diff']:+.1f}" if v.get("reader_turns_diff") is not None else "–",
+                     _p(v.get("reader_turns_p_holm") if v.get("reader_turns_p_holm") is not None
+                        else v.get("reader_turns_p_value")),
+                     _f(s.get("power", {}).get("mde"))])
+    return _table(["comparison", "role", "model Δ success", "model b / c", "model p (Holm)", "reader Δ success",
+                   "reader b / c", "reader p (Holm)", "reader Δ turns", "reader turns p (Wilcoxon, Holm)", "MDE"], rows)
+
+
+def curve_table(metrics: Path) -> str:
+    """The reader's learning curves: success / turns per k and condition, C2 − C1 per k."""
+    curve = _read(metrics / "curve.json")
+    points = [p for p in curve.get("points", []) if p["agent"] == "reader"]
+    if not points:
+        return "_no learning curve in metrics/curve.json_"
+    conds = list(dict.fromkeys(p["condition"] for p in points))
+    by = {(p["k"], p["condition"]): p for p in points}
+    paired = {(p["k"], p["treatment"], p["control"]): p for p in curve.get("paired", []) if p["agent"] == "reader"}
+    rows = []
+    for k in sorted({p["k"] for p in points}):
+        q = paired.get((k, "C2", "C1"))
+        diff = (f"{q['success']['diff']['value']:+.2f} ({q['success']['table']['b']} / {q['success']['table']['c']}, "
+                f"p={_p(q['success']['p_value'])})") if q else "–"
+        rows.append([k, max(by[(k, c)]["held"] for c in conds if (k, c) in by),
+                     *(f"{by[(k, c)]['success']:.2f} / {by[(k, c)]['turns']:.1f}" if (k, c) in by else "–"
+                       for c in conds), diff])
+    return _table(["k (asked)", "k (held)", *conds, "C2 − C1 (b / c, exact p)"], rows)
+
+
+TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
+                                            "curve": curve_table}
+
+
+def render(text: str, metrics: Path) -> str:
+    """``text`` with every marked block replaced by its table (an unknown name is an error)."""
+    def one(m: re.Match) -> str:
+        name = m["name"]
+        if name not in TABLES:
+            raise ValueError(f"<!-- results:{name} -->: unknown block (known: {', '.join(TABLES)})")
+        return f"{m[1]}{TABLES[name](metrics)}\n{m[4]}"
+
+    return _BLOCK_RE.sub(one, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.tools.results", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--check", action="store_true", help="exit 1 if a document's blocks differ from the metrics")
+    args = ap.parse_args(argv)
+    root = project_root()
+    stale = []
+    try:
+        for doc in DOCS:
+            path = root / doc
+            if not path.is_file():
+                continue
+            text = path.read_text(encoding="utf-8")
+            new = render(text, root / "metrics")
+            if new != text:
+                stale.append(doc)
+                if not args.check:
+                    atomic_write_text(path, new)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if args.check and stale:
+        print(f"results tables differ from metrics/ in {', '.join(stale)}: run `python -m pipeline.tools.results`",
+              file=sys.stderr)
+        return 1
+    print(("stale: " if args.check else "rewrote: ") + ", ".join(stale) if stale else "results tables up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
