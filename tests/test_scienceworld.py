@@ -408,6 +408,23 @@ def test_a_jvm_starts_with_the_configured_heap_limit():
 
 
 @needs_jvm
+def test_a_gold_sequence_that_could_name_many_things_is_the_same_in_every_jvm():
+    """find-non-living-thing's gold focuses on one of many things; which one followed the engine's hash-set
+    order, different in each JVM, until every JVM got a constant identity hash (engine.JAVA_DETERMINISM)."""
+    from pipeline.envs.scienceworld.engine import acquire, release
+
+    golds = set()
+    for _ in range(3):
+        sw = acquire(fresh=True)
+        try:
+            sw.load("find-non-living-thing", 206, "noElectricalAction", generateGoldPath=True)
+            golds.add(tuple(str(c) for c in sw.get_gold_action_sequence()))
+        finally:
+            release(sw, stop=True)
+    assert len(golds) == 1, golds
+
+
+@needs_jvm
 @pytest.mark.timeout(120)
 def test_a_wedged_simulator_times_out_fails_the_episode_and_is_replaced(sw_games):
     """SIGSTOP on the JVM mid-episode: the step raises within the call timeout (it used to block
