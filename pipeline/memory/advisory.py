@@ -23,6 +23,7 @@ its expert commands) and dropped with a warning when one is found::
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
@@ -233,7 +234,13 @@ def _norm(text: str) -> str:
 
 
 def _contains(haystack: str, needle: str) -> bool:
-    return re.search(r"(?<![a-z0-9_])" + re.escape(needle) + r"(?![a-z0-9_])", haystack) is not None
+    # a plain substring test first: most commands are not in most messages, and the regex costs far more
+    return needle in haystack and _whole_phrase(needle).search(haystack) is not None
+
+
+@functools.lru_cache(maxsize=4096)
+def _whole_phrase(needle: str) -> re.Pattern:
+    return re.compile(r"(?<![a-z0-9_])" + re.escape(needle) + r"(?![a-z0-9_])")
 
 
 def plan_object_commands(expert_plan: Sequence[str]) -> list[str]:
