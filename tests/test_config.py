@@ -186,16 +186,43 @@ def _package(path: Path, conf: Path) -> list[str]:
     return list(path.relative_to(conf).parent.parts)
 
 
-def _inherited(path: Path, conf: Path) -> dict:
+def _inherited(path: Path, conf: Path, top: bool = True) -> dict:
     """What ``path`` extends, as a plain dict from the root: the same group's options its own
     ``defaults:`` list names (``- household``), merged in order; the schema comes under them."""
     doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     out = OmegaConf.create()
+    if top and not _package(path, conf) and path.parent != conf:  # a global variant (experiment=...) lands
+        out = _primary_options(conf, _overrides(path))  # on the primary config's group options
     for entry in doc.get("defaults") or []:
         base = path.with_name(f"{entry}.yaml") if isinstance(entry, str) and "@" not in entry else None
         if base is not None and base.is_file():  # not _self_, not the primary config's `schema`
-            out = OmegaConf.merge(out, _inherited(base, conf), _rooted(base, conf))
+            out = OmegaConf.merge(out, _inherited(base, conf, top=False), _rooted(base, conf))
     return OmegaConf.to_container(out)
+
+
+def _overrides(path: Path) -> set[str]:
+    """The groups a variant overrides (``override /env: ...``), its own and those of what it extends."""
+    found = set()
+    for entry in (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("defaults") or []:
+        if isinstance(entry, dict):
+            found |= {str(k).split("/")[-1] for k in entry}
+        elif isinstance(entry, str) and "@" not in entry and path.with_name(f"{entry}.yaml").is_file():
+            found |= _overrides(path.with_name(f"{entry}.yaml"))
+    return found
+
+
+def _primary_options(conf: Path, overridden: set[str]):
+    """The group options conf/config.yaml chooses (``memory: default``), rooted, merged: what a
+    global variant's keys land on, except the groups it overrides."""
+    out = OmegaConf.create()
+    for entry in yaml.safe_load((conf / "config.yaml").read_text(encoding="utf-8"))["defaults"]:
+        if not isinstance(entry, dict):
+            continue
+        (group, option), = entry.items()
+        if group in overridden or not isinstance(option, str) or not (conf / group / f"{option}.yaml").is_file():
+            continue
+        out = OmegaConf.merge(out, _rooted(conf / group / f"{option}.yaml", conf))
+    return out
 
 
 def _rooted(path: Path, conf: Path) -> dict:

@@ -93,12 +93,14 @@ def test_a_stale_params_yaml_stops_before_any_stage_output_is_touched(repo: Path
     _run(repo, "dvc", "exp", "run", "-q", "-S", "seed=11", "-n", "e1")
     _run(repo, "dvc", "exp", "apply", "e1")
     household = repo / "conf" / "env" / "household.yaml"
-    household.write_text(household.read_text() + "max_steps: 40  # the option changes the schema default (30)\n")
+    text = household.read_text()
+    assert "\nmax_steps: 20 " in text  # the option's own step cap, changed below
+    household.write_text(text.replace("\nmax_steps: 20 ", "\nmax_steps: 40 "))
     (repo / "dvc.yaml").write_text(DVC_YAML.replace("str(load_params().seed)", "str(load_params().seed) + '!'"))
     p = _run(repo, "dvc", "repro", ok=False)
     assert p.returncode != 0
     err = p.stdout + p.stderr
-    assert "stale" in err and "env.max_steps: params.yaml=30 conf=40" in err and "seed=11" in err
+    assert "stale" in err and "env.max_steps: params.yaml=20 conf=40" in err and "seed=11" in err
     assert "python -m pipeline.core.config compose --keep-overrides" in err
     assert "Running stage 'seeded'" not in err
     assert (repo / "out.txt").read_text() == "11"  # the changed stage never ran: its output is intact

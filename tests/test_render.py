@@ -359,6 +359,9 @@ def test_placebo_is_matched_in_the_models_tokens(project, store):
     from pipeline.llm.tiny import train_tokenizer
 
     root, cfg = project
+    # Without its own house first, C2 draws three successes and the placebo a longer failure
+    # warning among its three: blocks of different wording, the case the unit matters for.
+    cfg = OmegaConf.merge(cfg, {"memory": {"same_scene_first": False}})
     c2_text = [r["memory_block"] for r in R.render_condition(TASKS, "C2", cfg, store, root)[0]]
     length = R.block_length_for(cfg, root, tokenizer=train_tokenizer(c2_text * 30, vocab_size=700))
     assert length.unit.startswith("tokens")

@@ -244,7 +244,8 @@ class OpenAIBackend:
     def __init__(self, model_cfg: ModelConfig, sampling_cfg: SamplingConfig):
         base_url = model_cfg.base_url
         if not base_url or not str(base_url).startswith(("http://", "https://")):
-            raise BackendError(f"model.base_url={redact_url(base_url)!r}: expected the endpoint's URL, e.g. "
+            shown = "None" if base_url is None else repr(redact_url(base_url))
+            raise BackendError(f"model.base_url={shown}: expected the endpoint's URL, e.g. "
                                "http://127.0.0.1:8000/v1")
         self.api_model = model_cfg.api_model or model_cfg.name_or_path
         if not self.api_model:
