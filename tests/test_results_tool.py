@@ -1,0 +1,51 @@
+"""pipeline.tools.results: the docs' result tables are the committed metrics, never a hand copy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pipeline.tools import results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_committed_docs_carry_the_committed_metrics():
+    """README.md and docs/memory.md hold the default run's tables between results markers, and
+    they are what metrics/ renders now: rerun `python -m pipeline.tools.results` after a run."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "<!-- results:conditions -->" in readme and "<!-- results:comparisons -->" in readme
+    assert "<!-- results:curve -->" in (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
+    for doc in results.DOCS:
+        text = (ROOT / doc).read_text(encoding="utf-8")
+        assert results.render(text, ROOT / "metrics") == text, f"{doc}: run `python -m pipeline.tools.results`"
+
+
+def _metrics(tmp_path: Path) -> Path:
+    m = tmp_path / "metrics"
+    (m / "eval_reader").mkdir(parents=True, exist_ok=True)
+    ci = lambda v: {"value": v, "ci_low": v - 0.1, "ci_high": v + 0.1}  # noqa: E731
+    compare = {"conditions": [{"condition": "C1", "success_rate": ci(0.5), "mean_turns": {"value": 9.0},
+                               "num_episodes": 40}],
+               "reader": {"conditions": {"C1": {"reader": ci(0.75)}}, "comparisons": {}},
+               "details": []}
+    (m / "compare.json").write_text(json.dumps(compare))
+    (m / "eval_reader" / "C1.json").write_text(json.dumps({"mean_turns": {"value": 7.25}}))
+    return m
+
+
+def test_a_block_is_rewritten_from_the_metrics_and_the_rest_kept(tmp_path):
+    text = "before\n<!-- results:conditions -->\nold table\n<!-- /results:conditions -->\nafter\n"
+    out = results.render(text, _metrics(tmp_path))
+    assert out.startswith("before\n<!-- results:conditions -->\n") and out.endswith("<!-- /results:conditions -->\nafter\n")
+    assert "old table" not in out
+    assert "| C1 | 0.50 [0.40, 0.60] | 9.0 | 0.75 [0.65, 0.85] | 7.2 |" in out
+    assert "40 paired eval tasks" in out
+    assert results.render(out, _metrics(tmp_path)) == out  # idempotent: --check passes right after a write
+
+
+def test_an_unknown_block_is_an_error_naming_it(tmp_path):
+    with pytest.raises(ValueError, match=r"results:nonsense.*known: conditions, comparisons, curve"):
+        results.render("<!-- results:nonsense -->\nx\n<!-- /results:nonsense -->\n", _metrics(tmp_path))
