@@ -53,6 +53,12 @@ def _p(p: Any) -> str:
     return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
 
 
+def _p_eq(p: Any) -> str:
+    """``p`` after "p": "=0.023", or " < 0.001"."""
+    text = _p(p)
+    return f" {text}" if text.startswith("<") else f"={text}"
+
+
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     return "\n".join(out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
@@ -111,7 +117,7 @@ def curve_table(metrics: Path) -> str:
     for k in sorted({p["k"] for p in points}):
         q = paired.get((k, "C2", "C1"))
         diff = (f"{q['success']['diff']['value']:+.2f} ({q['success']['table']['b']} / {q['success']['table']['c']}, "
-                f"p={_p(q['success']['p_value'])})") if q else "–"
+                f"p{_p_eq(q['success']['p_value'])})") if q else "–"
         rows.append([k, max(by[(k, c)]["held"] for c in conds if (k, c) in by),
                      *(f"{by[(k, c)]['success']:.2f} / {by[(k, c)]['turns']:.1f}" if (k, c) in by else "–"
                        for c in conds), diff])
