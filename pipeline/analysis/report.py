@@ -69,7 +69,8 @@ def colors_for(conditions: Sequence[str]) -> dict[str, str]:
 # --------------------------------------------------------------------------- text
 
 
-def _f(x: Any, digits: int = 2) -> str:
+def format_value(x: Any, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals; "–" for None or a non-finite number."""
     if x is None:
         return "–"
     if isinstance(x, float) and not np.isfinite(x):
@@ -81,8 +82,9 @@ def _signed(x: Any, digits: int = 2) -> str:
     return "–" if x is None else f"{x:+.{digits}f}"
 
 
-def _ci(d: Mapping[str, Any], digits: int = 2, signed: bool = False) -> str:
-    fmt = _signed if signed else _f
+def format_ci(d: Mapping[str, Any], digits: int = 2, signed: bool = False) -> str:
+    """``0.66 [0.59, 0.73]`` from ``{"value", "ci_low", "ci_high"}`` ("–" without a value)."""
+    fmt = _signed if signed else format_value
     if d.get("value") is None:
         return "–"
     return f"{fmt(d['value'], digits)} [{fmt(d['ci_low'], digits)}, {fmt(d['ci_high'], digits)}]"
@@ -130,20 +132,20 @@ def ceiling_markdown(metrics: Mapping[str, Any]) -> list[str]:
     if not ceiling:
         return []
     level = _level_pct(metrics)
-    rows = [[c, _ci(v["model"]), _ci(v["reader"]) if "reader" in v else "–"] for c, v in ceiling["conditions"].items()]
+    rows = [[c, format_ci(v["model"]), format_ci(v["reader"]) if "reader" in v else "–"] for c, v in ceiling["conditions"].items()]
     parts = ["## What each condition's text is worth (the reader)", "",
              "The reader (`agent=reader`, `evaluate_reader@C`) plays the same tasks with the same prompts and acts on "
              "exactly what its prompt states: its success is the condition's information ceiling, its difference "
              "is what the treatment's text is worth, and the model's difference over the reader's is the share "
              f"of it the model realises (utilisation; {level} interval resampling tasks).", "",
-             _table(["condition", "model success", "reader success (ceiling)"], rows), ""]
-    rows = [[f"{v['treatment']} − {v['control']}", v["role"], v["n_pairs"], _ci(v["model_diff"], signed=True),
-             _ci(v["reader_diff"], signed=True), f"{v['reader_b']} / {v['reader_c']}", _p(v["reader_p_value"]),
+             markdown_table(["condition", "model success", "reader success (ceiling)"], rows), ""]
+    rows = [[f"{v['treatment']} − {v['control']}", v["role"], v["n_pairs"], format_ci(v["model_diff"], signed=True),
+             format_ci(v["reader_diff"], signed=True), f"{v['reader_b']} / {v['reader_c']}", _p(v["reader_p_value"]),
              _p(v["reader_p_holm"]), v["reader_verdict"], _signed(v.get("reader_turns_diff"), 1),
              _p(v.get("reader_turns_p_holm") if v.get("reader_turns_p_holm") is not None else v.get("reader_turns_p_value")),
-             _ci(v["utilisation"])]
+             format_ci(v["utilisation"])]
             for v in ceiling["comparisons"].values()]
-    parts += [_table(["comparison", "role", "pairs", "model Δ success", "reader Δ success", "reader b / c",
+    parts += [markdown_table(["comparison", "role", "pairs", "model Δ success", "reader Δ success", "reader b / c",
                       "reader p (McNemar)", "reader p (Holm)", "reader verdict", "reader Δ turns",
                       "reader turns p (Wilcoxon, Holm)", "utilisation (model Δ / reader Δ)"],
                      rows) if rows else "_no comparison_", "",
@@ -165,7 +167,7 @@ def worth_lines(metrics: Mapping[str, Any]) -> list[str]:
                  f"{_p(v.get('reader_turns_p_holm') if v.get('reader_turns_p_holm') is not None else v.get('reader_turns_p_value'))})"
                  if v.get("reader_turns_diff") is not None else "")
         lines.append(f"to the reader, {what} is worth {_signed(v['reader_diff']['value'])} success ({t} "
-                     f"{_f(v['reader_treatment'])} vs {c} {_f(v['reader_control'])}, b={v['reader_b']}, "
+                     f"{format_value(v['reader_treatment'])} vs {c} {format_value(v['reader_control'])}, b={v['reader_b']}, "
                      f"c={v['reader_c']}, Holm p={_p(v['reader_p_holm'])}){turns}")
     return lines
 
@@ -188,11 +190,11 @@ def headline_lines(metrics: Mapping[str, Any]) -> list[str]:
         role = {"check": "check (identical by construction, outside the Holm family): ",
                 "positive_control": "positive control: "}.get(d.get("role", "primary"), "")
         mde = power.get("mde")
-        mde_text = (f"; minimum detectable difference {_f(mde)} at {round(100 * power['power'])}% power"
+        mde_text = (f"; minimum detectable difference {format_value(mde)} at {round(100 * power['power'])}% power"
                     if mde is not None else
                     f"; {d['n_pairs']} pairs cannot reach {round(100 * power.get('power', 0.8))}% power")
-        lines.append(f"{role}{d['treatment']} vs {d['control']}: success {_f(s['treatment'])} vs {_f(s['control'])}, "
-                     f"difference {_ci(cluster, signed=True)} ({level} scene-cluster bootstrap), "
+        lines.append(f"{role}{d['treatment']} vs {d['control']}: success {format_value(s['treatment'])} vs {format_value(s['control'])}, "
+                     f"difference {format_ci(cluster, signed=True)} ({level} scene-cluster bootstrap), "
                      f"n={d['n_pairs']} pairs, b={s['table']['b']} (treatment only), c={s['table']['c']} "
                      f"(control only), exact McNemar p={_p(s['p_value'])}{holm_p}{mde_text}: **{verdict}**")
         if d.get("role") == "positive_control" and verdict != "better":
@@ -222,20 +224,24 @@ def curves_markdown(metrics: Mapping[str, Any]) -> list[str]:
              "Every eval task replayed with the grounding and the episodic memory of the first k collected episodes "
              "of each scene (`dvc repro curve`, `experiment.curve`): success / mean turns per condition.", ""]
     for agent in agents:
-        by = {(p["k"], p["condition"]): p for p in points if p["agent"] == agent}
-        ks = sorted({k for k, _ in by})
-        rows = [[k, max(by[(k, c)]["held"] for c in conds if (k, c) in by),
-                 *(f"{by[(k, c)]['success']:.2f} / {by[(k, c)]['turns']:.1f}" if (k, c) in by else "–" for c in conds)]
-                for k in ks]
-        parts += [f"**{agent}**", "", _table(["k", "held", *conds], rows), ""]
+        parts += [f"**{agent}**", "", markdown_table(["k", "held", *conds], curve_rows(points, agent, conds)), ""]
     rows = [[p["agent"], p["k"], f"{p['treatment']} − {p['control']}", p["n_pairs"],
              _signed(p["success"]["diff"]["value"]), f"{p['success']['table']['b']} / {p['success']['table']['c']}",
              _p(p["success"]["p_value"]), _signed(p["turns"]["diff"], 1), _p(p["turns"]["p_value"])]
             for p in curves.get("paired", [])]
     if rows:
-        parts += [_table(["agent", "k", "comparison", "pairs", "Δ success", "b / c", "p (McNemar)", "Δ turns",
+        parts += [markdown_table(["agent", "k", "comparison", "pairs", "Δ success", "b / c", "p (McNemar)", "Δ turns",
                           "p (Wilcoxon)"], rows), ""]
     return parts
+
+
+def curve_rows(points: Sequence[Mapping[str, Any]], agent: str, conds: Sequence[str]) -> list[list[Any]]:
+    """One row per k of ``agent``'s curve points: k, the episodes per scene held, then
+    ``success / turns`` per condition of ``conds`` ("–" where not played)."""
+    by = {(p["k"], p["condition"]): p for p in points if p["agent"] == agent}
+    return [[k, max(by[(k, c)]["held"] for c in conds if (k, c) in by),
+             *(f"{by[(k, c)]['success']:.2f} / {by[(k, c)]['turns']:.1f}" if (k, c) in by else "–" for c in conds)]
+            for k in sorted({k for k, _ in by})]
 
 
 def _gee(g: Mapping[str, Any] | None) -> str:
@@ -246,7 +252,8 @@ def _gee(g: Mapping[str, Any] | None) -> str:
     return f"{_signed(g['log_odds'])} (p={_p(g['p_value'])}, {g['clusters']} scenes)"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A Markdown table of ``rows`` under ``header``."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
     return "\n".join(out)
@@ -258,11 +265,11 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     parts = [f"### Conditions (value [{level} bootstrap interval])", ""]
     rows = []
     for m in metrics.get("conditions", []):
-        rows.append([m["condition"], m["num_episodes"], _ci(m["success_rate"]), _ci(m["won_rate"]),
-                     _ci(m["mean_reward"]), _ci(m["mean_turns"], 1), _ci(m["invalid_action_rate"]),
-                     _ci(m["repeated_action_rate"]), _ci(m["gate_pass_rate"]), _f(m["prompt_tokens_per_episode"]["value"], 0),
-                     _f(m["generated_tokens_per_episode"]["value"], 0)])
-    parts += [_table(["condition", "episodes", "success", "won", "reward", "turns", "invalid rate", "repeated rate",
+        rows.append([m["condition"], m["num_episodes"], format_ci(m["success_rate"]), format_ci(m["won_rate"]),
+                     format_ci(m["mean_reward"]), format_ci(m["mean_turns"], 1), format_ci(m["invalid_action_rate"]),
+                     format_ci(m["repeated_action_rate"]), format_ci(m["gate_pass_rate"]), format_value(m["prompt_tokens_per_episode"]["value"], 0),
+                     format_value(m["generated_tokens_per_episode"]["value"], 0)])
+    parts += [markdown_table(["condition", "episodes", "success", "won", "reward", "turns", "invalid rate", "repeated rate",
                       "gate pass", "prompt tok/ep", "gen tok/ep"], rows), ""]
     failed = [f"{m['condition']}: {m['backend_error_turns']} of {m['num_turns']} turns"
               for m in metrics.get("conditions", []) if m.get("backend_error_turns")]
@@ -274,16 +281,16 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
     details = metrics.get("details", [])
     parts += [f"### Paired comparisons (treatment − control, {level} intervals; exact McNemar; verdict from Holm p)",
               ""]
-    rows = [[f"{d['treatment']} − {d['control']}", d.get("role", "primary"), d["n_pairs"], _f(d["success"]["treatment"]),
-             _f(d["success"]["control"]), _ci(d.get("success_cluster_diff") or d["success"]["diff"], signed=True),
-             _ci(d["success"]["diff"], signed=True), f"{d['success']['table']['b']} / {d['success']['table']['c']}",
+    rows = [[f"{d['treatment']} − {d['control']}", d.get("role", "primary"), d["n_pairs"], format_value(d["success"]["treatment"]),
+             format_value(d["success"]["control"]), format_ci(d.get("success_cluster_diff") or d["success"]["diff"], signed=True),
+             format_ci(d["success"]["diff"], signed=True), f"{d['success']['table']['b']} / {d['success']['table']['c']}",
              _p(d["success"]["p_value"]), _p(d["success"].get("p_holm")),
-             _f((d["success"].get("power") or {}).get("mde")), _f((d["success"].get("power") or {}).get("power_20pt")),
-             _gee(d.get("gee")), d["success"].get("verdict", "–"), _ci(d["won"]["diff"], signed=True),
-             _ci(d["reward"]["diff"], signed=True), _ci(d["turns"]["diff"], 1, signed=True),
+             format_value((d["success"].get("power") or {}).get("mde")), format_value((d["success"].get("power") or {}).get("power_20pt")),
+             _gee(d.get("gee")), d["success"].get("verdict", "–"), format_ci(d["won"]["diff"], signed=True),
+             format_ci(d["reward"]["diff"], signed=True), format_ci(d["turns"]["diff"], 1, signed=True),
              _p((d.get("turns_test") or {}).get("p_value")), _p((d.get("turns_test") or {}).get("p_holm"))]
             for d in details]
-    parts += [_table(["comparison", "role", "pairs", "success T", "success C", "Δ success (scene clusters)",
+    parts += [markdown_table(["comparison", "role", "pairs", "success T", "success C", "Δ success (scene clusters)",
                       "Δ success (pairs)", "b / c", "p (McNemar)", "p (Holm)", "MDE", "power at 20 pt", "GEE check",
                       "verdict", "Δ won", "Δ reward", "Δ turns", "turns p (Wilcoxon)", "turns p (Holm)"], rows)
               if rows else "_no comparison_", "",
@@ -297,11 +304,11 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
         rows = []
         for d in details:
             for g in d["breakdowns"].get(by, []):
-                rows.append([f"{d['treatment']} − {d['control']}", g["group"], g["n_pairs"], _f(g["treatment"]),
-                             _f(g["control"]), _ci(g["diff"], signed=True), _p(g["p_value"]), _ci(g["turns"], 1, signed=True)])
+                rows.append([f"{d['treatment']} − {d['control']}", g["group"], g["n_pairs"], format_value(g["treatment"]),
+                             format_value(g["control"]), format_ci(g["diff"], signed=True), _p(g["p_value"]), format_ci(g["turns"], 1, signed=True)])
         if rows:
             parts += [f"### By {title}", "",
-                      _table(["comparison", title, "pairs", "success T", "success C", "Δ success", "p (McNemar)",
+                      markdown_table(["comparison", title, "pairs", "success T", "success C", "Δ success", "p (McNemar)",
                               "Δ turns"], rows), ""]
 
     ident = metrics.get("prompt_identity_details", [])
@@ -311,7 +318,7 @@ def markdown_tables(metrics: Mapping[str, Any]) -> str:
                  r["compared_by"] or "–", r["tasks_compared"], r["mismatches"], r["only_first"] + r["only_second"],
                  f"{r['first_turn']['episodes_compared']} / {r['first_turn']['mismatches']}",
                  ", ".join(r["mismatched_tasks"][:5]) or "–"] for r in ident]
-        parts += [_table(["conditions", "identical", "compared by", "tasks", "mismatches", "unmatched tasks",
+        parts += [markdown_table(["conditions", "identical", "compared by", "tasks", "mismatches", "unmatched tasks",
                           "first turn compared / mismatches", "first mismatches"], rows), ""]
     skipped = metrics.get("skipped_comparisons", [])
     if skipped:
@@ -330,7 +337,7 @@ def label_hint_table(metrics: Mapping[str, Any]) -> list[str]:
         c = m.get("label_hint_prompts")
         rows.append([m["condition"], *((c["prompts"], c["grounding"], c["memory"], c["either"]) if c else ("–",) * 4)])
     return ["### Prompts that reveal the task's answer", "",
-            _table(["condition", "prompts", "via grounding", "via memory", "either"], rows), "",
+            markdown_table(["condition", "prompts", "via grounding", "via memory", "either"], rows), "",
             "A text reveals the answer when it holds the task's ground truth or names enough of its expert plan's "
             "object commands (`memory.label_hint_min_commands`; navigation is the scene's map and not counted): "
             "the rule that drops an advisory before injection, applied to the grounding text and the injected "
@@ -417,7 +424,7 @@ def figure_success_by_condition(rows: Sequence[Mapping[str, Any]], level: str) -
             ax.text(xi, 0.02, "no data", ha="center", va="bottom", fontsize=9)
             continue
         top = r["ci_high"] if r["ci_high"] is not None else r["success_rate"]
-        ax.text(xi, min(top + 0.03, 1.08), f"{r['success_rate']:.2f}\n[{_f(r['ci_low'])}, {_f(r['ci_high'])}]",
+        ax.text(xi, min(top + 0.03, 1.08), f"{r['success_rate']:.2f}\n[{format_value(r['ci_low'])}, {format_value(r['ci_high'])}]",
                 ha="center", va="bottom", fontsize=8.5)
     ax.set_xticks(x, [f"{c}\nn={r['n']}" for c, r in zip(conds, rows)])
     ax.set_xlim(-0.7, len(rows) - 0.3)

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from pipeline.analysis.report import curve_rows, format_ci, format_value, markdown_table
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
 
@@ -36,18 +37,12 @@ def _read(path: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
-def _f(x: Any, digits: int = 2) -> str:
-    return "–" if x is None else f"{x:.{digits}f}"
-
-
-def _ci(d: Mapping[str, Any] | None, digits: int = 2, signed: bool = False) -> str:
-    if not d or d.get("value") is None:
-        return "–"
-    fmt = f"{{:+.{digits}f}}" if signed else f"{{:.{digits}f}}"
-    return f"{fmt.format(d['value'])} [{fmt.format(d['ci_low'])}, {fmt.format(d['ci_high'])}]"
+def _ci(d: Mapping[str, Any] | None, signed: bool = False) -> str:
+    return format_ci(d or {}, signed=signed)  # a metric the run did not write: "–"
 
 
 def _p(p: Any) -> str:
+    """A p value in prose (the report's tables keep three decimals): "< 0.001", "0.023", "0.61"."""
     if p is None:
         return "–"
     return "< 0.001" if p < 0.001 else f"{p:.3f}" if p < 0.1 else f"{p:.2f}"
@@ -59,11 +54,6 @@ def _p_eq(p: Any) -> str:
     return f" {text}" if text.startswith("<") else f"={text}"
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows])
-
-
 def conditions_table(metrics: Path) -> str:
     """Per condition: the model's success and turns, the reader's success and turns."""
     compare = _read(metrics / "compare.json")
@@ -72,10 +62,10 @@ def conditions_table(metrics: Path) -> str:
     for m in compare.get("conditions", []):
         c = m["condition"]
         r = _read(metrics / "eval_reader" / f"{c}.json")
-        rows.append([c, _ci(m.get("success_rate")), _f((m.get("mean_turns") or {}).get("value"), 1),
-                     _ci((reader.get(c) or {}).get("reader")), _f((r.get("mean_turns") or {}).get("value"), 1)])
+        rows.append([c, _ci(m.get("success_rate")), format_value((m.get("mean_turns") or {}).get("value"), 1),
+                     _ci((reader.get(c) or {}).get("reader")), format_value((r.get("mean_turns") or {}).get("value"), 1)])
     n = compare.get("conditions", [{}])[0].get("num_episodes", "?") if compare.get("conditions") else "?"
-    return (_table(["condition", "model success [95% interval]", "model turns", "reader success (ceiling)",
+    return (markdown_table(["condition", "model success [95% interval]", "model turns", "reader success (ceiling)",
                     "reader turns"], rows) + f"\n\n{n} paired eval tasks per condition; the model greedy.")
 
 
@@ -99,8 +89,8 @@ def comparisons_table(metrics: Path) -> str:
                      f"{v['reader_turns_diff']:+.1f}" if v.get("reader_turns_diff") is not None else "–",
                      _p(v.get("reader_turns_p_holm") if v.get("reader_turns_p_holm") is not None
                         else v.get("reader_turns_p_value")),
-                     _f(s.get("power", {}).get("mde"))])
-    return _table(["comparison", "role", "model Δ success", "model b / c", "model p (Holm)", "reader Δ success",
+                     format_value(s.get("power", {}).get("mde"))])
+    return markdown_table(["comparison", "role", "model Δ success", "model b / c", "model p (Holm)", "reader Δ success",
                    "reader b / c", "reader p (Holm)", "reader Δ turns", "reader turns p (Wilcoxon, Holm)", "MDE"], rows)
 
 
@@ -111,17 +101,13 @@ def curve_table(metrics: Path) -> str:
     if not points:
         return "_no learning curve in metrics/curve.json_"
     conds = list(dict.fromkeys(p["condition"] for p in points))
-    by = {(p["k"], p["condition"]): p for p in points}
     paired = {(p["k"], p["treatment"], p["control"]): p for p in curve.get("paired", []) if p["agent"] == "reader"}
     rows = []
-    for k in sorted({p["k"] for p in points}):
-        q = paired.get((k, "C2", "C1"))
-        diff = (f"{q['success']['diff']['value']:+.2f} ({q['success']['table']['b']} / {q['success']['table']['c']}, "
-                f"p{_p_eq(q['success']['p_value'])})") if q else "–"
-        rows.append([k, max(by[(k, c)]["held"] for c in conds if (k, c) in by),
-                     *(f"{by[(k, c)]['success']:.2f} / {by[(k, c)]['turns']:.1f}" if (k, c) in by else "–"
-                       for c in conds), diff])
-    return _table(["k (asked)", "k (held)", *conds, "C2 − C1 (b / c, exact p)"], rows)
+    for row in curve_rows(points, "reader", conds):
+        q = paired.get((row[0], "C2", "C1"))
+        rows.append([*row, (f"{q['success']['diff']['value']:+.2f} ({q['success']['table']['b']} / "
+                            f"{q['success']['table']['c']}, p{_p_eq(q['success']['p_value'])})") if q else "–"])
+    return markdown_table(["k (asked)", "k (held)", *conds, "C2 − C1 (b / c, exact p)"], rows)
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
