@@ -101,6 +101,12 @@ def summarise(points: Sequence[CurvePoint], name: str, seed: int) -> list[dict[s
     return rows
 
 
+def at_largest_k(rows: Sequence[dict[str, Any]], name: str, split: str) -> dict[str, dict[str, Any]]:
+    """Point ``name``'s rows of scene split ``split`` at its largest k, by condition."""
+    kmax = max(r["k"] for r in rows if r["point"] == name)
+    return {r["condition"]: r for r in rows if r["point"] == name and r["k"] == kmax and r["split"] == split}
+
+
 def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
     """One row per point at its largest k (all tasks): each condition's success and the two
     differences, labelled for ``dvc plots`` (template ``bar_horizontal``, ``y: point``)."""
@@ -108,10 +114,10 @@ def summary_csv(rows: Sequence[dict[str, Any]]) -> str:
     w = csv.writer(buf, lineterminator="\n")
     w.writerow(["point", "k", *CONDITIONS, "c1_minus_c0", "c2_minus_c1"])
     for name in dict.fromkeys(r["point"] for r in rows):
-        kmax = max(r["k"] for r in rows if r["point"] == name)
-        cell = {r["condition"]: r["success"] for r in rows if r["point"] == name and r["k"] == kmax and r["split"] == "all"}
+        at = at_largest_k(rows, name, "all")
+        cell = {c: r["success"] for c, r in at.items()}
         diff = [f"{cell[a] - cell[b]:+.4f}" if a in cell and b in cell else "" for a, b in (("C1", "C0"), ("C2", "C1"))]
-        w.writerow([name, kmax, *(cell.get(c, "") for c in CONDITIONS), *diff])
+        w.writerow([name, max(r["k"] for r in rows if r["point"] == name), *(cell.get(c, "") for c in CONDITIONS), *diff])
     return buf.getvalue()
 
 
@@ -157,9 +163,8 @@ def markdown_page(results: dict[str, list[CurvePoint]], args: argparse.Namespace
     lines += ["", table(results), "", "By scene split, at each point's largest k (success):", "",
               "| point | split | n | " + " | ".join(CONDITIONS) + " |", "|" + "---|" * (3 + len(CONDITIONS))]
     for name in results:
-        kmax = max(r["k"] for r in rows if r["point"] == name)
         for split in ("seen", "heldout"):
-            cells = {r["condition"]: r for r in rows if r["point"] == name and r["k"] == kmax and r["split"] == split}
+            cells = at_largest_k(rows, name, split)
             if cells:
                 n = next(iter(cells.values()))["n"]
                 lines.append(f"| {name} | {split} | {n} | " + " | ".join(
