@@ -12,7 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.tools import diff as D
+from pipeline.tools.diff.__main__ import main as diff_main
+from pipeline.tools.diff.revisions import DiffError
+from pipeline.tools.diff.tables import diff_tables
+from pipeline.tools.diff.values import window
 
 # The tiny stage (outputs laid out as in the real dvc.yaml: directory outputs and a per-condition
 # Parquet file output): episodes, turns, prompts, store, grounding JSON/TXT and a metric, all
@@ -93,7 +96,7 @@ def repo(tmp_path_factory):
 
 
 def _diff(repo: Path, *args: str, capsys) -> tuple[int, str, str]:
-    code = D.main([*args, "--repo", str(repo)])
+    code = diff_main([*args, "--repo", str(repo)])
     cap = capsys.readouterr()
     return code, cap.out, cap.err
 
@@ -171,12 +174,12 @@ def test_diff_errors_name_the_revision(repo, capsys):
 
 
 def test_diff_tables_without_key_and_duplicates():
-    d = D.diff_tables([{"x": 1}, {"x": 2}], [{"x": 1}, {"x": 3}, {"x": 4}], limit=5)
+    d = diff_tables([{"x": 1}, {"x": 2}], [{"x": 1}, {"x": 3}, {"x": 4}], limit=5)
     assert d["note"].startswith("no key column") and d["changed"] == 1 and d["added"] == 1
-    with pytest.raises(D.DiffError, match="occurs twice"):
-        D.diff_tables([{"entry_id": "a"}, {"entry_id": "a"}], [], limit=1, where="store")
+    with pytest.raises(DiffError, match="occurs twice"):
+        diff_tables([{"entry_id": "a"}, {"entry_id": "a"}], [], limit=1, where="store")
     # Long texts are shown around their first difference.
-    a, b = D._window("x" * 500 + "A" + "y" * 50, "x" * 500 + "B" + "y" * 50, 60)
+    a, b = window("x" * 500 + "A" + "y" * 50, "x" * 500 + "B" + "y" * 50, 60)
     assert a.startswith("…[@") and "A" in a and "B" in b
 
 

@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         root = project_root(Path(args.repo))
         if args.diff:
-            from pipeline.tools.diff import DiffError
+            from pipeline.tools.diff.revisions import DiffError
             from pipeline.view.revisions import view_of_revisions
 
             try:

@@ -4,15 +4,15 @@
     python -m pipeline.view --diff exp-a exp-b --condition C2
 
 A and B are what :mod:`pipeline.tools.diff` accepts (git revisions, DVC experiment names,
-``workspace``), opened by its :func:`~pipeline.tools.diff.open_rev`: artifacts are read at
+``workspace``), opened by its :func:`~pipeline.tools.diff.revisions.open_rev`: artifacts are read at
 each revision through DVC's filesystem (local cache), with that revision's ``paths`` and
-``condition`` from its ``params.yaml`` (:func:`~pipeline.tools.diff.load_params_at`,
-:func:`~pipeline.tools.diff.paths_at`). Runs are ``A:<C>`` and ``B:<C>`` for every
+``condition`` from its ``params.yaml`` (:func:`~pipeline.tools.diff.revisions.load_params_at`,
+:func:`~pipeline.tools.diff.revisions.paths_at`). Runs are ``A:<C>`` and ``B:<C>`` for every
 condition found at both (or ``--condition``); episodes are paired by ``episode_id`` (the
 same task and seed), so the page shows an episode from A beside the same task in B, where
 the two first took different actions, and each prompt against the other revision's.
 
-When a revision's eval data is not in the local cache, :class:`~pipeline.tools.diff.DiffError`
+When a revision's eval data is not in the local cache, :class:`~pipeline.tools.diff.revisions.DiffError`
 names the output and the commands that bring it back (as ``pipeline.tools.diff`` does).
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Sequence
 
-from pipeline.tools.diff import (
+from pipeline.tools.diff.revisions import (
     DiffError,
     MissingData,
     Rev,

@@ -151,7 +151,7 @@ def test_reprocheck_refuses_a_revision_that_git_would_read_as_an_option(tmp_path
 
 
 def test_diff_refuses_a_revision_that_git_would_read_as_an_option():
-    from pipeline.tools.diff import DiffError, open_rev
+    from pipeline.tools.diff.revisions import DiffError, open_rev
 
     for name in ("--output=/tmp/x", "-p", ""):
         with pytest.raises(DiffError, match="expected a git revision"):
