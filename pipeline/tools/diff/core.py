@@ -110,15 +110,7 @@ def diff_revisions(root: str | Path, rev_a: str, rev_b: str, *, artifacts: Itera
     if unknown:
         raise DiffError(f"--artifact {unknown[0]!r}: expected one of {', '.join(ARTIFACTS)}")
     a, b = open_rev(root, rev_a), open_rev(root, rev_b)
-    params_missing: dict[str, str] = {}
-    params = []
-    for side, rev in (("a", a), ("b", b)):
-        try:
-            params.append(load_params_at(rev))
-        except MissingData as exc:  # params.yaml tracked by DVC and not here
-            params_missing[side] = exc.what
-            params.append({})
-    params_a, params_b = params
+    params_a, params_b, params_missing = _params_at_both(a, b)
     paths_a, paths_b = paths_at(params_a), paths_at(params_b)
     metrics, metrics_files, metrics_unavailable = metrics_diff(a, b, paths_a["metrics"], paths_b["metrics"])
     result: dict[str, Any] = {
@@ -130,25 +122,48 @@ def diff_revisions(root: str | Path, rev_a: str, rev_b: str, *, artifacts: Itera
     }
     compared_files = 0
     for name in names:
-        files = sorted(set(artifact_files(a, paths_a, name)) | set(artifact_files(b, paths_b, name)))
-        entries = []
-        for path in files:
-            if progress:
-                progress(path)
-            entries.append(diff_file(path, a, b, limit=limit, width=width))
-        summary = {s: sum(e["status"] == s for e in entries)
-                   for s in ("added", "removed", "changed", "same", "unavailable")}
-        compared_files += len(entries) - summary["unavailable"]
-        result["artifacts"][name] = {"files": summary,
-                                     "entries": [e for e in entries if e["status"] != "same"],
-                                     "missing_outputs": _missing_under([k for k, _ in ARTIFACTS[name]],
-                                                                         (a, paths_a), (b, paths_b))}
+        result["artifacts"][name] = artifact_diff(name, a, paths_a, b, paths_b, limit=limit, width=width,
+                                                  progress=progress)
+        files = result["artifacts"][name]["files"]
+        compared_files += sum(files.values()) - files["unavailable"]
     result["compared"] = {"params": not params_missing and bool(params_a or params_b),
                           "metrics_files": metrics_files, "artifact_files": compared_files}
     result["unavailable"] = {"params": params_missing, "metrics": metrics_unavailable,
                              "metrics_outputs": _missing_under(["metrics"], (a, paths_a), (b, paths_b))}
     result["missing_data"] = missing_data(a, b, has_remote=bool((a.missing or b.missing) and has_dvc_remote(root)))
     return result
+
+
+def _params_at_both(a: Rev, b: Rev) -> tuple[dict, dict, dict[str, str]]:
+    """``(params at A, params at B, {side: what is missing})``: a ``params.yaml`` tracked by DVC
+    whose data is not at a revision reads as ``{}`` there."""
+    params_missing: dict[str, str] = {}
+    params = []
+    for side, rev in (("a", a), ("b", b)):
+        try:
+            params.append(load_params_at(rev))
+        except MissingData as exc:  # params.yaml tracked by DVC and not here
+            params_missing[side] = exc.what
+            params.append({})
+    return params[0], params[1], params_missing
+
+
+def artifact_diff(name: str, a: Rev, paths_a: Mapping[str, str], b: Rev, paths_b: Mapping[str, str], *,
+                  limit: int, width: int, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """One artifact's files at both revisions (with each one's :func:`paths_at`): how many are
+    added / removed / changed / the same / not compared, the entries of those not the same, and
+    the missing outputs in or above its folders."""
+    files = sorted(set(artifact_files(a, paths_a, name)) | set(artifact_files(b, paths_b, name)))
+    entries = []
+    for path in files:
+        if progress:
+            progress(path)
+        entries.append(diff_file(path, a, b, limit=limit, width=width))
+    summary = {s: sum(e["status"] == s for e in entries)
+               for s in ("added", "removed", "changed", "same", "unavailable")}
+    return {"files": summary,
+            "entries": [e for e in entries if e["status"] != "same"],
+            "missing_outputs": _missing_under([k for k, _ in ARTIFACTS[name]], (a, paths_a), (b, paths_b))}
 
 
 def _missing_under(keys: Iterable[str], *sides: tuple[Rev, Mapping[str, str]]) -> dict[str, list[str]]:

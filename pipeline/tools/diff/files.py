@@ -14,6 +14,8 @@ from pipeline.tools.diff.values import flatten, norm, window
 
 
 def diff_json_docs(doc_a: Any, doc_b: Any, *, limit: int, width: int = 100) -> dict[str, Any]:
+    """Two JSON documents by flattened key (:func:`~pipeline.tools.diff.values.flatten`): keys
+    changed / added / removed, and the first ``limit`` of them with both values."""
     fa, fb = flatten(doc_a), flatten(doc_b)
     changed = sorted(k for k in set(fa) & set(fb) if norm(fa[k]) != norm(fb[k]))
     added, removed = sorted(set(fb) - set(fa)), sorted(set(fa) - set(fb))
@@ -26,6 +28,8 @@ def diff_json_docs(doc_a: Any, doc_b: Any, *, limit: int, width: int = 100) -> d
 
 
 def diff_text(text_a: str, text_b: str, *, limit: int, name: str = "") -> dict[str, Any]:
+    """Two texts line by line: lines added / removed, and the first ``8 * limit`` lines of their
+    unified diff (one line of context)."""
     lines = list(difflib.unified_diff(text_a.splitlines(), text_b.splitlines(), "a/" + name, "b/" + name,
                                       lineterm="", n=1))
     body = [ln for ln in lines[2:]]
@@ -37,7 +41,19 @@ def diff_text(text_a: str, text_b: str, *, limit: int, name: str = "") -> dict[s
 def diff_file(path: str, a: Rev, b: Rev, *, limit: int, width: int) -> dict[str, Any]:
     """One file at both revisions: ``status`` added / removed / same / changed (with its diff), or
     ``unavailable`` with ``missing`` = {side: the DVC output (or this file) whose data is not there}."""
-    out: dict[str, Any] = {"path": path}
+    present, data, missing = _read_both(path, a, b)
+    if missing:
+        return {"path": path, "status": "unavailable", "missing": missing}
+    if not present["a"] or not present["b"]:
+        return {"path": path, "status": "added" if present["b"] else "removed"}
+    if data["a"] == data["b"]:
+        return {"path": path, "status": "same"}
+    return {"path": path, "status": "changed", **diff_contents(path, data["a"], data["b"], limit=limit, width=width)}
+
+
+def _read_both(path: str, a: Rev, b: Rev) -> tuple[dict[str, bool], dict[str, bytes], dict[str, str]]:
+    """``(present, data, missing)`` by side (``a``, ``b``): whether the file is there, its bytes
+    when it is there at both, and what is missing where its DVC output's data is not here."""
     sides = (("a", a), ("b", b))
     present, data, missing = {}, {}, {}
     for side, rev in sides:
@@ -51,27 +67,19 @@ def diff_file(path: str, a: Rev, b: Rev, *, limit: int, width: int) -> dict[str,
                 data[side] = rev.read_bytes(path)
             except MissingData as exc:
                 missing[side] = exc.what
-    if missing:
-        out.update(status="unavailable", missing=missing)
-        return out
-    if not present["a"] or not present["b"]:
-        out["status"] = "added" if present["b"] else "removed"
-        return out
-    da, db = data["a"], data["b"]
-    if da == db:
-        out["status"] = "same"
-        return out
-    out["status"] = "changed"
+    return present, data, missing
+
+
+def diff_contents(path: str, da: bytes, db: bytes, *, limit: int, width: int) -> dict[str, Any]:
+    """The diff of a file's two versions, by its suffix: a Parquet table's rows, a JSON document's
+    keys (its lines when a side is not valid JSON), or a text's lines."""
     suffix = PurePosixPath(path).suffix
     if suffix == ".parquet":
-        out.update(diff_tables(read_table_rows(da, path), read_table_rows(db, path), limit=limit, width=width,
-                               where=path))
-    elif suffix == ".json":
+        return diff_tables(read_table_rows(da, path), read_table_rows(db, path), limit=limit, width=width,
+                           where=path)
+    if suffix == ".json":
         try:
-            out.update(diff_json_docs(json.loads(da), json.loads(db), limit=limit, width=width))
+            return diff_json_docs(json.loads(da), json.loads(db), limit=limit, width=width)
         except json.JSONDecodeError:
-            out.update(diff_text(da.decode("utf-8", "replace"), db.decode("utf-8", "replace"), limit=limit,
-                                 name=path))
-    else:
-        out.update(diff_text(da.decode("utf-8", "replace"), db.decode("utf-8", "replace"), limit=limit, name=path))
-    return out
+            pass
+    return diff_text(da.decode("utf-8", "replace"), db.decode("utf-8", "replace"), limit=limit, name=path)

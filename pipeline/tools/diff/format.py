@@ -10,19 +10,35 @@ from pipeline.tools.diff.values import short
 
 
 def format_diff(d: Mapping[str, Any], *, limit: int = 5) -> str:
+    """The text of a diff (:func:`~pipeline.tools.diff.core.diff_revisions`): the revisions,
+    missing data first, params, metrics, then each artifact's files (``limit`` changed rows each)."""
     a, b = d["a"]["rev"], d["b"]["rev"]
     out = [f"diff A={a}{' (' + d['a']['sha'][:7] + ')' if d['a']['sha'] else ''} "
            f"B={b}{' (' + d['b']['sha'][:7] + ')' if d['b']['sha'] else ''}", ""]
     if d.get("missing_data"):
         out += format_missing(d) + [""]
+    out += _format_params(d) + _format_metrics(d)
+    for name, art in d["artifacts"].items():
+        out += _format_artifact(name, art, limit, d)
+    return "\n".join(out) + "\n"
+
+
+def _format_params(d: Mapping[str, Any]) -> list[str]:
+    """``params: N differ`` (or why they are not compared) and each differing key."""
     unavailable = d.get("unavailable", {})
     if unavailable.get("params"):
-        out.append("params: not compared (" + _missing_text(d, unavailable["params"]) + ")")
+        out = ["params: not compared (" + _missing_text(d, unavailable["params"]) + ")"]
     else:
-        out.append(f"params: {len(d['params'])} differ")
+        out = [f"params: {len(d['params'])} differ"]
     for p in d["params"]:
         out.append(f"  {p['key']}: {short(p['a'], 60)} -> {short(p['b'], 60)}")
-    out.append(f"metrics: {len(d['metrics'])} differ")
+    return out
+
+
+def _format_metrics(d: Mapping[str, Any]) -> list[str]:
+    """``metrics: N differ``, each differing number with its delta, and the files not compared."""
+    unavailable = d.get("unavailable", {})
+    out = [f"metrics: {len(d['metrics'])} differ"]
     for m in d["metrics"]:
         delta = f"  (Δ {m['delta']:+.6g})" if "delta" in m else ""
         out.append(f"  {m['file']}  {m['key']}: {short(m['a'], 30)} -> {short(m['b'], 30)}{delta}")
@@ -30,20 +46,22 @@ def format_diff(d: Mapping[str, Any], *, limit: int = 5) -> str:
         out.append(f"  not compared: {m['file']} ({_missing_text(d, m['missing'])})")
     if unavailable.get("metrics_outputs"):
         out.append(f"  not compared: {_missing_text(d, unavailable['metrics_outputs'])}")
-    for name, art in d["artifacts"].items():
-        s = art["files"]
-        missing_outs = art.get("missing_outputs", {})
-        if not any(s.values()):
-            if missing_outs:
-                out += ["", f"== {name}: not compared: " + _missing_text(d, missing_outs)]
-            else:
-                out += ["", f"== {name}: not present at either revision"]
-            continue
-        out += ["", f"== {name}: {s['changed']} file(s) changed, {s['added']} added, {s['removed']} removed, "
-                    f"{s['same']} identical" + (f", {s['unavailable']} not compared" if s.get("unavailable") else "")]
-        for e in art["entries"]:
-            out += _format_entry(e, limit, d)
-    return "\n".join(out) + "\n"
+    return out
+
+
+def _format_artifact(name: str, art: Mapping[str, Any], limit: int, d: Mapping[str, Any]) -> list[str]:
+    """One artifact's block: a blank line, its ``== name:`` counts, and its files' entries."""
+    s = art["files"]
+    missing_outs = art.get("missing_outputs", {})
+    if not any(s.values()):
+        if missing_outs:
+            return ["", f"== {name}: not compared: " + _missing_text(d, missing_outs)]
+        return ["", f"== {name}: not present at either revision"]
+    out = ["", f"== {name}: {s['changed']} file(s) changed, {s['added']} added, {s['removed']} removed, "
+               f"{s['same']} identical" + (f", {s['unavailable']} not compared" if s.get("unavailable") else "")]
+    for e in art["entries"]:
+        out += _format_entry(e, limit, d)
+    return out
 
 
 def _missing_text(d: Mapping[str, Any], missing: Mapping[str, str | Sequence[str]]) -> str:

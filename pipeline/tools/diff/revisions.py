@@ -267,6 +267,14 @@ def open_rev(root: str | Path, name: str) -> Rev:
         repo = Repo(str(root))
     except Exception as exc:
         raise DiffError(f"{root} is not a DVC repository: {exc}") from exc
+    kind, sha = _resolve(repo, name)
+    return Rev(name=name, sha=sha, kind=kind, root=root, fs=DVCFileSystem(str(root), rev=sha),
+               at_head=kind == "git" and sha == repo.scm.get_rev())
+
+
+def _resolve(repo: Any, name: str) -> tuple[str, str]:
+    """``(kind, sha)`` of ``name`` in a dvc ``Repo``: a DVC experiment's name first, then a git
+    revision; :class:`DiffError` when it is neither."""
     kind, sha = "git", None
     try:
         from dvc.repo.experiments.utils import resolve_name  # deferred: heavy dependency (dvc)
@@ -282,8 +290,7 @@ def open_rev(root: str | Path, name: str) -> Rev:
         except Exception as exc:
             raise DiffError(f"unknown revision {name!r}: not a git revision, a DVC experiment name "
                             f"(see `dvc exp show`) or 'workspace'") from exc
-    return Rev(name=name, sha=sha, kind=kind, root=root, fs=DVCFileSystem(str(root), rev=sha),
-               at_head=kind == "git" and sha == repo.scm.get_rev())
+    return kind, sha
 
 
 def has_dvc_remote(root: str | Path) -> bool:
