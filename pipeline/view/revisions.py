@@ -30,18 +30,8 @@ from pipeline.tools.diff.revisions import (
     open_rev,
     paths_at,
 )
-from pipeline.view.load import Reader, players, read_run
+from pipeline.view.load import players, read_run
 from pipeline.view.model import Run, View, build_view
-
-
-def rev_reader(rev: Rev) -> Reader:
-    """A viewer reader over one revision (None: no such file there; :class:`MissingData`
-    when the file's DVC output is not in the local cache)."""
-
-    def read(path: str) -> bytes | None:
-        return rev.read_bytes(path) if rev.present(path) else None
-
-    return read
 
 
 def conditions_at(rev: Rev, params: dict, eval_dir: str) -> list[str]:
@@ -87,9 +77,8 @@ def view_of_revisions(root: str | Path, rev_a: str, rev_b: str, *,
             params[side] = load_params_at(rev)
             paths = paths_at(params[side])
             found = conditions_at(rev, params[side], paths["eval"])
-            read = rev_reader(rev)
             for c in (wanted or found):
-                run = read_run(read, f"{side}:{c}", c, eval_dir=paths["eval"], prompts_dir=paths["prompts"],
+                run = read_run(rev.read, f"{side}:{c}", c, eval_dir=paths["eval"], prompts_dir=paths["prompts"],
                                source=f"{side} = {rev.label}")
                 if run is None:
                     notes.append(f"{side}:{c}: no {paths['eval']}/{c}/episodes.parquet at {rev.label}")

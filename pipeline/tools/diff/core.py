@@ -59,9 +59,9 @@ def metrics_diff(a: Rev, b: Rev, dir_a: str, dir_b: str) -> tuple[list[dict], in
     for rel in files:
         docs, missing = [], {}
         for side, rev, d in (("a", a, dir_a), ("b", b, dir_b)):
-            path = f"{d}/{rel}"
             try:
-                docs.append(_numbers(json.loads(rev.read_bytes(path))) if rev.present(path) else {})
+                data = rev.read(f"{d}/{rel}")
+                docs.append(_numbers(json.loads(data)) if data is not None else {})
             except json.JSONDecodeError:
                 docs.append({})
             except MissingData as exc:

@@ -161,6 +161,11 @@ class Rev:
             return (self.root / path).is_file()
         return bool(self.fs.exists(path)) and bool(self.fs.isfile(path))
 
+    def read(self, path: str) -> bytes | None:
+        """The file's bytes, None when it is not at this revision (see :meth:`present`);
+        :class:`MissingData` when its DVC output's data is not here."""
+        return self.read_bytes(path) if self.present(path) else None
+
     def read_bytes(self, path: str) -> bytes:
         """The file's bytes; :class:`MissingData` when its DVC output's data is not here."""
         missing = self.missing_output_of(path)
@@ -306,10 +311,12 @@ def has_dvc_remote(root: str | Path) -> bool:
 
 
 def load_params_at(rev: Rev) -> dict:
-    if not rev.present("params.yaml"):
+    """The revision's ``params.yaml`` ({} when it has none)."""
+    data = rev.read("params.yaml")
+    if data is None:
         return {}
     try:
-        return yaml.safe_load(rev.read_bytes("params.yaml")) or {}
+        return yaml.safe_load(data) or {}
     except yaml.YAMLError as exc:
         raise DiffError(f"params.yaml at {rev.label} is not valid YAML: {exc}") from exc
 
