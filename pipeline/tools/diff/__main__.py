@@ -47,6 +47,8 @@ from pipeline.tools.diff.revisions import DiffError
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command: 0 when the diff is printed, 1 on an error or when nothing could be compared (2: a
+    bad flag, from argparse)."""
     parser = argparse.ArgumentParser(prog="python -m pipeline.tools.diff", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("a", help="git revision, DVC experiment name or 'workspace'")

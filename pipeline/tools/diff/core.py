@@ -35,12 +35,15 @@ ARTIFACTS: dict[str, list[tuple[str, list[str]]]] = {
 
 
 def diff_params(pa_: Mapping[str, Any], pb: Mapping[str, Any]) -> list[dict]:
+    """Every flattened key whose value differs between two params documents (``(absent)`` on the
+    side that lacks it)."""
     fa, fb = flatten(pa_), flatten(pb)
     return [{"key": k, "a": fa.get(k, "(absent)"), "b": fb.get(k, "(absent)")}
             for k in sorted(set(fa) | set(fb)) if norm(fa.get(k, "(absent)")) != norm(fb.get(k, "(absent)"))]
 
 
 def _numbers(doc: Any) -> dict[str, Any]:
+    """A metrics document's scalar leaves by flattened key (lists are not metrics)."""
     return {k: v for k, v in flatten(doc).items() if isinstance(v, (int, float, str, bool)) or v is None}
 
 
@@ -82,6 +85,8 @@ def metrics_diff(a: Rev, b: Rev, dir_a: str, dir_b: str) -> tuple[list[dict], in
 
 
 def artifact_files(rev: Rev, paths: Mapping[str, str], artifact: str) -> list[str]:
+    """The files of ``artifact`` at ``rev``: those under its :data:`ARTIFACTS` folders that match
+    its patterns."""
     files = []
     for key, patterns in ARTIFACTS[artifact]:
         base = paths.get(key, DEFAULT_PATHS[key])

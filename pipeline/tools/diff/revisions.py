@@ -4,7 +4,7 @@ working tree (``workspace``), and the ``params.yaml`` and ``paths`` found there.
     rev = open_rev(root, "HEAD~1")           # or a DVC experiment name, or "workspace"
     params = load_params_at(rev)              # {} when the revision has no params.yaml
     rev.find(paths_at(params)["eval"])        # the files under a folder, sorted
-    rev.read_bytes("metrics/compare.json")
+    rev.read("metrics/compare.json")          # its bytes; None when the file is not there
 
 Artifacts are read through ``dvc.api.DVCFileSystem`` (DVC-tracked outputs come from the local
 cache). A DVC output whose data is not here raises :class:`MissingData`, and the revision
@@ -157,6 +157,7 @@ class Rev:
         return True
 
     def exists(self, path: str) -> bool:
+        """Whether ``path`` is a file here, without asking for its DVC output (see :meth:`present`)."""
         if self.fs is None:
             return (self.root / path).is_file()
         return bool(self.fs.exists(path)) and bool(self.fs.isfile(path))
@@ -322,6 +323,8 @@ def load_params_at(rev: Rev) -> dict:
 
 
 def paths_at(params: Mapping[str, Any]) -> dict[str, str]:
+    """The artifact folders of a revision's params (``paths.*``), :data:`DEFAULT_PATHS` for those
+    it does not set."""
     paths = dict(DEFAULT_PATHS)
     for k, v in (params.get("paths") or {}).items():
         if isinstance(v, str):

@@ -114,6 +114,7 @@ def _key_text(key: Sequence[str], k: tuple) -> str:
 
 
 def read_table_rows(data: bytes, path: str) -> list[dict]:
+    """A Parquet file's rows (``path`` names it in the error when it cannot be read)."""
     try:
         return pq.read_table(io.BytesIO(data)).to_pylist()
     except (pa.ArrowInvalid, OSError) as exc:
