@@ -173,6 +173,16 @@ def test_diff_errors_name_the_revision(repo, capsys):
     assert code == 1 and "unknown revision 'no-such-exp'" in err
 
 
+def test_python_m_runs_the_package_command():
+    """`python -m pipeline.tools.diff` (the package's __main__) prints the usage and the docstring."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    res = subprocess.run([sys.executable, "-m", "pipeline.tools.diff", "--help"], env=env, capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("usage: python -m pipeline.tools.diff [-h]")
+    assert "Artifact diff between two experiments" in res.stdout and "--artifact" in res.stdout
+
+
 def test_diff_tables_without_key_and_duplicates():
     d = diff_tables([{"x": 1}, {"x": 2}], [{"x": 1}, {"x": 3}, {"x": 4}], limit=5)
     assert d["note"].startswith("no key column") and d["changed"] == 1 and d["added"] == 1
