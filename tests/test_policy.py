@@ -10,6 +10,7 @@ one quest's demonstrations is saved, reloaded with ``AutoModelForCausalLM`` /
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -126,9 +127,41 @@ def test_verified_plan_is_read_back_and_followed_as_written(cfg, tiny_games, mem
         assert read_knowledge(other, env.world, []).verified_plan == ()
 
 
-def test_freeze_prompt_gives_the_mutate_and_read_text_and_keeps_the_organizer(cfg):
-    """Each grounding / block case gives the text set_variables + set_memory_block +
-    freeze_system_prompt gave, and the shared organizer keeps no task's state."""
+def test_demos_and_the_renderer_assemble_prompts_with_the_one_function(cfg, monkeypatch):
+    """The policy's demonstrations (``freeze_prompt``) and the render stage's ``Renderer``
+    both assemble a task's prompt with :func:`pipeline.prompts.task_prompt`: what it
+    returns is what each gives, from the inputs each passes it."""
+    from pipeline import prompts
+    from pipeline.conditions import Renderer
+    from pipeline.memory import EpisodicStore
+    from pipeline.policy.demos import freeze_prompt
+
+    calls = []
+
+    def assembly(organizer, objective, scene_id, grounding, block=""):
+        calls.append((objective, scene_id, grounding, block))
+        return prompts.FrozenPrompt(f"prompt {len(calls)}", block)
+
+    monkeypatch.setattr(prompts, "task_prompt", assembly)
+    org = prompts.PromptOrganizer.from_config(cfg)
+    objective, grounding = "Put Apple_2 in Fridge_0", "- The fridge is in the kitchen."
+    assert freeze_prompt(org, objective, "s0", grounding, "BLOCK") == "prompt 1"
+    assert freeze_prompt(org, objective, "s0", None, "BLOCK") == "prompt 2"
+    assert freeze_prompt(org, objective, "s0", None, "") == "prompt 3"
+    r = Renderer(cfg, EpisodicStore.from_entries([], tie_seed=0), Path(__file__).resolve().parents[1])
+    assert r.prompt({"objective": objective, "scene_id": "s0"}, "BLOCK", []).text == "prompt 4"
+    empty = org.empty_grounding_text
+    assert calls == [(objective, "s0", grounding, "BLOCK"), (objective, "s0", empty, "BLOCK"),
+                     (objective, "s0", None, ""), (objective, "s0", empty, "BLOCK")]
+
+
+def test_demo_prompts_are_the_text_they_were(cfg):
+    """A demonstration's prompt for fixed inputs is byte for byte the text it was before the
+    one assembly: the mutate-and-read organizer's (set_variables + set_memory_block +
+    freeze_system_prompt), a fixed hash for one case, and the shared organizer keeps no
+    task's state."""
+    import hashlib
+
     from pipeline.policy.demos import freeze_prompt
     from pipeline.prompts import PromptOrganizer
 
@@ -144,6 +177,13 @@ def test_freeze_prompt_gives_the_mutate_and_read_text_and_keeps_the_organizer(cf
                         else old.freeze_system_prompt(None, grounding_content=content))
             assert freeze_prompt(org, "Put Apple_2 in Fridge_0", "s0", grounding, blk) == expected
     assert org.variables == {} and org.memory_slot == ""
+    text = freeze_prompt(org, "Put Apple_2 in Fridge_0", "s0", "- The fridge is in the kitchen ($5).", block)
+    assert hashlib.sha256(text.encode()).hexdigest() == GOLDEN_PROMPT_SHA256, text
+
+
+#: sha256 of the tiny config's demonstration prompt in :func:`test_demo_prompts_are_the_text_they_were`
+#: (a change of conf/templates/ or of the assembly changes it: then every demo prompt changed too).
+GOLDEN_PROMPT_SHA256 = "6ee2e370debf50258ac1af9116fb33ccc78a4a7b3409aa1a796507b9db15e0a3"
 
 
 def test_expert_demos_win_and_cover_the_prompt_variants(demos, memory):

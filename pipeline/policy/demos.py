@@ -38,6 +38,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
+from pipeline import prompts
 from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
@@ -221,16 +222,18 @@ def grounding_text(grounding_cfg: GroundingConfig, memory: SceneMemory, scene_id
 
 
 def freeze_prompt(organizer: PromptOrganizer, objective: str, scene_id: str, grounding: str | None, block: str) -> str:
-    """The per-episode system prompt, frozen as ``pipeline.conditions.Renderer.prompt`` does
-    (:meth:`~pipeline.prompts.PromptOrganizer.freeze`), with ``grounding`` as its text.
+    """A variant's per-episode system prompt, assembled by :func:`pipeline.prompts.task_prompt`
+    (as ``pipeline.conditions.Renderer.prompt`` assembles an eval prompt), with ``grounding``
+    as its text.
 
     With neither grounding nor block it is the prompt the ``llm`` agent renders for itself
-    in ``collect`` (the default grounding files, no advisory slot).
+    in ``collect`` (the default grounding files, no advisory slot); a block without
+    grounding shows the empty grounding text, as a held-out scene's eval prompt does.
     """
-    variables = {"objective": objective, "scene": scene_id}
-    if grounding is not None or block:
-        variables["grounding_content"] = grounding if grounding is not None else organizer.empty_grounding_text
-    return organizer.freeze(variables, block).text
+    if grounding is None and block:
+        grounding = organizer.empty_grounding_text
+    # Looked up on the package at call time, so a test can see that both callers use it.
+    return prompts.task_prompt(organizer, objective, scene_id, grounding, block).text
 
 
 def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
