@@ -61,7 +61,7 @@ from pipeline.policy.expert import (
 )
 from pipeline.prompts import PromptOrganizer, extract_json_object
 from pipeline.session.collection import make_factories
-from pipeline.session.rollout import Task, play, tasks_from_manifest
+from pipeline.session.rollout import Task, format_episode_id, play, tasks_from_manifest
 
 
 @dataclass
@@ -341,9 +341,9 @@ def house_grounding(rule_cfg: Config, house: GeneratedHouse, scenes: dict[str, A
     pol = rule_cfg.model.policy
     row = house.row(1)
     _, make_agent, make_user = make_factories(rule_cfg, Path("."), scenes)
-    task = Task(episode_id=f"ep_train_{house.scene_id}_{row['quest_id']}_0", scene_id=house.scene_id,
-                quest_id=row["quest_id"], split="train", objective=row["objective"], game_file="",
-                expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"]),
+    task = Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
+                scene_id=house.scene_id, quest_id=row["quest_id"], split="train", objective=row["objective"],
+                game_file="", expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"]),
                 seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0))
     records = play([task], make_env=lambda _t: house_env(rule_cfg, house, 1), make_agent=make_agent,
                    make_user=make_user, agent_name=str(pol.rule_agent),
