@@ -11,7 +11,7 @@ import pytest
 from pipeline.session.episodes import EpisodeStore, statistics, write_episodes
 from pipeline.core.io import ArtifactError
 from pipeline.core.seeding import task_seed
-from pipeline.session.rollout import Checkpoints, play, tasks_from_manifest
+from pipeline.session.rollout import Checkpoints, format_episode_id, play, tasks_from_manifest
 from pipeline.session.collection import make_factories, run_collection
 
 
@@ -53,6 +53,15 @@ def test_task_seeds_ignore_condition_and_order(tiny_games):
     b = tasks_from_manifest(list(reversed(tiny_games.rows)), split="eval", master_seed=3, condition="C2")
     assert [(t.episode_id, t.seed) for t in a] == [(t.episode_id, t.seed) for t in b]
     assert task_seed(3, "s", "q", 0) != task_seed(4, "s", "q", 0)
+
+
+def test_episode_ids_are_spelled_in_one_place(tiny_games):
+    """A task's episode id is :func:`format_episode_id` of its split, scene, quest and repeat
+    (the policy's rule-agent episodes in generated houses are named by it too)."""
+    assert format_episode_id("train", "scene_00", "q01", 2) == "ep_train_scene_00_q01_2"
+    tasks = tasks_from_manifest(tiny_games.rows, split="eval", master_seed=3, repeats=2)
+    assert tasks and all(t.episode_id == format_episode_id("eval", t.scene_id, t.quest_id, int(t.episode_id[-1]))
+                         for t in tasks)
 
 
 def test_finished_episodes_are_not_replayed(tiny_cfg, tiny_games, tmp_path):

@@ -10,6 +10,7 @@ one quest's demonstrations is saved, reloaded with ``AutoModelForCausalLM`` /
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
@@ -126,9 +127,41 @@ def test_verified_plan_is_read_back_and_followed_as_written(cfg, tiny_games, mem
         assert read_knowledge(other, env.world, []).verified_plan == ()
 
 
-def test_freeze_prompt_gives_the_mutate_and_read_text_and_keeps_the_organizer(cfg):
-    """Each grounding / block case gives the text set_variables + set_memory_block +
-    freeze_system_prompt gave, and the shared organizer keeps no task's state."""
+def test_demos_and_the_renderer_assemble_prompts_with_the_one_function(cfg, monkeypatch):
+    """The policy's demonstrations (``freeze_prompt``) and the render stage's ``Renderer``
+    both assemble a task's prompt with :func:`pipeline.prompts.task_prompt`: what it
+    returns is what each gives, from the inputs each passes it."""
+    from pipeline import prompts
+    from pipeline.conditions import Renderer
+    from pipeline.memory import EpisodicStore
+    from pipeline.policy.demos import freeze_prompt
+
+    calls = []
+
+    def assembly(organizer, objective, scene_id, grounding, block=""):
+        calls.append((objective, scene_id, grounding, block))
+        return prompts.FrozenPrompt(f"prompt {len(calls)}", block)
+
+    monkeypatch.setattr(prompts, "task_prompt", assembly)
+    org = prompts.PromptOrganizer.from_config(cfg)
+    objective, grounding = "Put Apple_2 in Fridge_0", "- The fridge is in the kitchen."
+    assert freeze_prompt(org, objective, "s0", grounding, "BLOCK") == "prompt 1"
+    assert freeze_prompt(org, objective, "s0", None, "BLOCK") == "prompt 2"
+    assert freeze_prompt(org, objective, "s0", None, "") == "prompt 3"
+    r = Renderer(cfg, EpisodicStore.from_entries([], tie_seed=0), Path(__file__).resolve().parents[1])
+    assert r.prompt({"objective": objective, "scene_id": "s0"}, "BLOCK", []).text == "prompt 4"
+    empty = org.empty_grounding_text
+    assert calls == [(objective, "s0", grounding, "BLOCK"), (objective, "s0", empty, "BLOCK"),
+                     (objective, "s0", None, ""), (objective, "s0", empty, "BLOCK")]
+
+
+def test_demo_prompts_are_the_text_they_were(cfg):
+    """A demonstration's prompt for fixed inputs is byte for byte the text it was before the
+    one assembly: the mutate-and-read organizer's (set_variables + set_memory_block +
+    freeze_system_prompt), a fixed hash for one case, and the shared organizer keeps no
+    task's state."""
+    import hashlib
+
     from pipeline.policy.demos import freeze_prompt
     from pipeline.prompts import PromptOrganizer
 
@@ -144,6 +177,13 @@ def test_freeze_prompt_gives_the_mutate_and_read_text_and_keeps_the_organizer(cf
                         else old.freeze_system_prompt(None, grounding_content=content))
             assert freeze_prompt(org, "Put Apple_2 in Fridge_0", "s0", grounding, blk) == expected
     assert org.variables == {} and org.memory_slot == ""
+    text = freeze_prompt(org, "Put Apple_2 in Fridge_0", "s0", "- The fridge is in the kitchen ($5).", block)
+    assert hashlib.sha256(text.encode()).hexdigest() == GOLDEN_PROMPT_SHA256, text
+
+
+#: sha256 of the tiny config's demonstration prompt in :func:`test_demo_prompts_are_the_text_they_were`
+#: (a change of conf/templates/ or of the assembly changes it: then every demo prompt changed too).
+GOLDEN_PROMPT_SHA256 = "6ee2e370debf50258ac1af9116fb33ccc78a4a7b3409aa1a796507b9db15e0a3"
 
 
 def test_expert_demos_win_and_cover_the_prompt_variants(demos, memory):
@@ -180,11 +220,13 @@ def test_plan_drills_are_first_turns_copying_a_new_verified_plan(cfg, tiny_games
     drills are one training unit."""
     import re
 
-    from pipeline.policy.demos import DRILL_PREFIX, play_demos, render_demos, training_unit
+    from pipeline.policy.demos import DemoKind, demo_kind, play_demos, render_demos, training_unit
 
     drilled = OmegaConf.merge(cfg, {"model": {"policy": {"plan_drills": 3, "demos_per_quest": 1}}})
     demos = play_demos(drilled, tiny_games.root, tiny_games.rows, tiny_games.scenes, memory)
-    drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
+    assert all(demo_kind(d.demo_id) == d.kind and d.demo_id.startswith(d.kind.prefix) for d in demos)
+    assert {d.kind for d in demos} == {DemoKind.quest, DemoKind.drill}
+    drills = [d for d in demos if d.kind.is_drill]
     n_train = sum(r["split"] == "train" for r in tiny_games.rows)
     assert len(drills) == 3 * n_train and len(demos) == 4 * n_train
     assert all(len(d.episode.turns) == 1 and d.mapping and d.variant.source == "C2_oracle" for d in drills)
@@ -196,9 +238,22 @@ def test_plan_drills_are_first_turns_copying_a_new_verified_plan(cfg, tiny_games
         answer = json.loads(t.response.partition("\n")[2])
         assert steps and t.response.startswith(f"Plan: {steps[0]}.")
         assert answer["memory"]["plan"] == "; ".join(steps[1:])
-    assert {training_unit(d.demo_id) for d in drills} == {f"{DRILL_PREFIX}{r['scene_id']}_{r['quest_id']}"
+    assert {training_unit(d.demo_id) for d in drills} == {f"drill_{r['scene_id']}_{r['quest_id']}"
                                                          for r in tiny_games.rows if r["split"] == "train"}
     assert training_unit("demo_scene_00_q01_03") == "demo_scene_00_q01_03"
+
+
+def test_demo_kind_reads_each_kind_back_from_its_id():
+    """Every kind's id reads back as that kind (a house drill's prefix starts with a drill's);
+    an id of no kind is refused."""
+    from pipeline.policy.demos import DemoKind, demo_kind
+
+    ids = {"demo_scene_00_q01_03": DemoKind.quest, "drill_scene_00_q01_02": DemoKind.drill,
+           "gen_gen_00004": DemoKind.house, "drill_gen_00001_07": DemoKind.house_drill}
+    assert {i: demo_kind(i) for i in ids} == ids
+    assert {k.prefix for k in DemoKind} == {"demo_", "drill_", "gen_", "drill_gen_"}
+    with pytest.raises(ValueError, match="ep_train_s0_q1_0"):
+        demo_kind("ep_train_s0_q1_0")
 
 
 def test_generated_house_demos_and_drills_read_only_their_own_house(cfg, tiny_games, memory):
@@ -208,19 +263,20 @@ def test_generated_house_demos_and_drills_read_only_their_own_house(cfg, tiny_ga
     import re
 
     from pipeline.envs.household.generate import layout_key
-    from pipeline.policy.demos import DRILL_PREFIX, generated_demos, render_demos, training_houses, training_unit
+    from pipeline.policy.demos import DemoKind, demo_kind, generated_demos, render_demos, training_houses, training_unit
     from pipeline.prompts import PromptOrganizer
 
     gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 8, "generated_drills": 9,
                                                      "generated_grounding": 0.0}}})
     demos = generated_demos(gen, tiny_games.rows, tiny_games.scenes, memory, PromptOrganizer.from_config(gen))
-    episodes = [d for d in demos if not d.demo_id.startswith(DRILL_PREFIX)]
-    drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
+    assert all(demo_kind(d.demo_id) == d.kind for d in demos)
+    episodes = [d for d in demos if d.kind == DemoKind.house]
+    drills = [d for d in demos if d.kind == DemoKind.house_drill]
     assert len(episodes) == 8 and len(drills) == 9
     # the prompt variants in turn (the tiny store's placebo block equals none or C2's: dropped as a duplicate)
     assert {"plain", "plain+C2", "plain+C2_oracle"} <= {d.variant.name for d in episodes}
     assert sum(d.episode.won for d in episodes) >= 6  # a big house can outlast the tiny world's 15 steps
-    assert {training_unit(d.demo_id) for d in drills} == {f"{DRILL_PREFIX}gen_00000", f"{DRILL_PREFIX}gen_00001"}
+    assert {training_unit(d.demo_id) for d in drills} == {"drill_gen_00000", "drill_gen_00001"}
     eval_rows = [r for r in tiny_games.rows if r["split"] == "eval"]
     assert not {d.task["objective"] for d in demos} & {r["objective"] for r in eval_rows}
     houses = training_houses(gen, tiny_games.rows, tiny_games.scenes).houses(17)

@@ -3,10 +3,11 @@
 For one eval task: signature -> retrieval -> advisory bundle -> gate
 (``pipeline.memory.build_memory_slot``) -> system prompt (``prompts.system_template`` with
 the scene's merged grounding ``data/grounding_merged/<scene_id>.md`` (+ ``configured.md``
-when ``grounding.files`` is set) and the injected block, frozen by
-:meth:`pipeline.prompts.PromptOrganizer.freeze`). :class:`Renderer` gives one row of
-:data:`~pipeline.conditions.schema.PROMPTS_SCHEMA`; :func:`render_condition` renders every
-configured condition and runs the evidence checks (:mod:`pipeline.conditions.evidence`)::
+when ``grounding.files`` is set) and the injected block, assembled by
+:func:`pipeline.prompts.task_prompt`, as the policy's demonstrations are). :class:`Renderer`
+gives one row of :data:`~pipeline.conditions.schema.PROMPTS_SCHEMA`; :func:`render_condition`
+renders every configured condition and runs the evidence checks
+(:mod:`pipeline.conditions.evidence`)::
 
     r = Renderer(cfg, store, root)
     row = r.row(task, "C2")                      # one row of PROMPTS_SCHEMA
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from pipeline import memory
+from pipeline import memory, prompts
 from pipeline.conditions.evidence import (
     EvidenceError,
     check_injected_blocks,
@@ -110,10 +111,12 @@ class Renderer:
                                    configured=self._configured, root=self.root)
 
     def prompt(self, task: Mapping[str, Any], block: str, files: list[str]) -> FrozenPrompt:
-        """The frozen prompt of ``task`` with ``block`` as the injected memory block, and the
-        memory block as the prompt shows it."""
-        variables = {"objective": str(task["objective"]), "scene": str(task["scene_id"])}
-        return self.organizer.freeze(variables, block, files)
+        """The frozen prompt of ``task`` with ``block`` as the injected memory block and the
+        content of ``files`` as its grounding, and the memory block as the prompt shows it
+        (:func:`pipeline.prompts.task_prompt`, as the policy's demonstrations are built)."""
+        # Looked up on the package at call time, so a test can see that both callers use it.
+        return prompts.task_prompt(self.organizer, str(task["objective"]), str(task["scene_id"]),
+                                   self.organizer.grounding_content(files), block)
 
     def seen_text(self, frozen: str) -> str:
         """What the model sees at a turn (probe observation, memory defaults)."""

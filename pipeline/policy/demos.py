@@ -33,11 +33,13 @@ played here):
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
+from pipeline import prompts
 from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
 from pipeline.core.schemas import episodes_table, turns_table
@@ -60,7 +62,7 @@ from pipeline.policy.expert import (
 )
 from pipeline.prompts import PromptOrganizer, extract_json_object
 from pipeline.session.collection import make_factories
-from pipeline.session.rollout import Task, play, tasks_from_manifest
+from pipeline.session.rollout import Task, format_episode_id, play, tasks_from_manifest
 
 
 @dataclass
@@ -99,16 +101,62 @@ class Variant:
         return self.grounding is None and not self.block
 
 
+class DemoKind(StrEnum):
+    """What a demonstration is. Its id is the kind's :attr:`prefix` and a name
+    (:meth:`Demo.of` writes it; :func:`demo_kind` reads the kind back from a stored id)."""
+
+    quest = "quest"  # demo_<scene>_<quest>_<kk>: an expert episode on a train quest (play_demos)
+    drill = "drill"  # drill_<scene>_<quest>_<kk>: a train quest's plan drill, its first turn (plan_drills)
+    house = "house"  # gen_<house>: an expert episode in a generated house (generated_demos)
+    house_drill = "house_drill"  # drill_gen_<unit>_<kk>: a generated house's plan drill (generated_demos)
+
+    @property
+    def prefix(self) -> str:
+        """The start of the ids of this kind."""
+        return _DEMO_PREFIXES[self]
+
+    @property
+    def is_drill(self) -> bool:
+        """A plan drill: one first turn, trained with the other drills of its unit (:func:`training_unit`)."""
+        return self in (DemoKind.drill, DemoKind.house_drill)
+
+
+_DEMO_PREFIXES = {DemoKind.quest: "demo_", DemoKind.drill: "drill_", DemoKind.house: "gen_",
+                  DemoKind.house_drill: "drill_gen_"}
+
+
+def demo_kind(demo_id: str) -> DemoKind:
+    """The kind of a stored demonstration id (``data/demos`` keeps ids, not kinds): the kind
+    of the longest prefix it starts with.
+
+    Raises:
+        ValueError: an id of no kind.
+    """
+    for kind in sorted(DemoKind, key=lambda k: -len(k.prefix)):
+        if demo_id.startswith(kind.prefix):
+            return kind
+    raise ValueError(f"demo id {demo_id!r} starts with none of {sorted(_DEMO_PREFIXES.values())}")
+
+
 @dataclass
 class Demo:
-    """One demonstration episode: the quest, the prompt variant, the renaming, the turns."""
+    """One demonstration episode: the quest, the prompt variant, the renaming, the turns, and
+    what kind of demonstration it is (``demo_id`` starts with ``kind.prefix``)."""
 
     demo_id: str
     task: dict  # manifest row
     variant: Variant
     mapping: dict[str, str]
     episode: DemoEpisode
-    index: int = 0  # k-th demo of its quest
+    index: int  # k-th demo of its quest (of its drill stream for a generated house's drill)
+    kind: DemoKind
+
+    @classmethod
+    def of(cls, kind: DemoKind, name: str, task: dict, variant: Variant, mapping: dict[str, str],
+           episode: DemoEpisode, index: int) -> Demo:
+        """A demonstration of ``kind`` named ``name`` (``<scene>_<quest>_<kk>``, the house,
+        ``<unit>_<kk>``): its id is ``kind.prefix + name``."""
+        return cls(kind.prefix + name, task, variant, mapping, episode, index, kind)
 
 
 @dataclass
@@ -221,16 +269,18 @@ def grounding_text(grounding_cfg: GroundingConfig, memory: SceneMemory, scene_id
 
 
 def freeze_prompt(organizer: PromptOrganizer, objective: str, scene_id: str, grounding: str | None, block: str) -> str:
-    """The per-episode system prompt, frozen as ``pipeline.conditions.Renderer.prompt`` does
-    (:meth:`~pipeline.prompts.PromptOrganizer.freeze`), with ``grounding`` as its text.
+    """A variant's per-episode system prompt, assembled by :func:`pipeline.prompts.task_prompt`
+    (as ``pipeline.conditions.Renderer.prompt`` assembles an eval prompt), with ``grounding``
+    as its text.
 
     With neither grounding nor block it is the prompt the ``llm`` agent renders for itself
-    in ``collect`` (the default grounding files, no advisory slot).
+    in ``collect`` (the default grounding files, no advisory slot); a block without
+    grounding shows the empty grounding text, as a held-out scene's eval prompt does.
     """
-    variables = {"objective": objective, "scene": scene_id}
-    if grounding is not None or block:
-        variables["grounding_content"] = grounding if grounding is not None else organizer.empty_grounding_text
-    return organizer.freeze(variables, block).text
+    if grounding is None and block:
+        grounding = organizer.empty_grounding_text
+    # Looked up on the package at call time, so a test can see that both callers use it.
+    return prompts.task_prompt(organizer, objective, scene_id, grounding, block).text
 
 
 def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
@@ -294,8 +344,8 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
                 mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
             episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng,
                                   slip_prob=pol.slip_prob if mapping else 0.0)
-            demo_id = f"demo_{row['scene_id']}_{row['quest_id']}_{k:02d}"
-            demos.append(Demo(demo_id, dict(row), variants[vi], mapping, episode, k))
+            demos.append(Demo.of(DemoKind.quest, f"{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row),
+                                 variants[vi], mapping, episode, k))
             if progress is not None:
                 progress(1)
         demos += plan_drills(cfg, root, scenes, row, variants, frozen, eval_objectives, progress=progress)
@@ -338,9 +388,9 @@ def house_grounding(rule_cfg: Config, house: GeneratedHouse, scenes: dict[str, A
     pol = rule_cfg.model.policy
     row = house.row(1)
     _, make_agent, make_user = make_factories(rule_cfg, Path("."), scenes)
-    task = Task(episode_id=f"ep_train_{house.scene_id}_{row['quest_id']}_0", scene_id=house.scene_id,
-                quest_id=row["quest_id"], split="train", objective=row["objective"], game_file="",
-                expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"]),
+    task = Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
+                scene_id=house.scene_id, quest_id=row["quest_id"], split="train", objective=row["objective"],
+                game_file="", expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"]),
                 seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0))
     records = play([task], make_env=lambda _t: house_env(rule_cfg, house, 1), make_agent=make_agent,
                    make_user=make_user, agent_name=str(pol.rule_agent),
@@ -402,9 +452,9 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
             j = k - n_houses
             first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
             # eight drills make one training unit (training_unit: the part before the last "_")
-            out.append(Demo(f"{DRILL_PREFIX}gen_{j // 8:05d}_{j % 8:02d}", row, v, {}, first, j))
+            out.append(Demo.of(DemoKind.house_drill, f"{j // 8:05d}_{j % 8:02d}", row, v, {}, first, j))
         else:
-            out.append(Demo(f"gen_{house.scene_id}", row, v, {}, episode, 0))
+            out.append(Demo.of(DemoKind.house, house.scene_id, row, v, {}, episode, 0))
         if progress is not None:
             progress(1)
     return out
@@ -448,21 +498,18 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
         mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
         episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng, slip_prob=0.0)
         first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
-        out.append(Demo(f"{DRILL_PREFIX}{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row), variants[vi],
-                        mapping, first, k))
+        out.append(Demo.of(DemoKind.drill, f"{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row),
+                           variants[vi], mapping, first, k))
         if progress is not None:
             progress(1)
     return out
 
 
-DRILL_PREFIX = "drill_"
-
-
 def training_unit(demo_id: str) -> str:
     """The training unit a demonstration's turns belong to: its own episode, or for plan
     drills (:func:`plan_drills`) all the drills of its quest (one optimizer step runs them
-    together, as it runs an episode's turns)."""
-    return demo_id.rsplit("_", 1)[0] if demo_id.startswith(DRILL_PREFIX) else demo_id
+    together, as it runs an episode's turns): the id without its last ``_kk``."""
+    return demo_id.rsplit("_", 1)[0] if demo_kind(demo_id).is_drill else demo_id
 
 
 class NoBackend:
@@ -512,9 +559,9 @@ def render_demos(cfg: Config, demos: Sequence[Demo]) -> list[RenderedTurn]:
 
 def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
     """Counts for ``metrics/policy.json``: episodes, turns, expert success per variant kind."""
-    drills = [d for d in demos if d.demo_id.startswith(DRILL_PREFIX)]
-    demos = [d for d in demos if not d.demo_id.startswith(DRILL_PREFIX)]
-    generated = sum(d.demo_id.startswith("gen_") for d in demos)
+    drills = [d for d in demos if d.kind.is_drill]
+    demos = [d for d in demos if not d.kind.is_drill]
+    generated = sum(d.kind == DemoKind.house for d in demos)
     by: dict[str, list[Demo]] = {}
     for d in demos:
         by.setdefault(d.variant.name.split("+")[0] + ("+memory" if d.variant.block else ""), []).append(d)
@@ -529,7 +576,7 @@ def demo_stats(demos: Sequence[Demo], turns: Sequence[RenderedTurn]) -> dict:
         "renamed_episodes": sum(bool(d.mapping) for d in demos),
         "plan_drills": len(drills),
         "generated_houses": generated,
-        "generated_drills": sum(d.demo_id.startswith(DRILL_PREFIX + "gen_") for d in drills),
+        "generated_drills": sum(d.kind == DemoKind.house_drill for d in drills),
         "slips": sum(not t.train for t in turns),
         "by_variant": {k: {"episodes": len(v), "expert_won": rate(v, lambda d: d.episode.won),
                            "expert_success": rate(v, lambda d: d.episode.won and d.episode.preferences_ok),

@@ -33,7 +33,9 @@ Modules: :mod:`~pipeline.prompts.templates` (substitution, memory renderer, temp
 files), :mod:`~pipeline.prompts.observation` (turn variables, advisory slot, memory
 from a response), :mod:`~pipeline.prompts.entropy` (verbalized distributions) and
 :mod:`~pipeline.prompts.organizer` (:class:`PromptOrganizer`; its pure ``freeze`` gives a
-:class:`FrozenPrompt`). ``$grounding_content`` comes from :mod:`pipeline.grounding`.
+:class:`FrozenPrompt`; :func:`task_prompt`, the one assembly of a task's frozen prompt from
+its objective, grounding text and memory block, used by the ``render`` stage and the policy's
+demonstrations alike). ``$grounding_content`` comes from :mod:`pipeline.grounding`.
 """
 
 from pipeline.grounding import split_grounding_paths
@@ -47,7 +49,7 @@ from pipeline.prompts.observation import (
     observation_variables,
     render_memory_slot,
 )
-from pipeline.prompts.organizer import FrozenPrompt, PromptOrganizer, render_turn_prompt
+from pipeline.prompts.organizer import FrozenPrompt, PromptOrganizer, render_turn_prompt, task_prompt
 from pipeline.prompts.templates import (
     DEPTH_CAP_PLACEHOLDER,
     PromptTemplateError,
@@ -61,5 +63,5 @@ __all__ = [
     "DEFAULT_SLOT_HEADING", "DEPTH_CAP_PLACEHOLDER", "FrozenPrompt", "PromptOrganizer", "PromptTemplateError",
     "TURN_VARIABLES", "extract_json_object", "load_template", "memory_from_response", "memory_slot_text", "observation_variables",
     "parse_verbalized_distribution", "render_memory_slot", "render_memory_value", "render_turn_prompt",
-    "split_grounding_paths", "system_prompt_interp", "template_slots",
+    "split_grounding_paths", "system_prompt_interp", "task_prompt", "template_slots",
 ]

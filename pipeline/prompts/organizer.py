@@ -297,3 +297,31 @@ def render_turn_prompt(frozen_prompt: str, observation: Mapping[str, Any] | None
     """Fill a frozen (per-episode) prompt with one turn's observation and memory dict."""
     return system_prompt_interp(frozen_prompt, observation_variables(observation), memory,
                                 template_name=template_name, **kw)
+
+
+def task_prompt(organizer: PromptOrganizer, objective: str, scene_id: str, grounding: str | None,
+                block: str = "") -> FrozenPrompt:
+    """The one assembly of a task's frozen system prompt: objective, grounding text and
+    memory block -> :class:`FrozenPrompt` (:meth:`PromptOrganizer.freeze`, pure).
+
+    The ``render`` stage's :class:`~pipeline.conditions.render.Renderer` (every eval
+    prompt) and the policy's demonstrations (:func:`pipeline.policy.demos.freeze_prompt`)
+    both call it, so a demonstration's prompt is built exactly as an eval prompt is::
+
+        frozen = task_prompt(org, "Put Apple_2 in Fridge_0", "scene_0", grounding_text, block)
+        frozen.text, frozen.memory_block
+
+    Args:
+        organizer: Its templates and settings are read; its episode state is neither read
+            nor changed.
+        objective: ``$objective``.
+        scene_id: ``$scene``.
+        grounding: ``$grounding_content`` as it stands in the prompt; None: the content of
+            the organizer's default grounding files (what the ``llm`` agent renders for
+            itself when it is given no prompt).
+        block: The injected memory block (``MemorySlot.injected_block_text``; ``""``: none).
+    """
+    variables = {"objective": objective, "scene": scene_id}
+    if grounding is not None:
+        variables["grounding_content"] = grounding
+    return organizer.freeze(variables, block)

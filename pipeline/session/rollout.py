@@ -36,6 +36,12 @@ from pipeline.grounding.feedback import classify_feedback_lines
 TENSOR_KEYS = ("generated_ids", "action_token_mask", "logprobs")
 
 
+def format_episode_id(split: str, scene_id: str, quest_id: str, k: int) -> str:
+    """The id of the ``k``-th episode of a quest in ``split`` (``ep_train_scene_0_q1_0``): the
+    one place it is spelled, for the manifest's tasks and the policy's rule-agent episodes."""
+    return f"ep_{split}_{scene_id}_{quest_id}_{k}"
+
+
 @dataclass
 class Task:
     """One episode to play: a quest of a scene, with its own seed."""
@@ -63,7 +69,7 @@ def tasks_from_manifest(rows: Iterable[dict], *, split: str, master_seed: int, r
             continue
         for k in range(repeats):
             tasks.append(Task(
-                episode_id=f"ep_{split}_{row['scene_id']}_{row['quest_id']}_{k}",
+                episode_id=format_episode_id(split, row["scene_id"], row["quest_id"], k),
                 scene_id=row["scene_id"], quest_id=row["quest_id"], split=split,
                 objective=row["objective"], game_file=row["game_file"],
                 expert_plan=list(row["expert_plan"]), preferences=list(row["preferences"] or []),
