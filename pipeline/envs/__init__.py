@@ -20,10 +20,10 @@ user's :class:`~pipeline.envs.common.StepFeedback`, :func:`~pipeline.envs.common
 The household world lives in :mod:`pipeline.envs.household` (``env``: the
 game adapter, ``world``: the state read from facts and the typed facts of an observation,
 ``reader``: a recorded turn read as typed facts, ``text``: every sentence that is read back, ``planner``: the expert plan,
-``user``: its simulated user, ``games``: building the games). ScienceWorld lives in
+``user``: its simulated user, ``games``: building the games, ``descriptor``: its registry entry). ScienceWorld lives in
 :mod:`pipeline.envs.scienceworld` (``engine``: one JVM per process, ``env``: the adapter,
 ``world``: the object tree's typed facts, ``text``: its sentences, ``commands``: action
-dicts <-> commands, ``reader``, ``user``, ``build``: the variations and splits); its
+dicts <-> commands, ``reader``, ``user``, ``build``: the variations and splits, ``descriptor``); its
 package and Java are optional (``make scienceworld``): importing this module needs neither.
 """
 
