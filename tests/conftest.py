@@ -55,7 +55,7 @@ def tiny_cfg():
 def tiny_games(tiny_cfg, tmp_path_factory):
     """The games of ``tiny_cfg`` built once into a temporary project root.
 
-    Returns a :class:`pipeline.envs.household.build.GamesResult`: ``root`` (the project root the
+    Returns a :class:`pipeline.envs.common.GamesResult`: ``root`` (the project root the
     manifest's ``game_file`` paths start from), ``games_dir``, ``rows`` (manifest rows),
     ``scenes`` (``{scene_id: spec}``), ``metrics`` and ``game_path(row)``.
     """

@@ -219,24 +219,23 @@ def test_covered_by_file_or_directory():
 
 
 def test_the_seam_factories_name_an_unknown_world(tiny_cfg, tiny_games, tmp_path):
-    """`env.name` is read only by the factories, which reject a world they do not know by name
-    (the typed config refuses it first: `EnvName` is a closed set; an untyped one reaches them)."""
+    """`env.name` is read only through the world registry (pipeline/envs/registry.py), whose
+    lookup rejects a world it does not know by name and lists the known ones: the typed config
+    takes any string (the registry, not the schema, is the list of worlds)."""
     from omegaconf import OmegaConf
-    from omegaconf.errors import ValidationError
 
-    from pipeline.envs import build_games, make_env
+    from pipeline.envs import build_games, fact_reader, make_env, unread_env_keys, world_words
     from pipeline.session.rollout import tasks_from_manifest
     from pipeline.users import make_user
 
     task = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)[0]
-    with pytest.raises(ValidationError, match="full_key: env.name"):
-        OmegaConf.merge(tiny_cfg, {"env": {"name": "kitchen_sim"}})
-    other = OmegaConf.create(OmegaConf.to_container(tiny_cfg))
-    other.env.name = "kitchen_sim"
+    other = OmegaConf.merge(tiny_cfg, {"env": {"name": "kitchen_sim"}})
+    known = "expected one of household, tiny, scienceworld, scienceworld_tiny"
     for call in (lambda: make_env(other, task, tiny_games.root, tiny_games.scenes),
                  lambda: make_user(other, tiny_games.scenes, task),
-                 lambda: build_games(other, tmp_path, progress=False)):
-        with pytest.raises(ValueError, match="env.name='kitchen_sim'"):
+                 lambda: build_games(other, tmp_path, progress=False),
+                 lambda: fact_reader(other), lambda: world_words(other), lambda: unread_env_keys(other)):
+        with pytest.raises(ValueError, match=f"env.name='kitchen_sim': unknown environment, {known}"):
             call()
     env = make_env(tiny_cfg, task, tiny_games.root, tiny_games.scenes)
     try:

@@ -85,7 +85,6 @@ def test_inside_dvc_exp_run_overrides_are_accepted_and_recorded(repo: Path, monk
         ("env.max_steps=many", "env.max_steps"),
         ("agent.on_backend_error=maybe", "agent.on_backend_error"),  # closed sets are StrEnums: refused at compose
         ("model.structured_output=xml", "model.structured_output"),
-        ("env.name=forest", "env.name"),
     ],
 )
 def test_bad_override_names_the_key(repo: Path, override: str, key: str):

@@ -217,7 +217,7 @@ def test_file_feedback_reads_lines_per_episode_and_step(tmp_path):
         {"episode_id": "ep1", "step_id": "end", "line": "feedback : user_preference: tidy up"},
         {"episode_id": "ep2", "step_id": 1, "line": "feedback : general: other episode"},
     ])
-    fb = FileFeedback(p, section(UserConfig, {"source": "file"})).for_episode("ep1", SCENE, QUEST)
+    fb = FileFeedback(p, section(UserConfig, {"source": "file"})).for_episode("ep1", SCENE, QUEST, judge=SimulatedUser)
     s1 = fb.step_feedback(1, obs(), {}, info(plan=PLAN[1:]))
     assert s1.lines == ["feedback : spatial: 부엌은 초록색이다", "feedback : general: slow down"]
     assert s1.status == "Success"  # derived from the env: the plan got shorter

@@ -25,13 +25,15 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
 from pipeline.core.conf_schema import AgentConfig
+from pipeline.core.facts import SEED_ENTITY_NAME
 from pipeline.core.schemas import clean_action  # noqa: F401 - the agents' name for it
 from pipeline.core.seeding import crc_rng
 from pipeline.llm.backends.base import Generation
 
 ROOM_WORDS = ("kitchen", "bedroom", "bathroom", "living", "dining", "office", "hallway", "pantry", "garage",
               "study", "cellar", "attic", "laundry")
-ENTITY_RE = r"([A-Za-z]+_\d+|[A-Z][A-Za-z]*)"
+# An entity of an objective: a seed-004 name (Apple_2, the memory signature's pattern) or a room (Bedroom).
+ENTITY_RE = rf"({SEED_ENTITY_NAME}|[A-Z][A-Za-z]*)"
 
 
 @dataclass

@@ -35,15 +35,6 @@ from typing import Any, Dict, List, Optional, Union
 from omegaconf import MISSING
 
 
-class EnvName(StrEnum):
-    """Worlds ``env.name`` can pick (``pipeline.envs``): the household world (two sizes) or ScienceWorld (two sizes)."""
-
-    household = "household"
-    tiny = "tiny"  # conf/env/tiny.yaml: the same world, smaller (smoke runs, tests)
-    scienceworld = "scienceworld"  # conf/env/scienceworld.yaml: ScienceWorld's tasks (the `scienceworld` extra, Java)
-    scienceworld_tiny = "scienceworld_tiny"  # conf/env/scienceworld_tiny.yaml: one short task (tests)
-
-
 class SwSetup(StrEnum):
     """What ScienceWorld's train split holds (``env.scienceworld.setup``)."""
 
@@ -283,9 +274,10 @@ class EnvConfig:
     """Household scenes and quests built with TextWorld (stage ``games``) and played by ``HouseholdEnv``,
     or ScienceWorld's tasks (``scienceworld``)."""
 
-    name: EnvName = EnvName.household
-    """Which world: ``household`` | ``tiny`` (the same world; conf/env/tiny.yaml makes it small) | ``scienceworld`` |
-    ``scienceworld_tiny``."""
+    name: str = "household"
+    """Which world: a name registered in ``pipeline/envs/registry.py`` (``household`` | ``tiny``, the same world
+    that conf/env/tiny.yaml makes small | ``scienceworld`` | ``scienceworld_tiny``); an unknown one fails where
+    the world is first looked up, naming the known ones."""
     num_scenes: int = 8
     """Distinct fixed layouts, each seeded from (seed, scene index)."""
     heldout_scenes: int = 2

@@ -37,6 +37,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Protocol
 
+# Entity names as the seeds write them (seed 004: ``Apple_2``, ``Fridge_0``, ``Key_1``: a kind
+# and an index): a world's ``FactReader.entity_pattern`` when its things are named so (the
+# household), and what the memory's signature counts when no world is given.
+SEED_ENTITY_NAME = r"[A-Za-z]+_\d+"
+
 
 @dataclass(frozen=True, order=True)
 class Fact:
@@ -82,7 +87,15 @@ class FactReader(Protocol):
     Each environment family supplies one (:func:`pipeline.envs.fact_reader`): a recorded
     observation is the dict the agent saw, in its world's own shape, so only its world
     can read it.
+
+    Attributes:
+        entity_pattern: a regular expression (no groups that capture) of the world's names of
+            things as an objective writes them: what the memory's signature counts as the
+            entities an objective names (:class:`pipeline.memory.signature.SignatureBuilder`);
+            :data:`SEED_ENTITY_NAME` for the household.
     """
+
+    entity_pattern: str
 
     def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
         """The typed facts of one turn row (its ``observation``, ``command`` and

@@ -10,15 +10,20 @@
     reader = fact_reader(cfg)                    # a recorded turn of this world, as typed facts
     reader.read_turn(turn_row).seen
 
-Every environment satisfies the :class:`Env` protocol; :func:`make_env`,
-:func:`build_games` and :func:`fact_reader` are the only places that look at
-``env.name``. The household world lives in :mod:`pipeline.envs.household` (``env``: the
+Every environment satisfies the :class:`Env` protocol. A world is one
+:class:`~pipeline.envs.common.WorldDescriptor` registered in :mod:`pipeline.envs.registry`;
+:func:`make_env`, :func:`build_games`, :func:`fact_reader`, :func:`world_words`,
+:func:`unread_env_keys` (and :func:`pipeline.users.make_user`) look it up by ``env.name``, and
+an unknown name fails with a ValueError listing the known ones. What the worlds share (the
+user's :class:`~pipeline.envs.common.StepFeedback`, :func:`~pipeline.envs.common.step_status`,
+:class:`~pipeline.envs.common.GamesResult`, the env lifecycle) is :mod:`pipeline.envs.common`.
+The household world lives in :mod:`pipeline.envs.household` (``env``: the
 game adapter, ``world``: the state read from facts and the typed facts of an observation,
 ``reader``: a recorded turn read as typed facts, ``text``: every sentence that is read back, ``planner``: the expert plan,
-``user``: its simulated user, ``games``: building the games). ScienceWorld lives in
+``user``: its simulated user, ``games``: building the games, ``descriptor``: its registry entry). ScienceWorld lives in
 :mod:`pipeline.envs.scienceworld` (``engine``: one JVM per process, ``env``: the adapter,
 ``world``: the object tree's typed facts, ``text``: its sentences, ``commands``: action
-dicts <-> commands, ``reader``, ``user``, ``build``: the variations and splits); its
+dicts <-> commands, ``reader``, ``user``, ``build``: the variations and splits, ``descriptor``); its
 package and Java are optional (``make scienceworld``): importing this module needs neither.
 """
 
@@ -27,24 +32,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from pipeline.core.conf_schema import Config, EnvName
+from pipeline.core.conf_schema import Config
 from pipeline.core.facts import Fact, FactReader, WorldWords
-from pipeline.envs.household import build as household_build
-from pipeline.envs.household.env import HouseholdEnv
-from pipeline.envs.household.reader import HouseholdFactReader
-from pipeline.envs.household.text import WORDS as HOUSEHOLD_WORDS
-from pipeline.envs.scienceworld import build as scienceworld_build
-from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
-from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
-from pipeline.envs.scienceworld.text import WORDS as SCIENCEWORLD_WORDS
+from pipeline.envs.common import GamesResult, scene_preferences
+from pipeline.envs.registry import world_of
 
-# The `env.name` values (EnvName) that are the household world (`tiny` is it shrunk for smoke runs).
-HOUSEHOLD_ENVS = (EnvName.household, EnvName.tiny)
-# The `env.name` values that are ScienceWorld (`scienceworld_tiny`: two short tasks, for tests).
-SCIENCEWORLD_ENVS = (EnvName.scienceworld, EnvName.scienceworld_tiny)
-
-__all__ = ["Env", "EnvTask", "HOUSEHOLD_ENVS", "SCIENCEWORLD_ENVS", "build_games", "env_family", "fact_reader",
-           "make_env", "scene_preferences", "unread_env_keys"]
+__all__ = ["Env", "EnvTask", "build_games", "env_family", "fact_reader", "make_env", "scene_preferences",
+           "unread_env_keys", "world_words"]
 
 
 class EnvTask(Protocol):
@@ -62,6 +56,24 @@ class Env(Protocol):
 
     Attributes:
         admissible: the game commands admissible now (``obs["admissible_commands"]``).
+
+    The ``info`` of :meth:`step` is the step's record. Every world fills these keys, which
+    the users read (:func:`pipeline.envs.common.step_status`, the simulated users,
+    :class:`pipeline.users.file.FileFeedback`) and the session records:
+
+    - ``command`` (str | None): the command played; None for an invalid action or a wait.
+    - ``valid`` (bool): the action was understood and played (false: a recorded failed step).
+    - ``won`` / ``lost`` (bool): the task is solved / can no longer be solved.
+    - ``expert_plan`` (list[str] | None): the commands left to solve it from here (a
+      planner's, or the rest of a gold sequence); None when the world has none.
+    - ``solvable`` (bool | None): false when no plan exists from here (``expert_plan`` is
+      then ``[]`` and no progress); None when the world does not know.
+    - ``repeated`` (bool): the action repeated one that changed nothing.
+    - ``env_feedback`` (str), ``changed`` (bool), ``reward_parts`` (dict), ``step`` (int),
+      ``truncated`` (bool), and ``error`` (str) for a malformed action.
+
+    A world may add its own (the household: ``facts``, ``preferences``, ``preferences_ok``;
+    ScienceWorld: ``score``, ``next_places``, ``disambiguated``).
     """
 
     admissible: list[str]
@@ -80,8 +92,8 @@ class Env(Protocol):
 
     def step(self, action: Mapping[str, Any]) -> tuple[dict[str, Any], float, bool, dict[str, Any]]:
         """Play one action dict (``{"action": verb, "target": ...}``); returns
-        ``(observation, reward, done, info)``. An invalid action is a recorded failed
-        step (``info["valid"]`` false), never an exception."""
+        ``(observation, reward, done, info)`` (``info``: the keys of the class docstring). An
+        invalid action is a recorded failed step (``info["valid"]`` false), never an exception."""
         ...
 
     def close(self) -> None:
@@ -90,20 +102,15 @@ class Env(Protocol):
 
 
 def env_family(cfg: Config) -> str:
-    """The environment family ``cfg.env.name`` belongs to (``household`` | ``scienceworld``); raises for an unknown name."""
-    name = str(cfg.env.name)
-    if name in HOUSEHOLD_ENVS:
-        return "household"
-    if name in SCIENCEWORLD_ENVS:
-        return "scienceworld"
-    raise ValueError(f"env.name={name!r}: unknown environment, expected one of "
-                     f"{', '.join(HOUSEHOLD_ENVS + SCIENCEWORLD_ENVS)}")
+    """The world ``cfg.env.name`` belongs to (``household`` | ``scienceworld`` | a registered
+    one's family); raises ValueError, listing the known names, for an unknown name."""
+    return world_of(cfg).family
 
 
 def world_words(cfg: Config) -> WorldWords:
     """The words of the world ``cfg.env.name`` names, for the world-agnostic packages' text
     (an advisory's preference principle, the report's definition of success)."""
-    return HOUSEHOLD_WORDS if env_family(cfg) == "household" else SCIENCEWORLD_WORDS
+    return world_of(cfg).words
 
 
 def unread_env_keys(cfg: Config) -> tuple[str, ...]:
@@ -111,21 +118,14 @@ def unread_env_keys(cfg: Config) -> tuple[str, ...]:
     config hash that labels its episodes and keys their checkpoints
     (:func:`pipeline.session.collection.collection_hash`), so that adding a world's keys
     leaves another world's episodes and their bytes as they were."""
-    if env_family(cfg) == "household":
-        return ("env.scienceworld",)
-    return ()
-
-
-def scene_preferences(scene: Mapping[str, Any], ids: list[str]) -> list[dict]:
-    """The scene's preference specs whose ids a quest keeps (scene order)."""
-    return [p for p in scene.get("preferences", []) if p["id"] in set(ids)]
+    return world_of(cfg).unread_env_keys
 
 
 def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mapping[str, Any]]) -> Env:
     """The environment of one episode, as ``cfg.env`` configures it.
 
     Args:
-        cfg: the composed config (``env.name``, ``env.max_steps``, ``env.reward``).
+        cfg: the composed config (``env.name``, ``env.max_steps``, ``env.reward``, ...).
         task: the episode's task (game file relative to ``root``, scene, quest, objective,
             preference ids).
         root: the project root.
@@ -134,18 +134,10 @@ def make_env(cfg: Config, task: EnvTask, root: Path, scenes: Mapping[str, Mappin
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    if env_family(cfg) == "scienceworld":
-        return ScienceWorldTaskEnv(root / task.game_file, scene_id=task.scene_id, quest_id=task.quest_id,
-                                   objective=task.objective, max_steps=cfg.env.max_steps,
-                                   fresh_jvm=cfg.env.scienceworld.fresh_jvm,
-                                   call_timeout_s=cfg.env.scienceworld.call_timeout_s,
-                                   heap_mb=cfg.env.scienceworld.jvm_heap_mb)
-    return HouseholdEnv(str(root / task.game_file), scene_id=task.scene_id, quest_id=task.quest_id,
-                        objective=task.objective, max_steps=cfg.env.max_steps, reward=cfg.env.reward,
-                        preferences=scene_preferences(scenes[task.scene_id], task.preferences))
+    return world_of(cfg).make_env(cfg, task, root, scenes)
 
 
-def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_build.GamesResult:
+def build_games(cfg: Config, root: Path, *, progress: bool = True) -> GamesResult:
     """Build the games of the world ``cfg.env`` names into ``root / cfg.paths.games`` (the
     ``games`` stage): its manifest, scene specs and game files, in the format of
     ``docs/contracts.md``.
@@ -153,9 +145,7 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> household_
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    if env_family(cfg) == "scienceworld":
-        return scienceworld_build.build_games(cfg, root, progress=progress)
-    return household_build.build_games(cfg, root, progress=progress)
+    return world_of(cfg).build_games(cfg, root, progress=progress)
 
 
 def fact_reader(cfg: Config) -> FactReader:
@@ -165,6 +155,4 @@ def fact_reader(cfg: Config) -> FactReader:
     Raises:
         ValueError: ``env.name`` names no known environment.
     """
-    if env_family(cfg) == "scienceworld":
-        return ScienceWorldFactReader()
-    return HouseholdFactReader()
+    return world_of(cfg).fact_reader()

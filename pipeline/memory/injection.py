@@ -546,7 +546,7 @@ def build_memory_slot(
         return _finish(controller, bundle, [], [], [], plan, gt)
 
     objective = str(task.get("objective") or "")
-    signature = SignatureBuilder().build(objective)
+    signature = SignatureBuilder(getattr(facts, "entity_pattern", None)).build(objective)
     retriever = Retriever.from_config(memory_cfg)
     hits = retriever.retrieve_scored(
         store,

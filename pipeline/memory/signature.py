@@ -13,14 +13,22 @@ from __future__ import annotations
 import re
 from typing import Iterable, Optional
 
+from pipeline.core.facts import SEED_ENTITY_NAME
 from pipeline.memory.schemas import InputSignatureV1_1
 
 SHORT_MAX = 50  # short: fewer than 50 characters
 MEDIUM_MAX = 200  # medium: fewer than 200 characters; long otherwise
 
-# Game entities are named like seed 004: Apple_2, Fridge_0, Key_1. Lookarounds instead of
-# \b because Korean particles attach directly ("Apple_2를") and \w covers Hangul.
-ENTITY_RE = re.compile(r"(?<![A-Za-z0-9_])[A-Za-z][A-Za-z]*_\d+(?![0-9])")
+
+def entity_regex(pattern: str = SEED_ENTITY_NAME) -> re.Pattern:
+    """The regex of a world's entity names in an objective (``FactReader.entity_pattern``;
+    the seeds' ``Apple_2`` by default). Lookarounds instead of ``\\b`` because Korean particles
+    attach directly ("Apple_2를") and ``\\w`` covers Hangul."""
+    return re.compile(rf"(?<![A-Za-z0-9_])(?:{pattern})(?![0-9])")
+
+
+# Game entities named like seed 004: Apple_2, Fridge_0, Key_1 (when no world says otherwise).
+ENTITY_RE = entity_regex()
 
 _HANGUL_RE = re.compile(r"[\u1100-\u11ff\u3130-\u318f\uac00-\ud7a3]")
 _LATIN_RE = re.compile(r"[A-Za-z]")
@@ -52,9 +60,9 @@ _EN_IRONY = re.compile(
 _KO_IRONY = re.compile(r"퍽이나|참\s?잘|잘\s?한다|잘했네|잘\s?하는\s?짓|대단하네|대단하다\s?정말|고맙기도|역시나|그럼 그렇지|ㅋㅋ|ㅎㅎ")
 
 
-def detect_language(text: str) -> str:
+def detect_language(text: str, entity_re: re.Pattern = ENTITY_RE) -> str:
     """``ko`` if Hangul letters outnumber Latin ones (entity names ignored), ``en`` if Latin, else ``other``."""
-    rest = ENTITY_RE.sub(" ", text)
+    rest = entity_re.sub(" ", text)
     hangul = len(_HANGUL_RE.findall(rest))
     latin = len(_LATIN_RE.findall(rest))
     if hangul and hangul >= latin:
@@ -66,15 +74,16 @@ def detect_language(text: str) -> str:
     return "other"
 
 
-def count_entities(text: str, entities: Optional[Iterable[str]] = None) -> int:
+def count_entities(text: str, entities: Optional[Iterable[str]] = None, entity_re: re.Pattern = ENTITY_RE) -> int:
     """Distinct game entities named in ``text`` (case-insensitive).
 
     Args:
         text: The objective.
         entities: Known entity names of the scene (rooms included); when given, every one
-            that occurs in the text counts, in addition to ``Name_N`` patterns.
+            that occurs in the text counts, in addition to the names ``entity_re`` finds.
+        entity_re: The world's entity names (:func:`entity_regex`; ``Name_N`` by default).
     """
-    found = {m.lower() for m in ENTITY_RE.findall(text)}
+    found = {m.lower() for m in entity_re.findall(text)}
     if entities:
         low = text.lower()
         for name in entities:
@@ -108,7 +117,14 @@ class SignatureBuilder:
 
     Patterns of both languages are always tried: objectives mix Latin entity names with
     Korean sentences, and a Korean marker in a mostly-Latin text still marks structure.
+
+    Args:
+        entity_pattern: The world's entity names (its ``FactReader.entity_pattern``); None:
+            the seeds' ``Name_N`` (``Apple_2``).
     """
+
+    def __init__(self, entity_pattern: Optional[str] = None) -> None:
+        self.entity_re = ENTITY_RE if entity_pattern is None else entity_regex(entity_pattern)
 
     def build(
         self,
@@ -131,7 +147,7 @@ class SignatureBuilder:
         """
         if not isinstance(raw_text, str):
             raise TypeError(f"SignatureBuilder.build: raw_text must be str, got {type(raw_text).__name__}")
-        lang = language if language is not None else detect_language(raw_text)
+        lang = language if language is not None else detect_language(raw_text, self.entity_re)
         neg = _first((_EN_NEGATION, _KO_NEGATION), raw_text)
         contrast = _first((_EN_CONTRAST, _KO_CONTRAST), raw_text)
         irony = _first((_EN_IRONY, _KO_IRONY), raw_text)
@@ -142,6 +158,6 @@ class SignatureBuilder:
             detected_structure=structure or ["none"],
             contrast_marker=marker,
             has_negation=neg is not None,
-            num_aspects=count_entities(raw_text, entities) if num_aspects is None else num_aspects,
+            num_aspects=count_entities(raw_text, entities, self.entity_re) if num_aspects is None else num_aspects,
             length_bucket=length_bucket(raw_text),
         )

@@ -221,7 +221,7 @@ def build_entry(
     Raises:
         ValueError: no ``reader`` and a row without its reading.
     """
-    builder = signature_builder or SignatureBuilder()
+    builder = signature_builder or SignatureBuilder(getattr(reader, "entity_pattern", None))
     objective = episode.get("objective") or episode.get("question") or ""
     meta = json_object(episode.get("metadata"))
     # Entities are counted by name pattern only, exactly as for the query at render time.
@@ -332,7 +332,7 @@ def build_entries(
     for row, step in zip(turns.select(turn_cols).to_pylist(), steps):
         row[STEP_FACTS] = step
         by_episode.setdefault(row["episode_id"], []).append(row)
-    builder = SignatureBuilder()
+    builder = SignatureBuilder(getattr(reader, "entity_pattern", None))  # the world's entity names
     entries = []
     for ep in episodes.to_pylist():
         if splits is not None and "split" in ep and ep["split"] not in splits:

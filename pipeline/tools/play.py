@@ -40,7 +40,7 @@ from pipeline.core.io import ArtifactError, read_json, read_parquet
 from pipeline.core.numerics import NumericsError, pin
 from pipeline.core.schemas import FEEDBACK_TYPES, STATUSES
 from pipeline.core.seeding import task_seed
-from pipeline.envs.household.user import step_status
+from pipeline.envs.common import step_status
 from pipeline.grounding import (
     GroundingError,
     GroundingFileManager,

@@ -6,9 +6,13 @@
     preferences_ok, lines = user.end_feedback(last_info)
 
 Every user satisfies the :class:`User` protocol. The simulated user belongs to its world
-(:class:`pipeline.envs.household.user.SimulatedUser`, :class:`pipeline.envs.scienceworld.user.SimulatedUser`; with :class:`StepFeedback` and
-:func:`step_status`, which read the household env's ``info``); a person's feedback file
-(:class:`pipeline.users.file.FileFeedback`) works with any of them.
+(its descriptor's ``make_user``, :mod:`pipeline.envs.registry`: the household's
+:class:`pipeline.envs.household.user.SimulatedUser`, ScienceWorld's
+:class:`pipeline.envs.scienceworld.user.SimulatedUser`); :class:`StepFeedback` and
+:func:`step_status` (which reads the keys of the env's ``info`` that :class:`pipeline.envs.Env`
+promises) are shared by every world (:mod:`pipeline.envs.common`); a person's feedback file
+(:class:`pipeline.users.file.FileFeedback`) works with any of them, its world's simulated user
+judging the preferences at the end.
 """
 
 from __future__ import annotations
@@ -16,13 +20,11 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping, Protocol
 
 from pipeline.core.conf_schema import Config
-from pipeline.envs import env_family
-from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
-from pipeline.envs.scienceworld.user import SimulatedUser as ScienceWorldUser
+from pipeline.envs.common import StepFeedback, step_status
+from pipeline.envs.registry import world_of
 from pipeline.users.file import FileFeedback
 
-__all__ = ["FileFeedback", "SimulatedUser", "StepFeedback", "User", "UserTask", "make_user", "quest_of",
-           "step_status"]
+__all__ = ["FileFeedback", "StepFeedback", "User", "UserTask", "make_user", "quest_of", "step_status"]
 
 
 class UserTask(Protocol):
@@ -75,14 +77,14 @@ def make_user(cfg: Config, scenes: Mapping[str, Mapping[str, Any]], task: UserTa
             answers instead of the simulated user.
 
     Raises:
-        ValueError: no feedback file, and ``env.name``'s world has no simulated user.
+        ValueError: ``env.name`` names no known world; or no feedback file, and its world
+            has no simulated user.
     """
+    world = world_of(cfg)  # raises for an unknown env.name
     if feedback_source is not None:
-        return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], quest_of(task))
-    family = env_family(cfg)  # raises for an unknown env.name
-    if family == "household":
-        return SimulatedUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
-    if family == "scienceworld":
-        return ScienceWorldUser(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)
-    raise ValueError(f"env.name={cfg.env.name!r}: no simulated user for this world; give feedback from a file "
-                     "(user=file) or add its simulated user here")
+        return feedback_source.for_episode(task.episode_id, scenes[task.scene_id], quest_of(task),
+                                           judge=world.make_user)
+    if world.make_user is None:
+        raise ValueError(f"env.name={cfg.env.name!r}: no simulated user for this world; give feedback from a file "
+                         "(user=file) or give its descriptor a make_user")
+    return world.make_user(cfg.user, scenes[task.scene_id], quest_of(task), task.seed)

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from pipeline.core.conf_schema import UserConfig
 from pipeline.core.schemas import STATUSES
-from pipeline.envs.household.user import SimulatedUser, StepFeedback, step_status
+from pipeline.envs.common import StepFeedback, step_status
 from pipeline.grounding.feedback import FeedbackFormatError, format_feedback_line, parse_feedback_line
 
 # The user that judges the scene preferences at the end: only its preference checks are
@@ -30,7 +30,8 @@ class FileFeedback:
     any episode is played, with ``<file>:<line number>`` in the message. ``step_id`` is
     the 1-based step or ``"end"`` for episode-end remarks; an optional ``"status"`` field
     overrides the status derived from the env. Preferences at the end are judged by the
-    env's ``preferences_ok`` (or the scene's preferences when a scene spec is given)::
+    env's ``preferences_ok`` (or, when a scene spec and a ``judge`` are given, by the world's
+    simulated user on the scene's preferences)::
 
         fb = FileFeedback("feedback.jsonl").for_episode("ep_train_s0_q1_0")
         fb.step_feedback(1, obs, action, info).lines
@@ -42,12 +43,16 @@ class FileFeedback:
         episode_id: the episode to answer for (or bind one later with :meth:`for_episode`).
         scene_spec, quest_row: optional, to check scene preferences at the end (the quest
             row: a manifest row, or a mapping with its ``expert_plan`` / ``preferences``).
+        judge: the world's simulated user class, ``(user_cfg, scene_spec, quest_row, seed) -> User``
+            (its descriptor's ``make_user``): only its end verdict on the preferences is used,
+            never its probabilities or random draws.
     """
 
     def __init__(self, path: str | Path, user_cfg: UserConfig | None = None, unknown: str = "keep",
                  episode_id: str | None = None, scene_spec: Mapping[str, Any] | None = None,
-                 quest_row: Mapping[str, Any] | None = None):
+                 quest_row: Mapping[str, Any] | None = None, judge: Callable[..., Any] | None = None):
         self.path = Path(path)
+        self.judge = judge
         self.episode_id = episode_id
         self.unknown = unknown
         self.scene = scene_spec
@@ -98,10 +103,13 @@ class FileFeedback:
         return sorted(set(self.records) - {str(e) for e in episode_ids})
 
     def for_episode(self, episode_id: str, scene_spec: Mapping[str, Any] | None = None,
-                    quest_row: Mapping[str, Any] | None = None) -> "FileFeedback":
-        """A view of the same records that answers for one episode."""
+                    quest_row: Mapping[str, Any] | None = None,
+                    judge: Callable[..., Any] | None = None) -> "FileFeedback":
+        """A view of the same records that answers for one episode (``judge``: the world's
+        simulated user class that judges its preferences at the end, see the class docstring)."""
         view = object.__new__(FileFeedback)
         view.path, view.unknown, view.records = self.path, self.unknown, self.records
+        view.judge = judge if judge is not None else self.judge
         view.episode_id = episode_id
         view.scene = scene_spec if scene_spec is not None else self.scene
         view.quest = quest_row if quest_row is not None else self.quest
@@ -125,12 +133,12 @@ class FileFeedback:
         return StepFeedback([line for line, _ in entries], given[-1] if given else status, [False] * len(entries))
 
     def end_feedback(self, final: Mapping[str, Any] | Iterable[str] | None) -> tuple[bool, list[str]]:
-        """The file's ``end`` lines, plus the scene's broken preferences when a scene is known."""
+        """The file's ``end`` lines, plus the scene's broken preferences when a scene and a judge are known."""
         lines = [line for line, _ in self._entries("end")]
         info = final if isinstance(final, Mapping) else {"facts": list(final) if final is not None else None}
-        if self.scene is not None:
+        if self.scene is not None and self.judge is not None:
             known = self.quest or {}
             quest = {k: known.get(k) for k in ("expert_plan", "preferences") if known.get(k) is not None}
-            ok, pref_lines = SimulatedUser(_PREFERENCE_JUDGE, self.scene, quest, seed=0).end_feedback(info)
+            ok, pref_lines = self.judge(_PREFERENCE_JUDGE, self.scene, quest, 0).end_feedback(info)
             return ok, lines + [p for p in pref_lines if p not in lines]
         return bool(info.get("preferences_ok", True)), lines

@@ -15,7 +15,6 @@ import logging
 import multiprocessing
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,23 +23,10 @@ from tqdm import tqdm
 from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_write_json, write_parquet
 from pipeline.core.schemas import SCHEMA_VERSION, manifest_table
+from pipeline.envs.common import GamesResult
 from pipeline.envs.household.games import compile_quest_game, plan_games
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class GamesResult:
-    """What the stage built: ``root`` is the project root the relative paths start from."""
-
-    root: Path
-    games_dir: Path
-    scenes: dict[str, dict[str, Any]]
-    rows: list[dict[str, Any]]
-    metrics: dict[str, Any]
-
-    def game_path(self, row: dict[str, Any]) -> Path:
-        return self.root / row["game_file"]
 
 
 def compile_games(scenes: dict[str, dict[str, Any]], rows: list[dict[str, Any]], root: Path,

@@ -32,6 +32,7 @@ from pipeline.core.conf_schema import RewardConfig
 from pipeline.core.config import project_root, section
 from pipeline.core.io import ArtifactError
 from pipeline.core.facts import Fact
+from pipeline.envs.common import EnvLifecycle
 from pipeline.envs.household.planner import shortest_plan
 from pipeline.envs.household.text import describe
 from pipeline.envs.household.world import (DIRECTIONS, World, check_preferences, fact_str, parse_preference,
@@ -217,7 +218,7 @@ def clean_feedback(text: str | None) -> str:
 # --------------------------------------------------------------------------- environment
 
 
-class HouseholdEnv:
+class HouseholdEnv(EnvLifecycle):
     """One household quest played through TextWorld (``reset`` / ``step``).
 
     Args:
@@ -291,12 +292,6 @@ class HouseholdEnv:
         if self._tw is not None:
             self._tw.close()
             self._tw = None
-
-    def __enter__(self) -> "HouseholdEnv":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- API ----------------------------------------------------------------------------
 

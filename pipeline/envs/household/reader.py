@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from pipeline.core.facts import Fact, StepFacts, fact
+from pipeline.core.facts import SEED_ENTITY_NAME, Fact, StepFacts, fact
 from pipeline.core.schemas import json_object
 from pipeline.envs.household.env import command_to_action
 from pipeline.envs.household.text import habit_text, is_description, kind_of, read_description, read_statements
@@ -64,6 +64,8 @@ class HouseholdFactReader:
     room description (after ``look`` or a move); ``did``: :func:`command_facts` of the
     turn's command.
     """
+
+    entity_pattern = SEED_ENTITY_NAME  # Apple_2, Fridge_0, Key_1: the household names things as seed 004 did
 
     def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
         obs = json_object(turn.get("observation"))

@@ -42,55 +42,17 @@ A person's feedback from a file gives the same interface: :class:`pipeline.users
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
 from pipeline.core.conf_schema import SpatialFeedback, UserConfig
+from pipeline.envs.common import UNHELPFUL, StepFeedback, speak, step_status
 from pipeline.envs.household.planner import room_route
 from pipeline.envs.household.text import exits_sentence, location_sentence, preference_text, route_sentence
 from pipeline.envs.household.world import (OPPOSITE, World, check_preferences, parse_preference, plain_fact,
                                            scene_kinds)
 from pipeline.grounding.feedback import format_feedback_line
-
-UNHELPFUL = (
-    "Hmm, keep going.",
-    "I am not sure what you are trying to do.",
-    "Maybe look around a bit more.",
-    "That is an interesting choice.",
-    "Take your time.",
-)
-
-
-@dataclass
-class StepFeedback:
-    """What the user says about one step.
-
-    Attributes:
-        lines: ``feedback : <type>: <text>`` lines (possibly none).
-        status: ``Success`` | ``Failure`` | ``WiP`` (seed 000).
-        noisy: for each line, whether it is a noise line (simulated user only).
-    """
-
-    lines: list[str]
-    status: str
-    noisy: list[bool] = field(default_factory=list)
-
-
-def step_status(info: Mapping[str, Any], plan_before: int | None) -> str:
-    """Seed 000's status of a step from the env's ``info`` (see the module docstring)."""
-    if not info.get("valid", True) or info.get("lost", False):
-        return "Failure"
-    if info.get("won", False):
-        return "Success"
-    plan = info.get("expert_plan")
-    if info.get("solvable") is False:  # the env's plan is [] when none exists: not progress
-        return "WiP"
-    if plan is not None and plan_before is not None and len(plan) < plan_before:
-        return "Success"
-    return "WiP"
-
 
 # --------------------------------------------------------------------------- what the user reads
 
@@ -507,19 +469,8 @@ class SimulatedUser:
                 lines.append(line)
 
     def _speak(self, lines: list[str], status: str) -> StepFeedback:
-        """One draw decides whether the user speaks; then one noise draw per line."""
-        speak = self.rng.random() < self.feedback_prob
-        if not lines or not speak:
-            return StepFeedback([], status, [])
-        out, noisy = [], []
-        for line in lines:
-            if self.noise > 0 and self.rng.random() < self.noise:
-                out.append(self._noise_line())
-                noisy.append(True)
-            else:
-                out.append(line)
-                noisy.append(False)
-        return StepFeedback(out, status, noisy)
+        """One draw decides whether the user speaks; then one noise draw per line (:func:`speak`)."""
+        return speak(self.rng, self.feedback_prob, self.noise, lines, status, self._noise_line)
 
     # -- interface ----------------------------------------------------------------------
 

@@ -37,7 +37,7 @@ from pipeline.core.conf_schema import Config, SwSetup
 from pipeline.core.io import atomic_write_json, write_parquet
 from pipeline.core.schemas import SCHEMA_VERSION, canonical_json, json_object, manifest_table
 from pipeline.core.seeding import derive_seed, labelled_rng
-from pipeline.envs.household.build import GamesResult
+from pipeline.envs.common import GamesResult
 from pipeline.envs.scienceworld.engine import acquire, answering, limits, release, simulator
 from pipeline.envs.scienceworld.env import send
 from pipeline.envs.scienceworld.world import rooms_of

@@ -42,6 +42,7 @@ from typing import Any, Iterator, Mapping
 from pipeline.core.config import project_root
 from pipeline.core.facts import Fact
 from pipeline.core.io import ArtifactError
+from pipeline.envs.common import EnvLifecycle
 from pipeline.envs.scienceworld.commands import ActionError, action_to_command, command_to_action, verbs_of
 from pipeline.envs.scienceworld.engine import CALL_TIMEOUT_S, HEAP_MB, EngineFailed, acquire, answering, release
 from pipeline.envs.scienceworld.text import describe
@@ -109,7 +110,7 @@ def clean_text(text: str | None) -> str:
     return " ".join(str(text or "").split())
 
 
-class ScienceWorldTaskEnv:
+class ScienceWorldTaskEnv(EnvLifecycle):
     """One ScienceWorld variation played in a simulator (a JVM) held from ``reset`` to ``close`` (``reset`` / ``step``).
 
     Args:
@@ -192,12 +193,6 @@ class ScienceWorldTaskEnv:
         if self._sw is not None:
             release(self._sw, stop=self.fresh_jvm)
             self._sw = None
-
-    def __enter__(self) -> "ScienceWorldTaskEnv":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- API ----------------------------------------------------------------------------
 

@@ -30,7 +30,7 @@ from typing import Any, Iterable, Mapping
 from pipeline.core.facts import Fact, StepFacts, fact
 from pipeline.core.schemas import json_object
 from pipeline.envs.scienceworld.commands import command_to_action
-from pipeline.envs.scienceworld.text import read_description, read_statements
+from pipeline.envs.scienceworld.text import ENTITY_PATTERN, read_description, read_statements
 
 
 def command_facts(command: str | None, reward: float | None = None,
@@ -75,6 +75,8 @@ def _action(command: str | None) -> dict[str, Any] | None:
 
 class ScienceWorldFactReader:
     """Reads a recorded ScienceWorld turn as :class:`~pipeline.core.facts.StepFacts` (module docstring)."""
+
+    entity_pattern = ENTITY_PATTERN  # the answer boxes and rooms its task descriptions name
 
     def read_turn(self, turn: Mapping[str, Any]) -> StepFacts:
         obs = json_object(turn.get("observation"))

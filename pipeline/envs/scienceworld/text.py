@@ -25,6 +25,12 @@ WORDS = WorldWords(
     success="the engine's task completion with a score that is not negative",
 )
 
+# The things a task description names ("move it to the red box in the kitchen"): the coloured
+# answer boxes and the rooms of the engine's map (the memory's signature counts them).
+ENTITY_PATTERN = (r"(?:(?:red|green|blue|orange|yellow|purple|violet|black|white) box"
+                  r"|art studio|bathroom|bedroom|foundry|greenhouse|hallway|kitchen|living room|outside|workshop)"
+                  r"(?![A-Za-z])")
+
 # pred -> (template, regex); the regex reads what the template writes.
 _FORMS: list[tuple[str, str, re.Pattern]] = [
     ("here", "You are in the {0}.", re.compile(r"^You are in the (.+)\.$")),

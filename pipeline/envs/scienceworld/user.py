@@ -37,7 +37,7 @@ import numpy as np
 
 from pipeline.core.conf_schema import UserConfig
 from pipeline.core.facts import fact
-from pipeline.envs.household.user import UNHELPFUL, StepFeedback  # the users' shared record and noise lines
+from pipeline.envs.common import UNHELPFUL, StepFeedback, speak  # the users' shared record, noise lines, draws
 from pipeline.envs.scienceworld.text import sentence
 from pipeline.grounding.feedback import format_feedback_line
 
@@ -134,18 +134,7 @@ class SimulatedUser:
             lines += [ln for ln in self._hints(step_id, info, obs.get("agent_location")) if ln not in lines]
         if info.get("expert_plan") is not None:
             self._plan_len = len(info["expert_plan"])
-        speak = self.rng.random() < self.feedback_prob
-        if not lines or not speak:
-            return StepFeedback([], status, [])
-        out, noisy = [], []
-        for line in lines:
-            if self.noise > 0 and self.rng.random() < self.noise:
-                out.append(self._noise_line())
-                noisy.append(True)
-            else:
-                out.append(line)
-                noisy.append(False)
-        return StepFeedback(out, status, noisy)
+        return speak(self.rng, self.feedback_prob, self.noise, lines, status, self._noise_line)
 
     def end_feedback(self, final: Mapping[str, Any] | Iterable[str] | None) -> tuple[bool, list[str]]:
         """``(True, [])``: ScienceWorld's tasks state no user preferences to judge."""
