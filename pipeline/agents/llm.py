@@ -42,7 +42,7 @@ from pipeline.llm.backends import (
     SettlesConstraint,
     make_backend,
 )
-from pipeline.prompts import TURN_VARIABLES, PromptOrganizer, observation_variables, template_slots
+from pipeline.prompts import TURN_VARIABLES, PromptOrganizer, observation_variables, task_prompt, template_slots
 
 # The user turn when the system template already shows the observation (the compact and
 # default templates do): the model is asked for its answer and nothing else.
@@ -283,7 +283,7 @@ class LLMAgent:
         if self._frozen is None:
             if not self.objective:  # no episode meta: the observation carries the objective
                 self.objective = obs.get("objective") or ""
-            self._frozen = self.organizer.freeze({"objective": self.objective or "", "scene": self.scene_id}).text
+            self._frozen = task_prompt(self.organizer, self.objective or "", self.scene_id, None).text
         if self._obs_in_template is None:
             names, _ = template_slots(self._frozen)
             self._obs_in_template = bool(names & set(TURN_VARIABLES))

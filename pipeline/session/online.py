@@ -26,7 +26,7 @@ from typing import Callable
 from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_write_text
 from pipeline.grounding.episodes import episode_grounding
-from pipeline.prompts import PromptOrganizer, split_grounding_paths
+from pipeline.prompts import PromptOrganizer, split_grounding_paths, task_prompt
 from pipeline.session.rollout import Task
 
 ONLINE_DIR = "online_grounding"
@@ -68,8 +68,8 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
         for t in batch:
             docs = earlier.get(t.scene_id, [])
             if docs and g.use_in_prompt:
-                t.system_prompt = organizer.freeze({"objective": t.objective, "scene": t.scene_id},
-                                                   grounding_file_path=[*configured, *docs]).text
+                grounding = organizer.grounding_content([*configured, *docs])
+                t.system_prompt = task_prompt(organizer, t.objective, t.scene_id, grounding).text
         for rec in play_round(batch):
             ep = rec["episode"]
             doc = episode_grounding(ep, rec["turns"], generator="extractive", timestamp=str(g.timestamp),
