@@ -56,8 +56,8 @@ class Free:
     """No constraint: the row stays in phase ``free``; every hook is a no-op."""
 
     def start(self, row: Row, texts: TokenTexts, enders: list[tuple[int, str]]) -> list[int] | None:
-        """Set the row's first phase; the line-ending token ids its reasoning line may
-        take (None: no reasoning line, every token allowed)."""
+        """Set the row's first phase; the line-ending token ids allowed in its reasoning line
+        (None: no reasoning line, every token allowed)."""
         return None
 
     def parks(self, row: Row, piece: str, reasoning_max: int) -> bool:
