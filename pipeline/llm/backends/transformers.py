@@ -34,7 +34,8 @@ from pipeline.core.conf_schema import Dtype, ModelConfig, SamplingConfig
 from pipeline.core.config import project_root
 from pipeline.llm.backends.cache import ResponseCache, cache_root
 from pipeline.llm.backends.base import BackendError, Generation, Messages, check_seeds, render_prompt
-from pipeline.llm.constrain import CLOSE, DECODINGS, ActionConstraint, TokenTexts, action_texts, choice_texts
+from pipeline.llm.backends.decoding import Row
+from pipeline.llm.constrain import CLOSE, DECODINGS, TokenTexts, action_texts, choice_texts
 from pipeline.llm.kvcache import PromptKVCache
 from pipeline.llm.tracker import ActionStream, TrackedTurn
 
@@ -69,6 +70,26 @@ def prompt_cache_budget(setting: Any, device: Any) -> float:
         raise BackendError(f"model.prompt_cache_mb={setting!r}: expected auto or a number >= 0 (MiB of cached "
                            "prompt keys and values; 0 turns the prompt cache off)")
     return mb
+
+
+@dataclasses.dataclass
+class _Batch:
+    """The device side of the decode loop: what shrinks when rows leave the batch."""
+
+    cache: Any
+    """The KV cache (transformers' ``DynamicCache``) of the active rows."""
+    attn: Any
+    """(B_active, T) attention mask."""
+    last_pos: Any
+    """(B_active,) position of each row's last token."""
+    masks: Any
+    """(B_active, V) bool: the tokens each row's reasoning line allows (None: every row free)."""
+    active: list[int]
+    """The original row of each batch row still generating (or parked)."""
+    reason_flags: Any = None
+    """(B_active,) bool on the device: the rows in their reasoning line, as last sent."""
+    reason_sent: list[bool] | None = None
+    """The host copy of ``reason_flags`` (None: send again)."""
 
 
 class TransformersBackend:
@@ -175,16 +196,8 @@ class TransformersBackend:
         max_new = int(max_new_tokens if max_new_tokens is not None else s.max_new_tokens)
         stop_early = bool(s.early_stop if early_stop is None else early_stop)
         prompts = [self.render(m) for m in batch]
-        out: list[Generation | None] = [None] * len(batch)
-        keys = [None] * len(batch)
-        if self.generation_cache is not None:
-            for i, (text, _) in enumerate(prompts):
-                acts = admissible[i] if admissible is not None else None
-                body = self._cache_body(text, seeds[i], acts, decoding, max_new, stop_early, int(reasoning_max_tokens))
-                keys[i] = (self.generation_cache.key(body), body)
-                hit = self.generation_cache.get(keys[i][0])
-                if hit is not None:
-                    out[i] = Generation(**hit)
+        acts_of = [admissible[i] if admissible is not None else None for i in range(len(batch))]
+        out, keys = self._cached(prompts, seeds, acts_of, decoding, max_new, stop_early, int(reasoning_max_tokens))
         rows = []
         for i, (text, ids) in enumerate(prompts):
             if out[i] is not None:  # from the generation cache
@@ -196,31 +209,53 @@ class TransformersBackend:
             else:
                 rows.append((i, cap))
         if rows:
-            modes = []
-            for i, _ in rows:
-                acts = admissible[i] if admissible is not None else None
-                modes.append((decoding, list(acts)) if decoding != "free" and acts and action_texts(acts)
-                             else ("free", None))
-            try:
-                turns = self._decode_loop([prompts[i][1] for i, _ in rows], [seeds[i] for i, _ in rows],
-                                          [cap for _, cap in rows], stop_early, modes, int(reasoning_max_tokens),
-                                          [None if self.context is None else self.context - len(prompts[i][1])
-                                           for i, _ in rows])
-            except (RuntimeError, ValueError, IndexError) as exc:  # a failed forward pass fails the chunk
-                turns = [exc] * len(rows)
-            mode_of = {i: m for (i, _), (m, _) in zip(rows, modes)}
-            for (i, _), turn in zip(rows, turns):
-                text, ids = prompts[i]
-                if isinstance(turn, Exception):
-                    out[i] = Generation.failed(text, f"generation failed: {type(turn).__name__}: {turn}", len(ids))
-                else:
-                    tracked, chosen, scores = turn
-                    gen = Generation.from_turn(text, len(ids), tracked)
-                    gen.chosen_index, gen.action_scores, gen.decoding = chosen, scores, mode_of[i]
-                    out[i] = gen
-                    if keys[i] is not None:
-                        self.generation_cache.put(keys[i][0], keys[i][1], dataclasses.asdict(gen))
+            self._generate_rows(rows, prompts, seeds, acts_of, decoding, stop_early, int(reasoning_max_tokens),
+                                out, keys)
         return out  # type: ignore[return-value]
+
+    def _cached(self, prompts: list[tuple[str, list[int]]], seeds: list[int], acts_of: list, decoding: str,
+                max_new: int, stop_early: bool, reasoning_max: int) -> tuple[list[Generation | None], list]:
+        """Per conversation, its turn read back from the generation cache (or None) and its
+        ``(key, body)`` there (None: no cache)."""
+        out: list[Generation | None] = [None] * len(prompts)
+        keys: list = [None] * len(prompts)
+        if self.generation_cache is not None:
+            for i, (text, _) in enumerate(prompts):
+                body = self._cache_body(text, seeds[i], acts_of[i], decoding, max_new, stop_early, reasoning_max)
+                keys[i] = (self.generation_cache.key(body), body)
+                hit = self.generation_cache.get(keys[i][0])
+                if hit is not None:
+                    out[i] = Generation(**hit)
+        return out, keys
+
+    def _generate_rows(self, rows: list[tuple[int, int]], prompts: list[tuple[str, list[int]]], seeds: list[int],
+                       acts_of: list, decoding: str, stop_early: bool, reasoning_max: int,
+                       out: list[Generation | None], keys: list) -> None:
+        """Decode the conversations ``rows`` (``(index, cap)``) in one loop; fill ``out`` (and
+        the generation cache) with their turns."""
+        modes = []
+        for i, _ in rows:
+            acts = acts_of[i]
+            modes.append((decoding, list(acts)) if decoding != "free" and acts and action_texts(acts)
+                         else ("free", None))
+        try:
+            turns = self._decode_loop([prompts[i][1] for i, _ in rows], [seeds[i] for i, _ in rows],
+                                      [cap for _, cap in rows], stop_early, modes, reasoning_max,
+                                      [None if self.context is None else self.context - len(prompts[i][1])
+                                       for i, _ in rows])
+        except (RuntimeError, ValueError, IndexError) as exc:  # a failed forward pass fails the chunk
+            turns = [exc] * len(rows)
+        for (i, _), (mode, _), turn in zip(rows, modes, turns):
+            text, ids = prompts[i]
+            if isinstance(turn, Exception):
+                out[i] = Generation.failed(text, f"generation failed: {type(turn).__name__}: {turn}", len(ids))
+                continue
+            tracked, chosen, scores = turn
+            gen = Generation.from_turn(text, len(ids), tracked)
+            gen.chosen_index, gen.action_scores, gen.decoding = chosen, scores, mode
+            out[i] = gen
+            if keys[i] is not None:
+                self.generation_cache.put(keys[i][0], keys[i][1], dataclasses.asdict(gen))
 
     # -- generation cache (model.cache_dir) ------------------------------------------------
 
@@ -375,178 +410,186 @@ class TransformersBackend:
                      hard_caps: list[int | None] | None = None) -> list[tuple[TrackedTurn, int | None, list[float] | None]]:
         """The batched decode loop; per row ``(turn, chosen admissible index, choice scores)``.
 
-        Rows under ``constrained``/``choice`` first write their reasoning line (no ``{``, no
-        EOS, ends at a newline or ``reasoning_max`` tokens). ``constrained`` rows then
-        decode under their :class:`ActionConstraint`'s mask (the token that ends the line
-        may already start the JSON, if the constraint accepts it); ``choice`` rows are
-        parked before the token that would end the line (fed padding that attention
-        ignores, so their cache keeps prompt + reasoning) and scored after the loop
-        (:meth:`_score_choices`), every candidate starting with that line end.
+        Each row decodes under its strategy (:mod:`pipeline.llm.backends.decoding`): rows
+        under ``constrained``/``choice`` first write their reasoning line (no ``{``, no
+        EOS, ends at a newline or ``reasoning_max`` tokens); ``constrained`` rows then
+        decode under their :class:`~pipeline.llm.constrain.ActionConstraint`'s mask; ``choice`` rows are parked
+        before the token that would end the line and scored after the loop
+        (:meth:`_score_choices`).
         """
         import torch  # deferred: heavy optional dependency (torch)
 
-        s = self.sampling
         B = len(prompt_ids)
-        modes = modes or [("free", None)] * B
         dev = self.device
         input_ids, attn, positions, cache, hits = self._prefill_inputs(prompt_ids)
         generators = [torch.Generator(device=dev).manual_seed(int(seed)) for seed in seeds]
-        warpers = self._warpers() if s.do_sample else None  # None: greedy
-        streams = [ActionStream(self.tokenizer) for _ in range(B)]
-        reasons: list[str | None] = [None] * B
-        # Per row: "free" | "reason" | "json" (under its constraint) | "park" (choice: wait for scoring)
-        phase = ["free" if m == "free" else "reason" for m, _ in modes]
-        constraints: list[ActionConstraint | None] = [None] * B
-        reason_tokens = [0] * B
-        leads: dict[int, str] = {}  # choice rows: the reasoning line's end the candidates start with
-        first_lp: dict[int, Any] = {}  # choice rows: log-probs of the first token after the reasoning
-        texts = self.token_texts() if any(p != "free" for p in phase) else None
-        # Per original row, the tokens allowed in its reasoning line (free rows: all), built on
-        # the host and moved once: (B, V) bool.
-        line_masks = None
-        if texts is not None:
-            inside, enders = texts.line_tokens()
-            base = torch.tensor(inside, dtype=torch.bool)
-            rows = []
-            for r, (mode, acts) in enumerate(modes):
-                if mode == "free":
-                    rows.append(torch.ones_like(base))
-                    continue
-                mask = base.clone()
-                if mode == "constrained":
-                    constraints[r] = ActionConstraint(texts, acts)  # type: ignore[arg-type]
-                    ok = [i for i, after in enders if constraints[r].accepts(after)]  # type: ignore[union-attr]
-                else:  # choice: the line ends at any newline; the candidates are scored from there
-                    ok = [i for i, _ in enders]
-                if ok:
-                    mask[torch.tensor(ok)] = True
-                rows.append(mask)
-            line_masks = torch.stack(rows).to(dev)
-        active = list(range(B))  # original row of each batch row still generating (or parked)
+        warpers = self._warpers() if self.sampling.do_sample else None  # None: greedy
+        rows = [Row(mode, acts, ActionStream(self.tokenizer)) for mode, acts in modes or [("free", None)] * B]
+        texts = self.token_texts() if any(row.mode != "free" for row in rows) else None
+        batch = _Batch(cache, attn, None, self._line_masks(rows, texts), list(range(B)))
         kwargs = {"logits_to_keep": 1} if self._logits_to_keep else {}
         with torch.inference_mode():
             out = self.model(input_ids=input_ids, attention_mask=attn, position_ids=positions,
                              past_key_values=cache, use_cache=True, **kwargs)
             if hits is not None:
                 self._remember_prompts(prompt_ids, hits, cache)
-            last_pos = positions[:, -1]
+            batch.last_pos = positions[:, -1]
             step = 0
-            # What the loop reads back from the device: one transfer a step (the chosen ids, with
-            # their log-probs), plus the argmax when a greedy row is inside its JSON action. The
-            # masks of the active rows stay on the device and change only when a row leaves the
-            # batch or a row's phase changes.
-            act_masks = line_masks
-            reason_flags, reason_sent = None, None
             while True:
-                raw = out.logits[:, -1, :].float()  # (B_active, V)
-                V = raw.shape[1]
-                logits = raw.clone()
-                reason_now = [phase[r] == "reason" for r in active]
-                if any(reason_now):
-                    if reason_now != reason_sent:
-                        reason_flags, reason_sent = torch.tensor(reason_now, device=dev), reason_now
-                    logits.masked_fill_(reason_flags[:, None] & ~act_masks[:, :V], float("-inf"))
-                json_rows = [b for b, r in enumerate(active) if phase[r] == "json"]
-                if json_rows:
-                    # greedy: the model's own choice, when the constraint accepts it, is the masked
-                    # argmax; no mask needed for that row
-                    tops = logits.argmax(-1).tolist() if warpers is None else None
-                    need: list[tuple[int, list[int]]] = []
-                    for b in json_rows:
-                        c = constraints[active[b]]
-                        if tops is not None and texts.texts[tops[b]] and c.accepts(texts.texts[tops[b]]):  # type: ignore
-                            continue
-                        allowed = c.allowed()  # type: ignore[union-attr]
-                        if not allowed:
-                            raise ValueError("constrained decoding: no admissible continuation")
-                        need.append((b, allowed))
-                    if need:
-                        keep_ok = torch.ones_like(logits, dtype=torch.bool)
-                        keep_ok[torch.tensor([b for b, _ in need], device=dev)] = False
-                        where = torch.tensor([[b, i] for b, allowed in need for i in allowed], device=dev)
-                        keep_ok[where[:, 0], where[:, 1]] = True
-                        logits.masked_fill_(~keep_ok, float("-inf"))
-                next_ids = self._choose(logits, warpers, [generators[r] for r in active])
-                chosen_lp = None
-                if self.want_logprobs:  # ids and log-probs come back in one transfer (float64: both exact)
-                    lp = torch.log_softmax(raw, -1).gather(1, next_ids[:, None])[:, 0]
-                    back = torch.stack([next_ids.to(torch.float64), lp.to(torch.float64)]).tolist()
-                    ids_list, chosen_lp = [int(i) for i in back[0]], back[1]
-                else:
-                    ids_list = next_ids.tolist()
-                # A choice row whose line ends here (a newline chosen, or the bound reached) is parked
-                # before that token: every candidate is scored from this position.
-                for b, r in enumerate(active):
-                    if modes[r][0] == "choice" and phase[r] == "reason":
-                        piece = texts.texts[ids_list[b]]  # type: ignore[union-attr]
-                        if "\n" in piece or reason_tokens[r] >= reasoning_max:
-                            phase[r] = "park"
-                            leads[r] = piece.split("\n", 1)[0] + "\n" if "\n" in piece else "\n"
-                            first_lp[r] = torch.log_softmax(raw[b], -1)
-                parked = [phase[r] == "park" for r in active]
                 step += 1
-                # A JSON action under its constraint is finished whatever max_new_tokens says (it is at
-                # most the longest admissible text), unless the context ends.
-                held = [phase[r] in ("park", "json") for r in active]
-                keep = self._push_tokens(streams, reasons, active, ids_list, chosen_lp, step, caps, early_stop,
-                                         parked=parked, held=held, hard_caps=hard_caps)
-                for b, r in enumerate(active):
-                    if phase[r] not in ("reason", "json") or reasons[r] is not None:
-                        continue
-                    piece = texts.texts[ids_list[b]]  # type: ignore[union-attr]
-                    c = constraints[r]
-                    if phase[r] == "reason":
-                        reason_tokens[r] += 1
-                        if modes[r][0] == "choice":
-                            continue  # parked at its next step, before the token that ends the line
-                        if "\n" in piece:
-                            phase[r] = "json"
-                            c.advance(piece.split("\n", 1)[1])  # type: ignore[union-attr]
-                        elif reason_tokens[r] >= reasoning_max:  # cut off: the JSON goes on a new line
-                            phase[r] = "json"
-                            constraints[r] = c = ActionConstraint(texts, modes[r][1], "\n")  # type: ignore[arg-type]
-                    else:
-                        c.advance(piece)  # type: ignore[union-attr]
-                    if phase[r] == "json" and c.done:  # type: ignore[union-attr]
-                        phase[r] = "free"  # the memory notes (or nothing: the object closed)
-                if not keep or all(phase[active[b]] == "park" for b in keep):
+                raw = out.logits[:, -1, :].float()  # (B_active, V)
+                next_ids, ids_list, chosen_lp = self._next_tokens(raw, batch, rows, texts, warpers, generators)
+                keep = self._step_rows(raw, batch.active, rows, texts, ids_list, chosen_lp, step, caps, early_stop,
+                                       reasoning_max, hard_caps)
+                if not keep or all(rows[batch.active[b]].phase == "park" for b in keep):
                     break
-                if len(keep) < len(active):  # finished rows leave the batch and the cache
-                    idx = torch.tensor(keep, device=dev)
-                    cache.batch_select_indices(idx)
-                    attn, last_pos, next_ids = attn[idx], last_pos[idx], next_ids[idx]
-                    if act_masks is not None:
-                        act_masks = act_masks[idx]
-                    active = [active[b] for b in keep]
-                    reason_sent = None
-                # A parked row's new column is padding its attention ignores; its position stays.
-                if any(phase[r] == "park" for r in active):
-                    live = torch.tensor([0 if phase[r] == "park" else 1 for r in active], device=dev,
-                                        dtype=attn.dtype)
-                    next_ids = torch.where(live.bool(), next_ids, torch.full_like(next_ids, self.pad_id))
-                    attn = torch.cat([attn, live[:, None]], dim=1)
-                    last_pos = last_pos + live
-                else:  # every row live: nothing to send to the device
-                    attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
-                    last_pos = last_pos + 1
-                out = self.model(input_ids=next_ids[:, None], attention_mask=attn, position_ids=last_pos[:, None],
-                                 past_key_values=cache, use_cache=True, **kwargs)
-            results: list[tuple[TrackedTurn, int | None, list[float] | None]] = []
-            parked_rows = [(b, r) for b, r in enumerate(active) if phase[r] == "park"]
-            scored = (self._score_choices(cache, attn, last_pos, parked_rows, first_lp, modes, streams, leads)
-                      if parked_rows else {})
-        for r in range(B):
+                next_ids = self._next_inputs(batch, rows, keep, next_ids)
+                out = self.model(input_ids=next_ids[:, None], attention_mask=batch.attn,
+                                 position_ids=batch.last_pos[:, None], past_key_values=batch.cache, use_cache=True,
+                                 **kwargs)
+            parked = [(b, r) for b, r in enumerate(batch.active) if rows[r].phase == "park"]
+            scored = self._score_choices(batch.cache, batch.attn, batch.last_pos, parked, rows) if parked else {}
+        results: list[tuple[TrackedTurn, int | None, list[float] | None]] = []
+        for r, row in enumerate(rows):
             if r in scored:
                 chosen, scores, reason = scored[r]
-                results.append((streams[r].finish(reason), chosen, scores))
-                continue
-            c = constraints[r]
-            results.append((streams[r].finish(reasons[r] or "max_new_tokens"), c.chosen if c else None, None))
+                results.append((row.stream.finish(reason), chosen, scores))
+            else:
+                c = row.constraint
+                results.append((row.stream.finish(row.reason or "max_new_tokens"), c.chosen if c else None, None))
         return results
 
+    def _line_masks(self, rows: list[Row], texts: TokenTexts | None) -> Any:
+        """Per row, the tokens allowed in its reasoning line (free rows: all), built on the
+        host and moved once: (B, V) bool; None when every row is free. Sets each row's
+        first phase (its strategy's ``start``)."""
+        import torch  # deferred: heavy optional dependency (torch)
+
+        if texts is None:
+            return None
+        inside, enders = texts.line_tokens()
+        base = torch.tensor(inside, dtype=torch.bool)
+        masks = []
+        for row in rows:
+            ok = row.strategy.start(row, texts, enders)
+            if ok is None:
+                masks.append(torch.ones_like(base))
+                continue
+            mask = base.clone()
+            if ok:
+                mask[torch.tensor(ok)] = True
+            masks.append(mask)
+        return torch.stack(masks).to(self.device)
+
+    def _next_tokens(self, raw: Any, batch: _Batch, rows: list[Row], texts: TokenTexts | None,
+                     warpers: list | None, generators: list) -> tuple[Any, list[int], list[float] | None]:
+        """Mask each active row's logits by its phase and choose its next token.
+
+        What the loop reads back from the device: one transfer a step (the chosen ids, with
+        their log-probs), plus the argmax when a greedy row is inside its JSON action. The
+        masks of the active rows stay on the device and change only when a row leaves the
+        batch or a row's phase changes.
+
+        Returns:
+            ``(next_ids on the device, the same as a list, their log-probs or None)``.
+        """
+        import torch  # deferred: heavy optional dependency (torch)
+
+        V = raw.shape[1]
+        logits = raw.clone()
+        reason_now = [rows[r].phase == "reason" for r in batch.active]
+        if any(reason_now):
+            if reason_now != batch.reason_sent:
+                batch.reason_flags, batch.reason_sent = torch.tensor(reason_now, device=self.device), reason_now
+            logits.masked_fill_(batch.reason_flags[:, None] & ~batch.masks[:, :V], float("-inf"))
+        json_rows = [b for b, r in enumerate(batch.active) if rows[r].phase == "json"]
+        if json_rows:
+            self._mask_json(logits, json_rows, batch.active, rows, texts, warpers)
+        next_ids = self._choose(logits, warpers, [generators[r] for r in batch.active])
+        if not self.want_logprobs:
+            return next_ids, next_ids.tolist(), None
+        # ids and log-probs come back in one transfer (float64: both exact)
+        lp = torch.log_softmax(raw, -1).gather(1, next_ids[:, None])[:, 0]
+        back = torch.stack([next_ids.to(torch.float64), lp.to(torch.float64)]).tolist()
+        return next_ids, [int(i) for i in back[0]], back[1]
+
+    def _mask_json(self, logits: Any, json_rows: list[int], active: list[int], rows: list[Row], texts: Any,
+                   warpers: list | None) -> None:
+        """Mask, in place, the logits of the rows inside their JSON action to what their
+        constraint allows. Greedy: the model's own choice, when the constraint accepts it,
+        is the masked argmax; no mask needed for that row."""
+        import torch  # deferred: heavy optional dependency (torch)
+
+        tops = logits.argmax(-1).tolist() if warpers is None else None
+        need: list[tuple[int, list[int]]] = []
+        for b in json_rows:
+            row = rows[active[b]]
+            allowed = row.strategy.allowed(row, texts.texts[tops[b]] if tops is not None else None)
+            if allowed is not None:
+                need.append((b, allowed))
+        if need:
+            dev = self.device
+            keep_ok = torch.ones_like(logits, dtype=torch.bool)
+            keep_ok[torch.tensor([b for b, _ in need], device=dev)] = False
+            where = torch.tensor([[b, i] for b, allowed in need for i in allowed], device=dev)
+            keep_ok[where[:, 0], where[:, 1]] = True
+            logits.masked_fill_(~keep_ok, float("-inf"))
+
+    def _step_rows(self, raw: Any, active: list[int], rows: list[Row], texts: TokenTexts | None,
+                   ids_list: list[int], chosen_lp: list[float] | None, step: int, caps: list[int],
+                   early_stop: bool, reasoning_max: int, hard_caps: list[int | None] | None) -> list[int]:
+        """Give every active row its token: park it (choice), push it, move its strategy on.
+
+        Returns:
+            The batch positions of the rows still generating (or parked).
+        """
+        import torch  # deferred: heavy optional dependency (torch)
+
+        # A choice row whose line ends here (a newline chosen, or the bound reached) is parked
+        # before that token: every candidate is scored from this position.
+        for b, r in enumerate(active):
+            row = rows[r]
+            if row.phase == "reason" and row.strategy.parks(row, texts.texts[ids_list[b]], reasoning_max):  # type: ignore[union-attr]
+                row.first_lp = torch.log_softmax(raw[b], -1)
+        parked = [rows[r].phase == "park" for r in active]
+        # A JSON action under its constraint is finished whatever max_new_tokens says (it is at
+        # most the longest admissible text), unless the context ends.
+        held = [rows[r].phase in ("park", "json") for r in active]
+        keep = self._push_tokens(rows, active, ids_list, chosen_lp, step, caps, early_stop,
+                                 parked=parked, held=held, hard_caps=hard_caps)
+        for b, r in enumerate(active):
+            row = rows[r]
+            if row.phase in ("reason", "json") and row.reason is None:
+                row.strategy.advance(row, texts.texts[ids_list[b]], texts, reasoning_max)  # type: ignore[union-attr]
+        return keep
+
+    def _next_inputs(self, batch: _Batch, rows: list[Row], keep: list[int], next_ids: Any) -> Any:
+        """Drop finished rows from the batch and its cache; the next column of ids (a parked
+        row's new column is padding its attention ignores; its position stays)."""
+        import torch  # deferred: heavy optional dependency (torch)
+
+        if len(keep) < len(batch.active):  # finished rows leave the batch and the cache
+            idx = torch.tensor(keep, device=self.device)
+            batch.cache.batch_select_indices(idx)
+            batch.attn, batch.last_pos, next_ids = batch.attn[idx], batch.last_pos[idx], next_ids[idx]
+            if batch.masks is not None:
+                batch.masks = batch.masks[idx]
+            batch.active = [batch.active[b] for b in keep]
+            batch.reason_sent = None
+        attn = batch.attn
+        if any(rows[r].phase == "park" for r in batch.active):
+            live = torch.tensor([0 if rows[r].phase == "park" else 1 for r in batch.active], device=self.device,
+                                dtype=attn.dtype)
+            next_ids = torch.where(live.bool(), next_ids, torch.full_like(next_ids, self.pad_id))
+            batch.attn = torch.cat([attn, live[:, None]], dim=1)
+            batch.last_pos = batch.last_pos + live
+        else:  # every row live: nothing to send to the device
+            batch.attn = torch.cat([attn, attn.new_ones((attn.shape[0], 1))], dim=1)
+            batch.last_pos = batch.last_pos + 1
+        return next_ids
+
     def _score_choices(self, cache: Any, attn: Any, last_pos: Any, parked: list[tuple[int, int]],
-                       first_lp: dict[int, Any], modes: list, streams: list[ActionStream],
-                       leads: dict[int, str]) -> dict:
+                       rows: list[Row]) -> dict:
         """Score every parked row's admissible actions; push the best one's tokens to its stream.
 
         For each row, each action's texts (:func:`choice_texts`) are tokenized and run in
@@ -557,38 +600,17 @@ class TransformersBackend:
         Returns:
             ``{row: (chosen index, per-action scores, stop reason)}``.
         """
-        import torch  # deferred: heavy optional dependency (torch)
-        from transformers import DynamicCache  # deferred: heavy optional dependency
-
-        dev = self.device
         jobs = []  # (row, batch position, admissible index, token ids, closed form?)
         for b, r in parked:
-            for text, i in choice_texts(modes[r][1], leads[r]):
+            for text, i in choice_texts(rows[r].acts, rows[r].lead):  # type: ignore[arg-type]
                 ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
                 jobs.append((r, b, i, ids, text.endswith(CLOSE)))
         totals: dict[int, dict[int, float]] = {r: {} for _, r in parked}
         best_ids: dict[tuple[int, int], tuple[float, list[int], list[float]]] = {}
-        kwargs = {"logits_to_keep": 0} if self._logits_to_keep else {}
         for k in range(0, len(jobs), SCORE_ROWS):
             chunk = jobs[k:k + SCORE_ROWS]
-            sel = torch.tensor([job[1] for job in chunk], device=dev)
-            sub = DynamicCache(ddp_cache_data=[(layer.keys[sel], layer.values[sel]) for layer in cache.layers])
-            L = max(len(job[3]) for job in chunk)
-            inp = torch.full((len(chunk), L), self.pad_id, dtype=torch.long)  # built on the host, moved once
-            for j, (_, _, _, ids, _) in enumerate(chunk):
-                inp[j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            inp = inp.to(dev)
-            a = torch.cat([attn[sel], torch.ones((len(chunk), L), dtype=attn.dtype, device=dev)], dim=1)
-            pos = last_pos[sel][:, None] + 1 + torch.arange(L, device=dev)[None, :]
-            out = self.model(input_ids=inp, attention_mask=a, position_ids=pos, past_key_values=sub,
-                             use_cache=True, **kwargs)
-            lps = torch.log_softmax(out.logits.float(), -1)
-            # Each candidate token's log-prob, read back in one transfer: the first from the row's
-            # log-probs after its reasoning, token t from the forward's position t - 1.
-            firsts = torch.stack([first_lp[r][ids[0]] for r, _, _, ids, _ in chunk]).tolist()
-            nexts = lps[:, :-1].gather(2, inp[:, 1:, None])[..., 0].tolist() if L > 1 else [[] for _ in chunk]
-            for j, (r, _, i, ids, closes) in enumerate(chunk):
-                toks = [firsts[j]] + nexts[j][:len(ids) - 1]
+            for (r, _, i, ids, closes), toks in zip(chunk, self._candidate_logprobs(cache, attn, last_pos, chunk,
+                                                                                   rows)):
                 total = sum(toks)
                 if total > totals[r].get(i, float("-inf")):
                     totals[r][i] = total
@@ -596,19 +618,44 @@ class TransformersBackend:
                     best_ids[(r, i)] = (total, ids, toks)
         result = {}
         for _, r in parked:
-            acts = modes[r][1]
-            scores = [round(totals[r].get(i, float("-inf")), 6) for i in range(len(acts))]
+            stream = rows[r].stream
+            scores = [round(totals[r].get(i, float("-inf")), 6) for i in range(len(rows[r].acts))]  # type: ignore[arg-type]
             chosen = max(totals[r], key=lambda i: (totals[r][i], -i))
             _, ids, toks = best_ids[(r, chosen)]
             for t, lp in zip(ids, toks):
-                streams[r].push(t, logprob=lp if self.want_logprobs else None)
-            result[r] = (chosen, scores, "json_closed" if streams[r].closed else "max_new_tokens")
+                stream.push(t, logprob=lp if self.want_logprobs else None)
+            result[r] = (chosen, scores, "json_closed" if stream.closed else "max_new_tokens")
         return result
 
-    def _push_tokens(self, streams: list[ActionStream], reasons: list[str | None], active: list[int],
-                     next_ids: list[int], chosen_lp: list[float] | None, step: int, caps: list[int],
-                     early_stop: bool, parked: list[bool] | None = None, held: list[bool] | None = None,
-                     hard_caps: list[int | None] | None = None) -> list[int]:
+    def _candidate_logprobs(self, cache: Any, attn: Any, last_pos: Any, chunk: list, rows: list[Row]) -> list:
+        """One batched forward of a chunk of candidates ``(row, batch position, index, ids,
+        closes)`` over copies of their rows' caches; per candidate, its tokens' log-probs."""
+        import torch  # deferred: heavy optional dependency (torch)
+        from transformers import DynamicCache  # deferred: heavy optional dependency
+
+        dev = self.device
+        kwargs = {"logits_to_keep": 0} if self._logits_to_keep else {}
+        sel = torch.tensor([job[1] for job in chunk], device=dev)
+        sub = DynamicCache(ddp_cache_data=[(layer.keys[sel], layer.values[sel]) for layer in cache.layers])
+        L = max(len(job[3]) for job in chunk)
+        inp = torch.full((len(chunk), L), self.pad_id, dtype=torch.long)  # built on the host, moved once
+        for j, (_, _, _, ids, _) in enumerate(chunk):
+            inp[j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        inp = inp.to(dev)
+        a = torch.cat([attn[sel], torch.ones((len(chunk), L), dtype=attn.dtype, device=dev)], dim=1)
+        pos = last_pos[sel][:, None] + 1 + torch.arange(L, device=dev)[None, :]
+        out = self.model(input_ids=inp, attention_mask=a, position_ids=pos, past_key_values=sub,
+                         use_cache=True, **kwargs)
+        lps = torch.log_softmax(out.logits.float(), -1)
+        # Each candidate token's log-prob, read back in one transfer: the first from the row's
+        # log-probs after its reasoning, token t from the forward's position t - 1.
+        firsts = torch.stack([rows[r].first_lp[ids[0]] for r, _, _, ids, _ in chunk]).tolist()
+        nexts = lps[:, :-1].gather(2, inp[:, 1:, None])[..., 0].tolist() if L > 1 else [[] for _ in chunk]
+        return [[firsts[j]] + nexts[j][:len(ids) - 1] for j, (_, _, _, ids, _) in enumerate(chunk)]
+
+    def _push_tokens(self, rows: list[Row], active: list[int], next_ids: list[int], chosen_lp: list[float] | None,
+                     step: int, caps: list[int], early_stop: bool, parked: list[bool] | None = None,
+                     held: list[bool] | None = None, hard_caps: list[int | None] | None = None) -> list[int]:
         """Feed each active row its new token; set the stop reason of rows that finish.
 
         Rows marked ``parked`` (choice decoding, waiting to be scored) get no token and stay;
@@ -623,14 +670,15 @@ class TransformersBackend:
             if parked and parked[b]:
                 keep.append(b)
                 continue
-            closed = streams[r].push(tid, logprob=chosen_lp[b] if chosen_lp else None)
+            row = rows[r]
+            closed = row.stream.push(tid, logprob=chosen_lp[b] if chosen_lp else None)
             if tid in self.eos_ids:
-                reasons[r] = "json_closed" if closed and early_stop else "eos"
+                row.reason = "json_closed" if closed and early_stop else "eos"
             elif closed and early_stop:
-                reasons[r] = "json_closed"
+                row.reason = "json_closed"
             elif step >= caps[r] and not (held and held[b] and not (hard_caps and hard_caps[r] is not None
                                                                     and step >= hard_caps[r])):
-                reasons[r] = "max_new_tokens"
+                row.reason = "max_new_tokens"
             else:
                 keep.append(b)
         return keep
