@@ -448,26 +448,46 @@ class AgentConfig:
 
 
 @dataclass
-class AdvisoryVariantConfig:
-    """An advisory block the policy's demonstrations carry, built like a condition's.
+class MemorySwitches:
+    """How a block of advisories is built (``pipeline.memory.build_memory_slot``): the memory switches of a
+    condition (:class:`ConditionConfig`) and of an advisory variant of the policy's demonstrations
+    (:class:`AdvisoryVariantConfig`). The defaults are no memory (C1's)."""
 
-    ``pipeline.memory.build_memory_slot`` builds it from these fields exactly as it
-    builds the block of the condition with the same settings (``conf/condition/``); the
-    prompt variant is named after ``name`` (``plain+C2``, ``grounded+C2_placebo``).
-    """
+    memory_mode: MemoryMode = MemoryMode.off
+    """off | on | silent (:class:`MemoryMode`)."""
+    retrieval_executed: bool = False
+    """Run retrieval at all."""
+    injection_mask: bool = True
+    """Retrieved advisories are masked (never shown)."""
+    placebo: bool = False
+    """Inject length-matched advisories from other scenes instead (C2_placebo)."""
+    oracle: bool = False
+    """Positive control: advisories built from the task's own expert plan (C2_oracle)."""
 
+
+@dataclass
+class _VariantName:
     name: str = MISSING
     """Variant name (in ``demos.parquet``'s ``variant`` column)."""
+
+
+@dataclass
+class AdvisoryVariantConfig(MemorySwitches, _VariantName):
+    """An advisory block the policy's demonstrations carry, built exactly as the block of the
+    condition with the same switches (``conf/condition/``); the prompt variant is named after
+    ``name`` (``plain+C2``, ``grounded+C2_placebo``). With ``oracle`` (the train quest's own
+    verified plan) the expert follows it.
+
+    The defaults are C2's block. ``name`` comes first in the config: a dataclass lists the
+    fields of its last base first.
+    """
+
     memory_mode: MemoryMode = MemoryMode.on
-    """As the condition's ``memory_mode``."""
+    """C2's: on."""
     retrieval_executed: bool = True
-    """As the condition's ``retrieval_executed``."""
+    """C2's: retrieval runs."""
     injection_mask: bool = False
-    """As the condition's ``injection_mask``."""
-    placebo: bool = False
-    """As the condition's ``placebo``: length-matched advisories from other scenes."""
-    oracle: bool = False
-    """The positive control's block (the train quest's own verified plan, as C2_oracle): the expert follows it."""
+    """C2's: shown when the gate passes."""
 
 
 def _default_advisory_variants() -> List[AdvisoryVariantConfig]:
@@ -741,21 +761,11 @@ class MemoryConfig:
 
 
 @dataclass
-class ConditionConfig:
+class ConditionConfig(MemorySwitches):
     """One experimental condition (seed 001 section 2.4, plus the placebo control and C0):
-    grounding (on / off) and memory (off / on / silent / placebo) are orthogonal switches.
-    The defaults are C1: the scene's grounding, no memory."""
+    grounding (on / off) and memory (off / on / silent / placebo: :class:`MemorySwitches`) are
+    orthogonal switches. The defaults are C1: the scene's grounding, no memory."""
 
-    memory_mode: MemoryMode = MemoryMode.off
-    """off | on | silent (:class:`MemoryMode`)."""
-    retrieval_executed: bool = False
-    """Run retrieval at all."""
-    injection_mask: bool = True
-    """Retrieved advisories are masked (never shown)."""
-    placebo: bool = False
-    """Inject length-matched advisories from other scenes instead (C2_placebo)."""
-    oracle: bool = False
-    """Positive control: advisories built from the task's own expert plan (C2_oracle)."""
     grounding: bool = True
     """The scene's merged grounding in the prompt (false: C0)."""
     description: str = ""
