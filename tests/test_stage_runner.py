@@ -73,3 +73,21 @@ def test_every_stage_main_goes_through_the_runner(path: Path):
     assert isinstance(call, ast.Call) and getattr(call.func, "id", None) == "run_stage"
     assert call.args[0].value == path.stem, f"{path.name}: run_stage names another stage"
     assert "sys.exit(main(sys.argv[1:]))" in path.read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize("reader, folder", [(False, "eval"), (True, "eval_reader")])
+def test_evaluate_and_evaluate_reader_share_one_body_writing_their_own_metrics(loaded, monkeypatch, reader, folder):
+    from omegaconf import OmegaConf
+
+    from pipeline.stages import evaluate, evaluate_reader
+
+    cfg = OmegaConf.create({"agent": {"name": "react"}, "paths": {"metrics": "metrics"}, "experiment": {"reader": True}})
+    played = []
+    monkeypatch.setattr(common, "load_params", lambda: cfg)
+    monkeypatch.setattr(evaluate, "pin_numerics", lambda cfg, runs_model: {})
+    monkeypatch.setattr(evaluate, "evaluate_condition", lambda cfg, root, cond, reader: (
+        played.append(reader) or ({"condition": cond}, {"num_episodes": 1, "success_rate": 1.0}, root)))
+    stage = evaluate_reader if reader else evaluate
+    assert stage.main(["--condition", "C1"]) == 0
+    assert played == [reader]
+    assert (loaded / "metrics" / folder / "C1.json").is_file()

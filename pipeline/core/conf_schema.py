@@ -772,14 +772,16 @@ class ConditionConfig(MemorySwitches):
     """One line for reports."""
 
 
+def _increasing_counts(ks: List[int]) -> Optional[str]:
+    return unless(all(k >= 0 for k in ks) and ks == sorted(set(ks)), "distinct counts >= 0 in increasing order")
+
+
 @dataclass
 class CurveConfig:
     """Learning curves (stage ``curve``): the eval tasks replayed with the memory and grounding of the first ``k``
     past episodes of each scene."""
 
-    ks: List[int] = field(default_factory=lambda: [0, 1, 2, 4], metadata={CHECKS: (
-        lambda ks: unless(all(k >= 0 for k in ks) and ks == sorted(set(ks)), "distinct counts >= 0 in increasing order"),
-    )})
+    ks: List[int] = field(default_factory=lambda: [0, 1, 2, 4], metadata={CHECKS: (_increasing_counts,)})
     """Past episodes per scene at each point (clipped to what a scene has: ``env.train_quests_per_scene``)."""
     conditions: List[str] = field(default_factory=lambda: ["C0", "C1", "C2", "C2_placebo"])
     """Conditions played at every point (each must be configured; others are skipped with a note)."""

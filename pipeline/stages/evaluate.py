@@ -38,12 +38,12 @@ def condition_argument(parser: argparse.ArgumentParser) -> None:
 def evaluate(cfg: Config, root: Path, args: argparse.Namespace, *, reader: bool = False) -> None:
     """Play ``--condition``'s prompts with the experiment's agent, or with the reader (``reader``: the
     ``evaluate_reader`` stage, skipped with ``experiment.reader=false``)."""
-    stage = "evaluate_reader" if reader else "evaluate"
+    stage, folder = ("evaluate_reader", "eval_reader") if reader else ("evaluate", "eval")
     # before anything loads torch (a rule agent runs no model, the reader never: the environment only; a remote
     # model still loads torch here, in the main thread, before the backend starts its event-loop thread)
     pin_numerics(cfg, runs_model=not reader and plays_with_model(cfg.agent))
     cond = args.condition
-    metrics_path = root / cfg.paths.metrics / stage / f"{cond}.json"
+    metrics_path = root / cfg.paths.metrics / folder / f"{cond}.json"
     if reader and not cfg.experiment.reader:
         reason = "experiment.reader=false"
         with atomic_dir(root / cfg.paths.eval_reader / cond) as tmp:
