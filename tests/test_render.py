@@ -17,7 +17,7 @@ from pipeline.memory import EpisodicStore, build_entry, write_store
 from pipeline.prompts import PromptOrganizer, render_turn_prompt
 from pipeline.core.schemas import manifest_table
 from pipeline import conditions as R
-from pipeline.stages import render as render_stage
+from pipeline.stages import common as stage_common, render as render_stage
 
 ROOT = Path(__file__).resolve().parents[1]
 OBJECTIVE = "Put Apple_2 in Fridge_0 and close it"
@@ -284,8 +284,8 @@ class TestCheckMaskedIdentical:
 
 
 def _run_main(monkeypatch, root, cfg, condition):
-    monkeypatch.setattr(render_stage, "load_params", lambda: cfg)
-    monkeypatch.setattr(render_stage, "project_root", lambda: root)
+    monkeypatch.setattr(stage_common, "load_params", lambda: cfg)
+    monkeypatch.setattr(stage_common, "project_root", lambda: root)
     return render_stage.main(["--condition", condition])
 
 

@@ -19,8 +19,10 @@ validates types and enum values, not only our ``python -m pipeline.core.config``
 
 A closed set of values is a ``StrEnum`` (a member equals its string value and ``str()``
 of it is the value), so a value outside it is refused at compose with the key named.
-Range checks that OmegaConf cannot express (``0 < top_p <= 1``, ...) live in
-:func:`pipeline.core.config.validate`, which every stage runs on ``params.yaml``.
+A range OmegaConf cannot express is declared at its field (``top_p: float = checked(0.9,
+within(0, 1, open_lo=True))``; a range bounded by another field in the section's
+``cross_checks``), and :func:`pipeline.core.config.validate`, which every stage runs on
+``params.yaml`` before it touches anything, runs them all.
 
 This module imports only the standard library and OmegaConf: it is imported by Hydra's
 plugin discovery, so it must stay light and free of side effects.
@@ -28,9 +30,10 @@ plugin discovery, so it must stay light and free of side effects.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
 
 from omegaconf import MISSING
 
@@ -173,6 +176,50 @@ class MklBranch(StrEnum):
     native = "native"  # MKL_CBWR left unset
 
 
+# A range check of one field: the value -> None when it holds, else what was expected; the
+# config is then refused with ``params key <dotted key>=<value>: expected <that>``.
+Check = Callable[[Any], Optional[str]]
+# A section's checks of a field against another: ``cross_checks(section)`` yields
+# ``(field, None or what was expected)``, run after every field's own checks.
+CrossChecks = Iterator[Tuple[str, Optional[str]]]
+CHECKS = "checks"  # the field metadata key holding its checks
+
+
+def checked(default: Any, *checks: Check) -> Any:
+    """A field with a default and its range checks."""
+    return field(default=default, metadata={CHECKS: checks})
+
+
+def unless(ok: bool, expected: str) -> Optional[str]:
+    """None when ``ok``, else what was expected."""
+    return None if ok else expected
+
+
+def at_least(least: int, note: str = "") -> Check:
+    return lambda v: unless(v >= least, f">= {least}{note}")
+
+
+def within(lo: float, hi: float, *, open_lo: bool = False, open_hi: bool = False) -> Check:
+    """In the interval from ``lo`` to ``hi``, each end closed unless said open."""
+    def check(v: Any) -> Optional[str]:
+        ok = (lo < v if open_lo else lo <= v) and (v < hi if open_hi else v <= hi)
+        return unless(ok, f"in {'(' if open_lo else '['}{lo}, {hi}{')' if open_hi else ']'}")
+    return check
+
+
+def positive(*, zero: bool = False) -> Check:
+    """A finite duration / size / rate: > 0 (``zero``: >= 0)."""
+    return lambda v: unless(math.isfinite(v) and (v >= 0 if zero else v > 0),
+                            f"a finite number {'>= 0' if zero else '> 0'}")
+
+
+def finite(v: Any) -> Optional[str]:
+    return unless(math.isfinite(v), "a finite number")
+
+
+PROBABILITY = within(0, 1)
+
+
 @dataclass
 class PathsConfig:
     """Where every artifact lives, relative to the project root (written once, here)."""
@@ -215,19 +262,19 @@ class PathsConfig:
 class RewardConfig:
     """Reward shaping against seed 004's examine loop (summed per step by ``HouseholdEnv``)."""
 
-    win: float = 1.0
+    win: float = checked(1.0, finite)
     """Added on the step where TextWorld reports ``won``."""
-    repeat_penalty: float = -0.1
+    repeat_penalty: float = checked(-0.1, finite)
     """Added when a step repeats a command that changed nothing earlier and changes nothing now."""
-    first_visit_bonus: float = 0.05
+    first_visit_bonus: float = checked(0.05, finite)
     """Added when the player enters a room for the first time in the episode."""
-    first_examine_bonus: float = 0.02
+    first_examine_bonus: float = checked(0.02, finite)
     """Added the first time an entity is examined in the episode."""
-    examine_reward: float = 0.0
+    examine_reward: float = checked(0.0, finite)
     """Added for every valid examine (0: examining earns nothing, the loop's cause)."""
-    invalid_penalty: float = -0.05
+    invalid_penalty: float = checked(-0.05, finite)
     """Added for an inadmissible or malformed action (the step still counts)."""
-    step_cost: float = 0.0
+    step_cost: float = checked(0.0, finite)
     """Subtracted on every step."""
 
 
@@ -261,10 +308,10 @@ class ScienceWorldConfig:
     """Every episode in a JVM of its own (~2 s more an episode): its bytes then depend on nothing played before it
     in the process (the engine names objects of one kind by their ids, which grow with what it loaded); false
     reuses a process's JVMs (faster; the admissible commands' names then depend on the episodes' order)."""
-    call_timeout_s: float = 60.0
+    call_timeout_s: float = checked(60.0, positive())
     """Seconds a simulator call may last (py4j's read timeout, on every call): past it the episode fails loudly and
     its JVM is killed, never reused (a wedged JVM would otherwise block the stage for ever)."""
-    jvm_heap_mb: int = 1024
+    jvm_heap_mb: int = checked(1024, at_least(128))
     """Each JVM's heap limit in MiB (``-Xmx``; a JVM uses 150-400 MB resident, and without a limit the JVM may take a
     quarter of the machine's memory, times the JVMs a batch holds)."""
 
@@ -282,34 +329,41 @@ class EnvConfig:
     """Distinct fixed layouts, each seeded from (seed, scene index)."""
     heldout_scenes: int = 2
     """The last scenes, with eval quests only (``scene_split=heldout``: never seen in train)."""
-    rooms_per_scene: int = 3
+    rooms_per_scene: int = checked(3, within(2, 6))
     """Rooms per scene (2..6: Kitchen plus Bedroom, Bathroom, LivingRoom, DiningRoom, Office)."""
-    containers_per_scene: int = 4
+    containers_per_scene: int = checked(4, within(1, 8))
     """Openable containers (Fridge_0, Cabinet_1, Drawer_2, ...)."""
     locked_containers: int = 1
     """Containers that start locked, each with a matching Key_<n> placed where it can be reached."""
-    supporters_per_scene: int = 1
+    supporters_per_scene: int = checked(1, at_least(0))
     """Supporters objects can lie on (Table_0, Counter_1, ...)."""
-    objects_per_scene: int = 4
+    objects_per_scene: int = checked(4, within(1, 8))
     """Portable objects (Apple_0, Mug_1, ...)."""
-    train_quests_per_scene: int = 2
+    train_quests_per_scene: int = checked(2, at_least(0))
     """Train quests per seen scene (the ``collect`` and ``demos`` stages play them)."""
-    eval_quests_per_scene: int = 14
+    eval_quests_per_scene: int = checked(14, at_least(1))
     """Eval quests per scene, goals never used in train (8 x 14 = 112 paired tasks: a 20-point MDE)."""
-    min_quest_length: int = 2
+    min_quest_length: int = checked(2, at_least(1))
     """Shortest expert plan a quest may have (drops one-step quests)."""
-    regularity: float = 0.0
+    regularity: float = checked(0.0, PROBABILITY)
     """Probability that an object or key is kept where its kind usually is (apples in the fridge, keys in a drawer:
     ``games.TYPICAL_HOLDERS``) when the scene has such a container; 0: placed at random. What lessons from past houses
     can transfer to a new one."""
-    max_steps: int = 30
+    max_steps: int = checked(30, at_least(1))
     """Step cap per episode."""
-    compile_workers: int = 2
+    compile_workers: int = checked(2, at_least(1))
     """Processes compiling games in parallel (Inform7; results do not depend on it)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward shaping (summed per step; the household's: ScienceWorld's reward is its score change)."""
     scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
     """ScienceWorld's tasks and variations (read only when ``name`` is a ScienceWorld one)."""
+
+    @staticmethod
+    def cross_checks(env: Any) -> CrossChecks:
+        yield "num_scenes", unless(env.num_scenes >= 1, ">= 1")  # heldout_scenes' bound
+        yield "heldout_scenes", unless(0 <= env.heldout_scenes < env.num_scenes, f"in [0, {env.num_scenes})")
+        yield "locked_containers", unless(0 <= env.locked_containers <= env.containers_per_scene,
+                                          f"in [0, {env.containers_per_scene}]")
 
 
 @dataclass
@@ -320,17 +374,22 @@ class UserConfig:
     """Who comments on the steps: ``simulated`` | ``file`` (``feedback_file``)."""
     feedback_file: Optional[str] = None
     """JSONL of ``{episode_id, step_id, line}`` when ``source=file`` (relative to the project root)."""
-    feedback_prob: float = 0.8
+    feedback_prob: float = checked(0.8, PROBABILITY)
     """Probability the simulated user comments on a step that warrants it."""
-    noise: float = 0.0
+    noise: float = checked(0.0, PROBABILITY)
     """Probability a simulated feedback line is replaced by an unhelpful or wrong one."""
     spatial: SpatialFeedback = SpatialFeedback.full
     """What the user says of where needed things are: ``full`` (the holder, room and way), ``room`` (the way to
     its room only) or ``none`` (what the agent finds out, only the agent knows: what memory can add)."""
-    preferences_per_scene: int = 1
+    preferences_per_scene: int = checked(1, at_least(0))
     """Scene-level user preferences (close containers after use, ...)."""
     preference_in_success: bool = True
     """An episode succeeds only if it is won and the preferences hold at the end."""
+
+    @staticmethod
+    def cross_checks(user: Any) -> CrossChecks:
+        yield "feedback_file", unless(user.source != FeedbackSource.file or bool(user.feedback_file),
+                                      "a JSONL path when user.source=file")
 
 
 @dataclass
@@ -351,11 +410,11 @@ class AgentConfig:
     """``react`` | ``rag`` (rule-based, seed 004) | ``llm``."""
     remember_examined: bool = True
     """Rule agents remember examined / opened / visited (seed 004's fix); false: the examine loop."""
-    epsilon: float = 0.0
+    epsilon: float = checked(0.0, PROBABILITY)
     """Rule agents: probability of a random admissible action (seeded)."""
     knowledge_base: Optional[str] = None
     """``rag``: knowledge base JSON, from the project root (null: conf/knowledge/household_kb.json)."""
-    batch_size: int = 56
+    batch_size: int = checked(56, at_least(1))
     """``llm``: environments played at once, one batched call per step (the tasks' fixed partition into batches:
     success does not depend on it, a model's tensor bytes do)."""
     batched: bool = True
@@ -364,43 +423,63 @@ class AgentConfig:
     """Taken when the agent's output is unparseable or inadmissible."""
     on_backend_error: OnBackendError = OnBackendError.record
     """``record``: a failed model call is a recorded failed turn; ``fail``: the stage stops."""
-    workers: int = 1
+    workers: int = checked(1, at_least(1))
     """Processes that play a collection's batches side by side (``evaluate``; not the online loop), each on
     ``numerics.threads`` threads; whole batches of the fixed partition, so the bytes do not depend on it
     (fixed by config, never by the machine: ``conf/agent/llm.yaml`` sets 2)."""
-    worker_stall_s: float = 1800.0
+    worker_stall_s: float = checked(1800.0, positive(zero=True))
     """Seconds a worker process (``workers`` > 1) may go without starting a step before the run stops it and fails,
     naming it (its finished episodes are kept); 0: wait for ever."""
-    max_error_fraction: float = 0.5
+    max_error_fraction: float = checked(0.5, PROBABILITY)
     """Most backend-failed turns a run may hold, as a fraction of its turns (in [0, 1]); more stops the stage
     (exit 1, nothing written) whatever ``on_backend_error`` says: a broken server is never a result."""
     decoding: Decoding = Decoding.free
     """``llm``: auto | free | constrained | choice (:class:`Decoding`, ``pipeline.llm.constrain``)."""
-    reasoning_max_tokens: int = 32
+    reasoning_max_tokens: int = checked(32, at_least(1))
     """``llm``: the reasoning line's token bound under constrained / choice decoding."""
 
 
 @dataclass
-class AdvisoryVariantConfig:
-    """An advisory block the policy's demonstrations carry, built like a condition's.
+class MemorySwitches:
+    """How a block of advisories is built (``pipeline.memory.build_memory_slot``): the memory switches of a
+    condition (:class:`ConditionConfig`) and of an advisory variant of the policy's demonstrations
+    (:class:`AdvisoryVariantConfig`). The defaults are no memory (C1's)."""
 
-    ``pipeline.memory.build_memory_slot`` builds it from these fields exactly as it
-    builds the block of the condition with the same settings (``conf/condition/``); the
-    prompt variant is named after ``name`` (``plain+C2``, ``grounded+C2_placebo``).
-    """
+    memory_mode: MemoryMode = MemoryMode.off
+    """off | on | silent (:class:`MemoryMode`)."""
+    retrieval_executed: bool = False
+    """Run retrieval at all."""
+    injection_mask: bool = True
+    """Retrieved advisories are masked (never shown)."""
+    placebo: bool = False
+    """Inject length-matched advisories from other scenes instead (C2_placebo)."""
+    oracle: bool = False
+    """Positive control: advisories built from the task's own expert plan (C2_oracle)."""
 
+
+@dataclass
+class _VariantName:
     name: str = MISSING
     """Variant name (in ``demos.parquet``'s ``variant`` column)."""
+
+
+@dataclass
+class AdvisoryVariantConfig(MemorySwitches, _VariantName):
+    """An advisory block the policy's demonstrations carry, built exactly as the block of the
+    condition with the same switches (``conf/condition/``); the prompt variant is named after
+    ``name`` (``plain+C2``, ``grounded+C2_placebo``). With ``oracle`` (the train quest's own
+    verified plan) the expert follows it.
+
+    The defaults are C2's block. ``name`` comes first in the config: a dataclass lists the
+    fields of its last base first.
+    """
+
     memory_mode: MemoryMode = MemoryMode.on
-    """As the condition's ``memory_mode``."""
+    """C2's: on."""
     retrieval_executed: bool = True
-    """As the condition's ``retrieval_executed``."""
+    """C2's: retrieval runs."""
     injection_mask: bool = False
-    """As the condition's ``injection_mask``."""
-    placebo: bool = False
-    """As the condition's ``placebo``: length-matched advisories from other scenes."""
-    oracle: bool = False
-    """The positive control's block (the train quest's own verified plan, as C2_oracle): the expert follows it."""
+    """C2's: shown when the gate passes."""
 
 
 def _default_advisory_variants() -> List[AdvisoryVariantConfig]:
@@ -426,20 +505,21 @@ class DemosConfig:
 class PolicyConfig:
     """The default policy the ``policy`` stage trains (``model=policy``; see ``pipeline.policy``)."""
 
-    rule_agent: AgentName = AgentName.react
+    rule_agent: AgentName = checked(AgentName.react,
+                                    lambda v: unless(v != AgentName.llm, "a rule agent: react | rag"))
     """Rule agent (``react`` | ``rag``) whose train episodes give the demonstrations' grounding and advisories."""
-    rule_epsilon: float = 0.2
+    rule_epsilon: float = checked(0.2, PROBABILITY)
     """Its random-action rate (mistakes draw the feedback the grounding is made of)."""
-    demos_per_quest: int = 12
+    demos_per_quest: int = checked(12, at_least(1))
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
-    plan_drills: int = 0
+    plan_drills: int = checked(0, at_least(0, " (0: none)"))
     """Extra first turns per train quest under an ``oracle`` variant, each in a newly renamed house (0: none)."""
     generated_houses: int = 600
     """Demonstrations in generated houses (one quest each, never an eval layout or objective; 0: none)."""
     generated_drills: int = 9600
     """First turns under the oracle advisory in further generated houses, eight to a training step (0: none;
     9600: the scaling study's choice, ``oracle_plan_copied`` 0.48 vs 0.21 at 2400: README, The default policy)."""
-    generated_grounding: float = 0.5
+    generated_grounding: float = checked(0.5, PROBABILITY)
     """Share of the generated houses and drills whose prompt also carries the house's own grounding: what the
     user taught the rule agent (``rule_agent``, ``rule_epsilon``) on *another* quest of that house, through the
     ``ground`` + ``merge`` library, as the eval prompts of seen scenes carry their train quests' grounding (0: none,
@@ -449,41 +529,45 @@ class PolicyConfig:
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
     incontext_every: int = 400
     """Training steps between two probes (``metrics/policy_incontext.csv``); it also runs after the last step."""
-    slip_prob: float = 0.15
+    slip_prob: float = checked(0.15, PROBABILITY)
     """Per-turn probability of a wrong action the expert then recovers from (renamed demos only)."""
-    explore_cap: int = 12
+    explore_cap: int = checked(12, at_least(0))
     """Search steps after which the expert follows the full plan anyway."""
-    vocab_size: int = 2048
+    vocab_size: int = checked(2048, at_least(1))
     """BPE vocabulary size (byte-level; special tokens included)."""
-    hidden_size: int = 128
+    hidden_size: int = checked(128, at_least(1))
     """Model width (Llama-style, tied embeddings)."""
-    intermediate_size: int = 352
+    intermediate_size: int = checked(352, at_least(1))
     """MLP width."""
-    n_layer: int = 2
+    n_layer: int = checked(2, at_least(1))
     """Transformer blocks."""
-    n_head: int = 4
+    n_head: int = checked(4, at_least(1))
     """Attention heads."""
-    max_positions: int = 2048
+    max_positions: int = checked(2048, at_least(1))
     """Context length the model declares (prompts are a few hundred tokens)."""
-    epochs: int = 4
+    epochs: int = checked(4, at_least(1))
     """Passes over the demonstrations (4: the in-context probe's plan copy rises to ~0.19 from 0.08 at 2; README)."""
-    threads: int = 2
+    threads: int = checked(2, at_least(1, " (fixed by config: the bytes depend on it)"))
     """torch threads while it trains (and the probe runs): fixed by config, never by the machine, since the
     float reduction order depends on it (the same bytes on any core count); the rest of the stage keeps
     ``numerics.threads``. 2: a step 1.8x faster than 1 on two idle cores (README)."""
-    episodes_per_batch: int = 1
+    episodes_per_batch: int = checked(1, at_least(1))
     """Demonstration episodes per optimizer step (all their turns)."""
-    lr: float = 0.003
+    lr: float = checked(0.003, positive())
     """Peak learning rate (AdamW; linear warm-up, cosine decay to 10%)."""
-    warmup_steps: int = 20
+    warmup_steps: int = checked(20, at_least(0))
     """Warm-up steps."""
-    weight_decay: float = 0.0
+    weight_decay: float = checked(0.0, positive(zero=True))
     """AdamW weight decay of the matrices."""
     evaluate: bool = False
     """Measure the trained model on the eval quests against react / rag (metrics/policy.json; off by default:
     the ``evaluate`` stages measure it, and the in-context probe checks it while it trains)."""
-    evaluate_tasks: int = 0
+    evaluate_tasks: int = checked(0, at_least(0))
     """Eval tasks that measure takes, evenly spaced (0: all): a check, the experiment is ``evaluate``."""
+
+    @staticmethod
+    def cross_checks(p: Any) -> CrossChecks:
+        yield "hidden_size", unless(p.hidden_size % p.n_head == 0, f"a multiple of model.policy.n_head={p.n_head}")
 
 
 @dataclass
@@ -497,6 +581,12 @@ class GgufSourceConfig:
     """The ``.gguf`` file inside ``package``; null: nothing to convert (the stage writes ``SKIPPED.json``)."""
     out_dir: str = "data/converted"
     """The ``convert`` stage's output folder; the model directory is ``<out_dir>/model``."""
+
+
+def _mib_or_auto(v: Any) -> Optional[str]:
+    if isinstance(v, str):
+        return unless(v == "auto", "a number of MiB >= 0 (0: off) or auto")
+    return positive(zero=True)(v)
 
 
 @dataclass
@@ -519,23 +609,23 @@ class ModelConfig:
     """Model name sent to the endpoint (openai backend)."""
     api_key_env: str = "OPENAI_API_KEY"
     """Environment variable holding the API key (the key itself is never written anywhere)."""
-    timeout_s: float = 60.0
+    timeout_s: float = checked(60.0, positive())
     """Per-request timeout in seconds (openai backend)."""
-    max_retries: int = 3
+    max_retries: int = checked(3, at_least(0))
     """Retries after the first attempt, with exponential backoff (openai backend)."""
-    backoff_s: float = 0.5
+    backoff_s: float = checked(0.5, positive(zero=True))
     """First backoff delay in seconds, doubled at each retry (openai backend)."""
     logprobs: bool = True
     """Keep each generated token's log-probability (transformers) / ask the endpoint for them (openai)."""
     extra_body: Dict[str, Any] = field(default_factory=dict)
     """Extra request fields (openai backend), e.g. ``{top_k: 50, return_tokens_as_token_ids: true}`` for vLLM."""
-    max_concurrency: int = 8
+    max_concurrency: int = checked(8, at_least(1))
     """Requests in flight at once (openai backend)."""
     structured_output: StructuredOutput = StructuredOutput.none
     """The admissible-action constraint the server enforces (openai backend; :class:`StructuredOutput`)."""
     cache_dir: Optional[str] = None
     """Generation cache folder (either backend; opt-in), e.g. data/llm_cache (outside all outputs); null: off."""
-    prompt_cache_mb: Union[int, float, str] = "auto"
+    prompt_cache_mb: Union[int, float, str] = checked("auto", _mib_or_auto)
     """MiB of encoded prompts' keys / values kept across turns (transformers backend); 0: off; ``auto``: by
     device, 1024 on the CPU and off elsewhere (``pipeline.llm.backends.transformers.AUTO_PROMPT_CACHE_MB``)."""
     policy: PolicyConfig = field(default_factory=PolicyConfig)
@@ -550,13 +640,13 @@ class SamplingConfig:
 
     do_sample: bool = True
     """Sample; false: greedy decoding."""
-    temperature: float = 0.7
+    temperature: float = checked(0.7, lambda v: unless(v > 0 and math.isfinite(v), "> 0 and finite"))
     """Softmax temperature (> 0)."""
-    top_p: float = 0.9
+    top_p: float = checked(0.9, within(0, 1, open_lo=True))
     """Nucleus sampling threshold, in (0, 1]."""
-    top_k: int = 50
+    top_k: int = checked(50, at_least(0))
     """Top-k filtering (0: off; openai backend: only through ``model.extra_body``)."""
-    max_new_tokens: int = 96
+    max_new_tokens: int = checked(96, at_least(1))
     """Generation cap per turn."""
     seed: int = 0
     """Sampling seed; each turn's seed derives from it (conf/sampling/default.yaml ties it to ``seed``)."""
@@ -597,7 +687,7 @@ class GroundingConfig:
     generator: GroundingGenerator = GroundingGenerator.extractive
     """``extractive`` (deterministic, offline) | ``llm`` (asks the model; an unusable answer or a failed call falls
     back to extractive, the reason recorded; a configuration or programming error stops the stage)."""
-    max_error_fraction: float = 0.5
+    max_error_fraction: float = checked(0.5, PROBABILITY)
     """With ``generator=llm``: the largest share of asked episodes whose model call may fail (after the backend's
     retries) and fall back to extractive; past it the ``ground`` stage stops with exit 1 and writes nothing."""
     save_format: SaveFormat = SaveFormat.both
@@ -630,7 +720,7 @@ class MemoryIOConfig:
 class MemoryConfig:
     """Episodic memory: store, retrieval, advisories, gate (seed 001)."""
 
-    topk: int = 3
+    topk: int = checked(3, within(1, 3))
     """Advisories retrieved per task (1..3)."""
     require_same_language: bool = True
     """Retrieval filter: entry language == query language."""
@@ -650,11 +740,11 @@ class MemoryConfig:
     lessons: bool = False
     """Advisories go on with lessons across houses: the users' habits and where kinds of things were kept
     ("Apple in a Fridge (5 of 6 seen)"), never an entity's name."""
-    relevance_threshold: float = 0.0
+    relevance_threshold: float = checked(0.0, PROBABILITY)
     """Gate: refuse when the best advisory's relevance is below this (0..1)."""
-    max_message_chars: int = 800
+    max_message_chars: int = checked(800, at_least(1))
     """Advisory message bound (at most 800: AdvisoryV1_1)."""
-    label_hint_min_commands: int = 2
+    label_hint_min_commands: int = checked(2, at_least(1))
     """A message naming this many of the query's expert commands is a label hint (dropped)."""
     store_splits: List[str] = field(default_factory=lambda: ["train"])
     """Episode splits the store is built from."""
@@ -663,25 +753,19 @@ class MemoryConfig:
 
 
 @dataclass
-class ConditionConfig:
+class ConditionConfig(MemorySwitches):
     """One experimental condition (seed 001 section 2.4, plus the placebo control and C0):
-    grounding (on / off) and memory (off / on / silent / placebo) are orthogonal switches.
-    The defaults are C1: the scene's grounding, no memory."""
+    grounding (on / off) and memory (off / on / silent / placebo: :class:`MemorySwitches`) are
+    orthogonal switches. The defaults are C1: the scene's grounding, no memory."""
 
-    memory_mode: MemoryMode = MemoryMode.off
-    """off | on | silent (:class:`MemoryMode`)."""
-    retrieval_executed: bool = False
-    """Run retrieval at all."""
-    injection_mask: bool = True
-    """Retrieved advisories are masked (never shown)."""
-    placebo: bool = False
-    """Inject length-matched advisories from other scenes instead (C2_placebo)."""
-    oracle: bool = False
-    """Positive control: advisories built from the task's own expert plan (C2_oracle)."""
     grounding: bool = True
     """The scene's merged grounding in the prompt (false: C0)."""
     description: str = ""
     """One line for reports."""
+
+
+def _increasing_counts(ks: List[int]) -> Optional[str]:
+    return unless(all(k >= 0 for k in ks) and ks == sorted(set(ks)), "distinct counts >= 0 in increasing order")
 
 
 @dataclass
@@ -689,7 +773,7 @@ class CurveConfig:
     """Learning curves (stage ``curve``): the eval tasks replayed with the memory and grounding of the first ``k``
     past episodes of each scene."""
 
-    ks: List[int] = field(default_factory=lambda: [0, 1, 2, 4])
+    ks: List[int] = field(default_factory=lambda: [0, 1, 2, 4], metadata={CHECKS: (_increasing_counts,)})
     """Past episodes per scene at each point (clipped to what a scene has: ``env.train_quests_per_scene``)."""
     conditions: List[str] = field(default_factory=lambda: ["C0", "C1", "C2", "C2_placebo"])
     """Conditions played at every point (each must be configured; others are skipped with a note)."""
@@ -708,9 +792,9 @@ class ExperimentConfig:
     """Manifest split the evaluate stage plays."""
     eval_greedy: bool = True
     """Evaluate plays greedy (``sampling.do_sample=false``): one deterministic outcome per task; collect samples."""
-    bootstrap_samples: int = 2000
+    bootstrap_samples: int = checked(2000, at_least(1))
     """Bootstrap resamples per interval (seeded from ``seed``; 1000+ for stable 95% bounds)."""
-    ci_level: float = 0.95
+    ci_level: float = checked(0.95, within(0, 1, open_lo=True, open_hi=True))
     """Level of every bootstrap percentile interval."""
     comparisons: List[List[str]] = field(default_factory=list)
     """The primary paired comparisons ``[treatment, control]`` (the Holm family): success difference, exact
@@ -719,11 +803,11 @@ class ExperimentConfig:
     """Comparisons that must show an effect if the agent can use memory at all: shown first, their own Holm family."""
     checks: List[List[str]] = field(default_factory=list)
     """Comparisons identical by construction (C2_silent vs C1): reported as checks, outside the Holm family."""
-    alpha: float = 0.05
+    alpha: float = checked(0.05, within(0, 1, open_lo=True, open_hi=True))
     """Family-wise level: ``better`` / ``worse`` only when the Holm-adjusted exact p < alpha."""
-    power: float = 0.8
+    power: float = checked(0.8, within(0, 1, open_lo=True, open_hi=True))
     """Power at which the minimum detectable effect is reported."""
-    planning_discordance: float = 0.35
+    planning_discordance: float = checked(0.35, within(0, 1, open_lo=True))
     """Share of tasks whose outcome differs between two conditions, assumed for the power figures."""
     identical_prompts: List[List[str]] = field(default_factory=list)
     """Condition pairs whose rendered prompts must be byte-identical task by task (checked, reported)."""
@@ -747,7 +831,7 @@ class NumericsConfig:
     """ATen's kernels (``ATEN_CPU_CAPABILITY``): default (any x86-64) | avx2 | avx512 | native."""
     mkl_cbwr: MklBranch = MklBranch.COMPATIBLE
     """MKL's code branch (``MKL_CBWR``): COMPATIBLE (identical on Intel and AMD) | AUTO | native."""
-    threads: int = 1
+    threads: int = checked(1, at_least(1))
     """torch intra-op threads (MKL and OpenMP too): float reduction order depends on it."""
     deterministic: bool = True
     """``torch.use_deterministic_algorithms(True)``."""

@@ -1,26 +1,70 @@
-"""What every stage's ``main`` shares: one way to report an expected failure, and the
-numerics pin of the stages that train or run a model."""
+"""What every stage's ``main`` shares: the runner (arguments, logging, params, the error
+policy and the exit code) and the numerics pin of the stages that train or run a model.
+
+A stage module declares its own part and hands it to :func:`run_stage`::
+
+    def main(argv: list[str] | None = None) -> int:
+        return run_stage("render", render, argv, doc=__doc__, arguments=_arguments, log_level=logging.INFO)
+
+    if __name__ == "__main__":
+        sys.exit(main(sys.argv[1:]))
+"""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
-from pipeline.core.config import ConfigError
+from omegaconf import DictConfig
+
+from pipeline.core.config import load_params, project_root
 from pipeline.core.io import ArtifactError
 from pipeline.core.numerics import NumericsError, cpu_model, pin
-from pipeline.llm.backends import BackendError
+
+# An expected failure of any stage: a bad config (ConfigError is a ValueError) or value, a
+# missing or bad artifact, numerics that cannot be pinned. Exit 1 with its one-line message.
+EXPECTED = (ValueError, ArtifactError, NumericsError, FileNotFoundError)
+
+Body = Callable[[DictConfig, Path, argparse.Namespace], None]
 
 
-def stage_error(exc: BaseException) -> int:
-    """Exit code 1 with a one-line message for an expected failure of a stage that plays
-    the agent (bad config or artifact, a backend error under ``agent.on_backend_error=fail``,
-    or more failed turns than ``agent.max_error_fraction``; the message says which); re-raise anything else (a bug keeps its traceback).
-    Call it from an ``except Exception`` clause."""
-    if isinstance(exc, (ConfigError, ArtifactError, NumericsError, FileNotFoundError, ValueError, BackendError)):
+def run_stage(name: str, body: Body, argv: list[str] | None = None, *, doc: str | None = None,
+              arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+              log_level: int = logging.WARNING, expected: tuple[type[BaseException], ...] = ()) -> int:
+    """Run one stage: parse its arguments, set up logging, load and check ``params.yaml``, call
+    ``body(cfg, root, args)``; 0 when it returns.
+
+    Args:
+        name: the stage's module under ``pipeline.stages`` (``render``), for ``--help``.
+        body: the stage's work; it reads inputs, calls the library, writes outputs, prints its line.
+        argv: the stage's command-line arguments (the module's ``__main__`` passes ``sys.argv[1:]``);
+            None: none (a stage called from code or a test).
+        doc: the ``--help`` text (the module's docstring).
+        arguments: adds the stage's own options to the parser (``--condition``).
+        log_level: ``logging.INFO`` for a stage that narrates its steps, else warnings only.
+        expected: what else this stage's library raises as an expected failure
+            (``BackendError`` for a stage that runs a model), beside :data:`EXPECTED`.
+
+    Returns:
+        0, or 1 with ``error: <message>`` on stderr for an expected failure; anything else
+        is re-raised (a bug keeps its traceback). Bad arguments exit 2 (argparse).
+    """
+    parser = argparse.ArgumentParser(prog=f"python -m pipeline.stages.{name}", description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    if arguments is not None:
+        arguments(parser)
+    args = parser.parse_args([] if argv is None else argv)
+    logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_params()
+        body(cfg, project_root(), args)
+    except (*EXPECTED, *expected) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    raise exc
+    return 0
 
 
 def pin_numerics(cfg: Any, *, runs_model: bool = True) -> dict[str, Any]:

@@ -23,35 +23,33 @@ Every interval is seeded from ``seed``: the same inputs give byte-identical outp
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from pipeline.analysis.compare import compare, load_condition, load_curves, load_reader, write_outputs
 from pipeline.analysis.report import headline_lines
-from pipeline.core.config import ConfigError, load_params, project_root
-from pipeline.core.io import ArtifactError, read_parquet
-from pipeline.core.stats import PairingError
+from pipeline.core.conf_schema import Config
+from pipeline.core.io import read_parquet
 from pipeline.envs import world_words
+from pipeline.stages.common import run_stage
 from pipeline.view.load import write_episodes_html
 
 
-def main() -> int:
-    """Compare every configured condition (module docstring); 0 on success, 1 with a message on error."""
-    try:
-        cfg = load_params()
-        root = project_root()
-        data = {c: load_condition(root, cfg, c) for c in cfg.condition}
-        manifest = read_parquet(root / cfg.paths.games / "manifest.parquet",
-                                columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
-        result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg))
-        written = write_outputs(result, root, cfg, world_words(cfg).success)
-        written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
-        print("\n".join(headline_lines(result.metrics)))
-        print(f"wrote {len(written)} files: {root / cfg.paths.metrics / 'compare.json'}, "
-              f"{root / cfg.paths.reports / 'report.md'}, {written[-1]}, plots in {root / cfg.paths.plots}")
-    except (ConfigError, ArtifactError, PairingError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+def compare_stage(cfg: Config, root: Path, _args: object) -> None:
+    """Compare every configured condition (module docstring)."""
+    data = {c: load_condition(root, cfg, c) for c in cfg.condition}
+    manifest = read_parquet(root / cfg.paths.games / "manifest.parquet",
+                            columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
+    result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg))
+    written = write_outputs(result, root, cfg, world_words(cfg).success)
+    written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
+    print("\n".join(headline_lines(result.metrics)))
+    print(f"wrote {len(written)} files: {root / cfg.paths.metrics / 'compare.json'}, "
+          f"{root / cfg.paths.reports / 'report.md'}, {written[-1]}, plots in {root / cfg.paths.plots}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("compare", compare_stage, argv, doc=__doc__)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

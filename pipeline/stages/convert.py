@@ -18,35 +18,34 @@ doing the work is :mod:`pipeline.llm.convert`.
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
+from pathlib import Path
 
-from pipeline.core.config import load_params, project_root
+from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_write_json
+from pipeline.llm.backends import BackendError
 from pipeline.llm.convert import convert_model, skip_reason
-from pipeline.stages.common import pin_numerics, stage_error
+from pipeline.stages.common import pin_numerics, run_stage
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        pin_numerics(cfg, runs_model=skip_reason(cfg.model) is None)  # before anything loads torch
-        root = project_root()
-        t0 = time.perf_counter()
-        summary = convert_model(cfg.model, root)
-        metrics = {**summary, "wall_time_s": round(time.perf_counter() - t0, 3)}
-        atomic_write_json(root / cfg.paths.metrics / "convert.json", metrics)
-        if summary["converted"]:
-            print(f"convert: {summary['source']} -> {cfg.model.name_or_path} ({summary['parameters']:,} parameters, "
-                  f"{metrics['wall_time_s']:.0f} s)")
-        else:
-            print(f"convert: skipped ({summary['reason']})")
-    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
-        return stage_error(exc)
-    return 0
+def convert(cfg: Config, root: Path, _args: object) -> None:
+    """Convert ``model.gguf.file``, or write the skip marker (module docstring)."""
+    pin_numerics(cfg, runs_model=skip_reason(cfg.model) is None)  # before anything loads torch
+    t0 = time.perf_counter()
+    summary = convert_model(cfg.model, root)
+    metrics = {**summary, "wall_time_s": round(time.perf_counter() - t0, 3)}
+    atomic_write_json(root / cfg.paths.metrics / "convert.json", metrics)
+    if summary["converted"]:
+        print(f"convert: {summary['source']} -> {cfg.model.name_or_path} ({summary['parameters']:,} parameters, "
+              f"{metrics['wall_time_s']:.0f} s)")
+    else:
+        print(f"convert: skipped ({summary['reason']})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("convert", convert, argv, doc=__doc__, expected=(BackendError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

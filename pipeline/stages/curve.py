@@ -22,70 +22,71 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 
 import pyarrow as pa
 
 from pipeline.agents import plays_with_model
 from pipeline.analysis.curves import ROW_FIELDS, curve_csv, summarise_curves
 from pipeline.conditions import block_length_for
-from pipeline.core.config import load_params, project_root
+from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text, write_parquet
 from pipeline.envs import fact_reader, world_words
+from pipeline.llm.backends import BackendError
 from pipeline.memory import load_store
 from pipeline.session.experience import experience_curve, load_experience
-from pipeline.stages.common import pin_numerics, stage_error
+from pipeline.stages.common import pin_numerics, run_stage
 
 CURVE_SCHEMA = pa.schema([("agent", pa.string()), ("k", pa.int32()), ("held", pa.int32()), ("condition", pa.string()),
                           ("scene_id", pa.string()), ("quest_id", pa.string()), ("scene_split", pa.string()),
                           ("success", pa.bool_()), ("turns", pa.int32())])
 
 
-def main() -> int:
-    try:
-        cfg = load_params()
-        curve = cfg.experiment.curve
-        model = bool(curve.model) and plays_with_model(cfg.agent)
-        pin_numerics(cfg, runs_model=model)
-        root = project_root()
-        conditions = [c for c in curve.conditions if c in cfg.condition]
-        skipped = [c for c in curve.conditions if c not in cfg.condition]
-        if skipped:
-            print(f"curve: {', '.join(skipped)} not configured (condition: {', '.join(cfg.condition)}): skipped",
-                  file=sys.stderr)
-        episodes, index = load_experience(root, cfg)
-        store = load_store(root / cfg.paths.store, tie_seed=cfg.seed)
-        t0 = time.perf_counter()
-        out = root / cfg.paths.curve
-        rows = []
-        with atomic_dir(out) as tmp:
-            common = dict(ks=list(curve.ks), conditions=conditions, episodes=episodes, grounding_index=index,
-                          store=store, work_dir=tmp / "grounding", length=block_length_for(cfg, root),
-                          words=world_words(cfg), facts=fact_reader(cfg))
-            agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if model else [])
-            for name, reader in agents:
-                for p in experience_curve(cfg, root, reader=reader, **common):
-                    rows += [{"agent": name, "k": p.k, "held": p.held, "condition": p.condition, "scene_id": o.scene_id,
-                              "quest_id": o.quest_id, "scene_split": o.scene_split, "success": o.success,
-                              "turns": o.turns} for o in p.outcomes]
-            write_parquet(pa.Table.from_pylist(rows, schema=CURVE_SCHEMA), tmp / "outcomes.parquet",
-                          sort_by=["agent", "k", "condition", "scene_id", "quest_id"])
-        summary = summarise_curves(rows, n_resamples=cfg.experiment.bootstrap_samples, level=cfg.experiment.ci_level,
-                                   seed=cfg.seed)
-        metrics_dir = root / cfg.paths.metrics
-        atomic_write_json(metrics_dir / "curve.json", {**summary, "fields": list(ROW_FIELDS),
-                                                       "wall_time_s": round(time.perf_counter() - t0, 3)})
-        for value in ("success", "turns"):
-            atomic_write_text(metrics_dir / f"curve_{value}.csv",
-                              curve_csv(rows, agent="reader", value=value, conditions=conditions))
-        for p in summary["paired"]:
-            s = p["success"]
-            print(f"curve [{p['agent']}] k={p['k']}: {p['treatment']} - {p['control']} "
-                  f"{s['diff']['value']:+.2f} (b={s['table']['b']}, c={s['table']['c']}, p={s['p_value']:.3g}); "
-                  f"turns {p['turns']['diff']:+.2f} (Wilcoxon p={p['turns']['p_value']:.3g})")
-    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
-        return stage_error(exc)
-    return 0
+def learning_curves(cfg: Config, root: Path, _args: object) -> None:
+    """Play every k of ``experiment.curve.ks``, write the outcomes and the summaries (module docstring)."""
+    curve = cfg.experiment.curve
+    model = bool(curve.model) and plays_with_model(cfg.agent)
+    pin_numerics(cfg, runs_model=model)
+    conditions = [c for c in curve.conditions if c in cfg.condition]
+    skipped = [c for c in curve.conditions if c not in cfg.condition]
+    if skipped:
+        print(f"curve: {', '.join(skipped)} not configured (condition: {', '.join(cfg.condition)}): skipped",
+              file=sys.stderr)
+    episodes, index = load_experience(root, cfg)
+    store = load_store(root / cfg.paths.store, tie_seed=cfg.seed)
+    t0 = time.perf_counter()
+    out = root / cfg.paths.curve
+    rows = []
+    with atomic_dir(out) as tmp:
+        common = dict(ks=list(curve.ks), conditions=conditions, episodes=episodes, grounding_index=index,
+                      store=store, work_dir=tmp / "grounding", length=block_length_for(cfg, root),
+                      words=world_words(cfg), facts=fact_reader(cfg))
+        agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if model else [])
+        for name, reader in agents:
+            for p in experience_curve(cfg, root, reader=reader, **common):
+                rows += [{"agent": name, "k": p.k, "held": p.held, "condition": p.condition, "scene_id": o.scene_id,
+                          "quest_id": o.quest_id, "scene_split": o.scene_split, "success": o.success,
+                          "turns": o.turns} for o in p.outcomes]
+        write_parquet(pa.Table.from_pylist(rows, schema=CURVE_SCHEMA), tmp / "outcomes.parquet",
+                      sort_by=["agent", "k", "condition", "scene_id", "quest_id"])
+    summary = summarise_curves(rows, n_resamples=cfg.experiment.bootstrap_samples, level=cfg.experiment.ci_level,
+                               seed=cfg.seed)
+    metrics_dir = root / cfg.paths.metrics
+    atomic_write_json(metrics_dir / "curve.json", {**summary, "fields": list(ROW_FIELDS),
+                                                   "wall_time_s": round(time.perf_counter() - t0, 3)})
+    for value in ("success", "turns"):
+        atomic_write_text(metrics_dir / f"curve_{value}.csv",
+                          curve_csv(rows, agent="reader", value=value, conditions=conditions))
+    for p in summary["paired"]:
+        s = p["success"]
+        print(f"curve [{p['agent']}] k={p['k']}: {p['treatment']} - {p['control']} "
+              f"{s['diff']['value']:+.2f} (b={s['table']['b']}, c={s['table']['c']}, p={s['p_value']:.3g}); "
+              f"turns {p['turns']['diff']:+.2f} (Wilcoxon p={p['turns']['p_value']:.3g})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("curve", learning_curves, argv, doc=__doc__, expected=(BackendError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -20,57 +20,56 @@ and wall times). Skipped (a marker ``data/demos/SKIPPED.json``) exactly when the
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
-from pipeline.core.config import load_params, project_root
+from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_dir, atomic_write_json
+from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import build_demo_set, write_demo_set
 from pipeline.policy.training import SKIPPED_FILE, skip_reason
 from pipeline.session.collection import load_games
-from pipeline.stages.common import pin_numerics, stage_error
+from pipeline.stages.common import pin_numerics, run_stage
 
 METRICS_FILE = "demos.json"
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        pin_numerics(cfg, runs_model=False)  # rule agent and expert only: the environment, no torch
-        root = project_root()
-        out_dir = root / cfg.paths.demos
-        metrics_path = root / cfg.paths.metrics / METRICS_FILE
-        reason = skip_reason(cfg)
-        if reason is not None:
-            with atomic_dir(out_dir) as tmp:
-                atomic_write_json(tmp / SKIPPED_FILE, {"built": False, "reason": reason})
-            atomic_write_json(metrics_path, {"built": False, "reason": reason})
-            print(f"demos: skipped ({reason})")
-            return 0
-
-        t0 = time.perf_counter()
-        manifest, scenes = load_games(root, cfg)
-        n_train = sum(r["split"] == "train" for r in manifest)
-        pol = cfg.model.policy
-        with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
-                tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2:
-            demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,
-                                      demo_progress=bar2.update)
+def demos(cfg: Config, root: Path, _args: object) -> None:
+    """Build and write the demonstrations, or the skip marker (module docstring)."""
+    pin_numerics(cfg, runs_model=False)  # rule agent and expert only: the environment, no torch
+    out_dir = root / cfg.paths.demos
+    metrics_path = root / cfg.paths.metrics / METRICS_FILE
+    reason = skip_reason(cfg)
+    if reason is not None:
         with atomic_dir(out_dir) as tmp:
-            write_demo_set(demo_set, tmp)
-        wall = round(time.perf_counter() - t0, 3)
-        atomic_write_json(metrics_path, {"built": True, **demo_set.summary, "wall_time_s": wall})
-        d = demo_set.summary["demos"]
-        print(f"demos: {d['episodes']} demonstrations, {d['turns']} turns ({d['train_turns']} learned) "
-              f"-> {cfg.paths.demos}")
-    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
-        return stage_error(exc)
-    return 0
+            atomic_write_json(tmp / SKIPPED_FILE, {"built": False, "reason": reason})
+        atomic_write_json(metrics_path, {"built": False, "reason": reason})
+        print(f"demos: skipped ({reason})")
+        return
+
+    t0 = time.perf_counter()
+    manifest, scenes = load_games(root, cfg)
+    n_train = sum(r["split"] == "train" for r in manifest)
+    pol = cfg.model.policy
+    with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
+            tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2:
+        demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,
+                                  demo_progress=bar2.update)
+    with atomic_dir(out_dir) as tmp:
+        write_demo_set(demo_set, tmp)
+    wall = round(time.perf_counter() - t0, 3)
+    atomic_write_json(metrics_path, {"built": True, **demo_set.summary, "wall_time_s": wall})
+    d = demo_set.summary["demos"]
+    print(f"demos: {d['episodes']} demonstrations, {d['turns']} turns ({d['train_turns']} learned) "
+          f"-> {cfg.paths.demos}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("demos", demos, argv, doc=__doc__, expected=(BackendError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -11,40 +11,54 @@ the prompts were rendered with, before and after playing.
 
 Writes ``data/eval/<condition>/{episodes,turns}.parquet`` (+ ``tensors/``) and
 ``metrics/eval/<condition>.json``. The library doing the work is
-:mod:`pipeline.session.evaluation`.
+:mod:`pipeline.session.evaluation`. The ``evaluate_reader`` stage runs this module's
+:func:`evaluate` with ``reader=True``.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipeline.agents import plays_with_model
-from pipeline.core.config import load_params, project_root
-from pipeline.core.io import atomic_write_json
+from pipeline.core.conf_schema import Config
+from pipeline.core.io import atomic_dir, atomic_write_json
+from pipeline.llm.backends import BackendError
 from pipeline.session.evaluation import evaluate_condition
-from pipeline.stages.common import pin_numerics, stage_error
+from pipeline.stages.common import pin_numerics, run_stage
+
+SKIPPED_FILE = "SKIPPED.json"  # all the reader's folder holds with experiment.reader=false
+
+
+def condition_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--condition", required=True, help="condition name (a key of `condition` in params.yaml)")
+
+
+def evaluate(cfg: Config, root: Path, args: argparse.Namespace, *, reader: bool = False) -> None:
+    """Play ``--condition``'s prompts with the experiment's agent, or with the reader (``reader``: the
+    ``evaluate_reader`` stage, skipped with ``experiment.reader=false``)."""
+    stage, folder = ("evaluate_reader", "eval_reader") if reader else ("evaluate", "eval")
+    # before anything loads torch (a rule agent runs no model, the reader never: the environment only; a remote
+    # model still loads torch here, in the main thread, before the backend starts its event-loop thread)
+    pin_numerics(cfg, runs_model=not reader and plays_with_model(cfg.agent))
+    cond = args.condition
+    metrics_path = root / cfg.paths.metrics / folder / f"{cond}.json"
+    if reader and not cfg.experiment.reader:
+        reason = "experiment.reader=false"
+        with atomic_dir(root / cfg.paths.eval_reader / cond) as tmp:
+            atomic_write_json(tmp / SKIPPED_FILE, {"played": False, "reason": reason})
+        atomic_write_json(metrics_path, {"condition": cond, "skipped": True, "reason": reason})
+        print(f"{stage}@{cond}: skipped ({reason})")
+        return
+    metrics, stats, out_dir = evaluate_condition(cfg, root, cond, reader=reader)
+    atomic_write_json(metrics_path, metrics)
+    print(f"{stage}@{cond}: {stats['num_episodes']} episodes, success {stats['success_rate']:.2f} -> {out_dir}")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.stages.evaluate", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--condition", required=True, help="condition name (a key of `condition` in params.yaml)")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_params()
-        # before anything loads torch (a rule agent runs no model: the environment only; a remote
-        # model still loads torch here, in the main thread, before the backend starts its event-loop thread)
-        pin_numerics(cfg, runs_model=plays_with_model(cfg.agent))
-        root = project_root()
-        cond = args.condition
-        metrics, stats, out_dir = evaluate_condition(cfg, root, cond)
-        atomic_write_json(root / cfg.paths.metrics / "eval" / f"{cond}.json", metrics)
-        print(f"evaluate@{cond}: {stats['num_episodes']} episodes, success {stats['success_rate']:.2f} -> {out_dir}")
-    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
-        return stage_error(exc)
-    return 0
+    return run_stage("evaluate", evaluate, argv, doc=__doc__, arguments=condition_argument, expected=(BackendError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -17,21 +17,21 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
-from pipeline.core.config import ConfigError, load_params, project_root
+from pipeline.core.conf_schema import Config
 from pipeline.envs import build_games
+from pipeline.stages.common import run_stage
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        build_games(cfg, project_root(), progress=True)
-    except (ConfigError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+def games(cfg: Config, root: Path, _args: object) -> None:
+    build_games(cfg, root, progress=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    # RuntimeError: a game that does not compile or verify, a world's engine that is missing or fails
+    return run_stage("games", games, argv, doc=__doc__, log_level=logging.INFO, expected=(RuntimeError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

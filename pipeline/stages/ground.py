@@ -27,47 +27,42 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from pathlib import Path
 
-from pipeline.core.conf_schema import GroundingGenerator
-from pipeline.core.config import ConfigError, load_params, project_root
-from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
-from pipeline.core.numerics import NumericsError
-from pipeline.grounding import GroundingError
+from pipeline.core.conf_schema import Config, GroundingGenerator
+from pipeline.core.io import atomic_write_json, read_parquet
 from pipeline.grounding.episodes import (check_backend_fallbacks, ground, ground_metrics, make_generate,
                                          write_ground_outputs)
 from pipeline.llm.backends import is_local
-from pipeline.stages.common import pin_numerics
+from pipeline.stages.common import pin_numerics, run_stage
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        # before anything loads torch; only the llm generator with a local model runs one
-        pin_numerics(cfg, runs_model=cfg.grounding.generator == GroundingGenerator.llm and is_local(cfg.model))
-        root = project_root()
-        g = cfg.grounding
-        episodes_dir = root / cfg.paths.episodes
-        episodes = read_parquet(episodes_dir / "episodes.parquet").to_pylist()
-        turns = read_parquet(episodes_dir / "turns.parquet").to_pylist()
-        t0 = time.perf_counter()
-        docs = ground(episodes, turns, generator=g.generator, generate=make_generate(cfg),
-                      timestamp=g.timestamp, unknown_type=g.unknown_type)
-        check_backend_fallbacks(docs, g.max_error_fraction)
-        out = root / cfg.paths.grounding
-        index = write_ground_outputs(docs, out, g.save_format)
-        metrics = ground_metrics(docs)
-        metrics["wall_time_s"] = round(time.perf_counter() - t0, 3)
-        atomic_write_json(root / cfg.paths.metrics / "ground.json", metrics)
-        used = ", ".join(f"{n} by {name}" for name, n in metrics["generator_used"].items())
-        print(f"grounded {len(docs)} episodes of {len(index['scenes'])} scenes -> {out} "
-              f"({metrics['steps_with_feedback']} of {metrics['num_steps']} steps with feedback; "
-              f"grounding.generator={g.generator}: {used or 'none'})")
-    except (ConfigError, ArtifactError, GroundingError, NumericsError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+def ground_stage(cfg: Config, root: Path, _args: object) -> None:
+    """Ground every collected episode and write the files and the index (module docstring)."""
+    # before anything loads torch; only the llm generator with a local model runs one
+    pin_numerics(cfg, runs_model=cfg.grounding.generator == GroundingGenerator.llm and is_local(cfg.model))
+    g = cfg.grounding
+    episodes_dir = root / cfg.paths.episodes
+    episodes = read_parquet(episodes_dir / "episodes.parquet").to_pylist()
+    turns = read_parquet(episodes_dir / "turns.parquet").to_pylist()
+    t0 = time.perf_counter()
+    docs = ground(episodes, turns, generator=g.generator, generate=make_generate(cfg),
+                  timestamp=g.timestamp, unknown_type=g.unknown_type)
+    check_backend_fallbacks(docs, g.max_error_fraction)
+    out = root / cfg.paths.grounding
+    index = write_ground_outputs(docs, out, g.save_format)
+    metrics = ground_metrics(docs)
+    metrics["wall_time_s"] = round(time.perf_counter() - t0, 3)
+    atomic_write_json(root / cfg.paths.metrics / "ground.json", metrics)
+    used = ", ".join(f"{n} by {name}" for name, n in metrics["generator_used"].items())
+    print(f"grounded {len(docs)} episodes of {len(index['scenes'])} scenes -> {out} "
+          f"({metrics['steps_with_feedback']} of {metrics['num_steps']} steps with feedback; "
+          f"grounding.generator={g.generator}: {used or 'none'})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("ground", ground_stage, argv, doc=__doc__, log_level=logging.INFO)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -23,33 +23,32 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
-from pipeline.core.config import ConfigError, load_params, project_root
-from pipeline.core.io import ArtifactError, read_json
-from pipeline.grounding import GroundingError, split_grounding_paths
+from pipeline.core.conf_schema import Config
+from pipeline.core.io import read_json
+from pipeline.grounding import split_grounding_paths
 from pipeline.grounding.scenes import CONFIGURED, merge_groundings, write_merge_outputs
+from pipeline.stages.common import run_stage
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        root = project_root()
-        g = cfg.grounding
-        index = read_json(root / cfg.paths.grounding / "index.json")
-        files = g.files if isinstance(g.files, str) else list(g.files or [])
-        scenes, configured = merge_groundings(index, cfg.paths.grounding, files, root=root,
-                                              dedupe_contents=g.dedupe_contents)
-        out = root / cfg.paths.grounding_merged
-        written = write_merge_outputs(scenes, configured, out, g.merge_format)
-        skipped = sum(len(e["skipped"]) for e in written["scenes"].values()) + len(written[CONFIGURED]["skipped"])
-        print(f"merged grounding of {len(scenes)} scenes and {len(split_grounding_paths(files))} configured "
-              f"files -> {out}" + (f" ({skipped} files skipped, see warnings)" if skipped else ""))
-    except (ConfigError, ArtifactError, GroundingError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+def merge(cfg: Config, root: Path, _args: object) -> None:
+    """Merge each scene's grounding and the configured files (module docstring)."""
+    g = cfg.grounding
+    index = read_json(root / cfg.paths.grounding / "index.json")
+    files = g.files if isinstance(g.files, str) else list(g.files or [])
+    scenes, configured = merge_groundings(index, cfg.paths.grounding, files, root=root,
+                                          dedupe_contents=g.dedupe_contents)
+    out = root / cfg.paths.grounding_merged
+    written = write_merge_outputs(scenes, configured, out, g.merge_format)
+    skipped = sum(len(e["skipped"]) for e in written["scenes"].values()) + len(written[CONFIGURED]["skipped"])
+    print(f"merged grounding of {len(scenes)} scenes and {len(split_grounding_paths(files))} configured "
+          f"files -> {out}" + (f" ({skipped} files skipped, see warnings)" if skipped else ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("merge", merge, argv, doc=__doc__, log_level=logging.INFO)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -41,15 +41,15 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
+from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
 from pipeline.policy.incontext import InContextProbe
 from pipeline.policy.training import (INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, incontext_csv,
                                       loss_csv, model_dir, skip_reason)
 from pipeline.session.collection import load_games
-from pipeline.stages.common import pin_numerics, stage_error
+from pipeline.stages.common import pin_numerics, run_stage
 
 log = logging.getLogger(__name__)
 
@@ -125,22 +125,20 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     return metrics
 
 
-def main() -> int:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        numerics = pin_numerics(cfg)  # before anything loads torch
-        root = project_root()
-        reason = skip_reason(cfg)
-        if reason is not None:
-            write_skipped(cfg, root, reason)
-            print(f"policy: skipped ({reason})")
-            return 0
-        print(summary_line(run(cfg, root, numerics)))
-    except Exception as exc:  # noqa: BLE001 - stage_error re-raises what is not expected
-        return stage_error(exc)
-    return 0
+def policy(cfg: Config, root: Path, _args: object) -> None:
+    """Train and measure the default policy, or write the skip marker (module docstring)."""
+    numerics = pin_numerics(cfg)  # before anything loads torch
+    reason = skip_reason(cfg)
+    if reason is not None:
+        write_skipped(cfg, root, reason)
+        print(f"policy: skipped ({reason})")
+        return
+    print(summary_line(run(cfg, root, numerics)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("policy", policy, argv, doc=__doc__, expected=(BackendError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from pipeline.conditions import (
     PROMPTS_SCHEMA_VERSION,
@@ -30,47 +31,45 @@ from pipeline.conditions import (
     prompts_table,
     render_condition,
 )
-from pipeline.core.config import ConfigError, load_params, project_root
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError
 from pipeline.core.io import ArtifactError, atomic_write_json, write_parquet
 from pipeline.envs import fact_reader, world_words
 from pipeline.memory import load_store
-from pipeline.prompts import PromptTemplateError
+from pipeline.stages.common import run_stage
+
+
+def _arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--condition", required=True, help="condition to write (a key of `condition` in params)")
+
+
+def render(cfg: Config, root: Path, args: argparse.Namespace) -> None:
+    """Render ``--condition`` (module docstring)."""
+    if args.condition not in cfg.condition:
+        raise ConfigError(f"--condition {args.condition!r}: not a configured condition "
+                          f"(condition: {', '.join(cfg.condition)})")
+    if cfg.grounding.use_in_prompt and not (root / cfg.paths.grounding_merged).is_dir():
+        raise ArtifactError(f"missing {root / cfg.paths.grounding_merged} (run the merge stage: `dvc repro merge`)")
+    tasks = load_eval_tasks(root, cfg)
+    store = load_store(root / cfg.paths.store, tie_seed=cfg.seed)
+    rows, report = render_condition(tasks, args.condition, cfg, store, root, block_length_for(cfg, root),
+                                    world_words(cfg), fact_reader(cfg))
+    out = root / cfg.paths.prompts / f"{args.condition}.parquet"
+    write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],
+                  schema_version=PROMPTS_SCHEMA_VERSION)
+    atomic_write_json(root / cfg.paths.metrics / "render" / f"{args.condition}.json", report)
+    if report.get("placebo_unavailable"):
+        print(f"warning: {args.condition}: the store has too few entries of other scenes for a matched placebo "
+              f"on {len(report['placebo_unavailable'])} of {report['tasks']} tasks (nothing injected there); "
+              "a world with more seen scenes gives it one", file=sys.stderr)
+    print(f"rendered {report['tasks']} prompts for {args.condition} ({report['injected']} with memory) "
+          f"-> {out}; evidence checks passed")
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Render ``--condition`` (module docstring); 0 on success, 1 with a message on error."""
-    parser = argparse.ArgumentParser(prog="python -m pipeline.stages.render", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--condition", required=True, help="condition to write (a key of `condition` in params)")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        cfg = load_params()
-        root = project_root()
-        if args.condition not in cfg.condition:
-            raise ConfigError(f"--condition {args.condition!r}: not a configured condition "
-                              f"(condition: {', '.join(cfg.condition)})")
-        if cfg.grounding.use_in_prompt and not (root / cfg.paths.grounding_merged).is_dir():
-            raise ArtifactError(f"missing {root / cfg.paths.grounding_merged} (run the merge stage: `dvc repro merge`)")
-        tasks = load_eval_tasks(root, cfg)
-        store = load_store(root / cfg.paths.store, tie_seed=cfg.seed)
-        rows, report = render_condition(tasks, args.condition, cfg, store, root, block_length_for(cfg, root),
-                                        world_words(cfg), fact_reader(cfg))
-        out = root / cfg.paths.prompts / f"{args.condition}.parquet"
-        write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],
-                      schema_version=PROMPTS_SCHEMA_VERSION)
-        atomic_write_json(root / cfg.paths.metrics / "render" / f"{args.condition}.json", report)
-        if report.get("placebo_unavailable"):
-            print(f"warning: {args.condition}: the store has too few entries of other scenes for a matched placebo "
-                  f"on {len(report['placebo_unavailable'])} of {report['tasks']} tasks (nothing injected there); "
-                  "a world with more seen scenes gives it one", file=sys.stderr)
-        print(f"rendered {report['tasks']} prompts for {args.condition} ({report['injected']} with memory) "
-              f"-> {out}; evidence checks passed")
-    except (ConfigError, ArtifactError, PromptTemplateError, EvidenceError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    return 0
+    return run_stage("render", render, argv, doc=__doc__, arguments=_arguments, log_level=logging.INFO,
+                     expected=(EvidenceError,))
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

@@ -16,40 +16,39 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline.core.config import ConfigError, load_params, project_root
-from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_parquet
+from pipeline.core.conf_schema import Config
+from pipeline.core.io import atomic_dir, atomic_write_json, read_parquet
 from pipeline.envs import fact_reader
 from pipeline.memory.build import build_store, store_metrics
 from pipeline.memory.store import STORE_HASH, STORE_JSONL, STORE_PARQUET, write_store
 from pipeline.session.collection import collection_hash
+from pipeline.stages.common import run_stage
 
 
-def main() -> int:
-    try:
-        cfg = load_params()
-        root = project_root()
-        ep_dir = root / cfg.paths.episodes
-        episodes_path, turns_path = ep_dir / "episodes.parquet", ep_dir / "turns.parquet"
-        splits = list(cfg.memory.store_splits) or None
-        # config_hash: of the subtrees that produced the episodes (collect's checkpoint key),
-        # recorded for episodes whose metadata has none.
-        store = build_store(
-            read_parquet(episodes_path), read_parquet(turns_path), reader=fact_reader(cfg),
-            splits=splits, config_hash=collection_hash(cfg),
-            episodes_name=str(episodes_path), turns_name=str(turns_path),
-        )
-        out = root / cfg.paths.store
-        with atomic_dir(out) as tmp:  # parquet, jsonl and hash appear together or not at all
-            write_store(store, tmp)
-        metrics = store_metrics(store)
-        atomic_write_json(Path(root / cfg.paths.metrics) / "store.json", metrics)
-    except (ArtifactError, ConfigError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+def store_stage(cfg: Config, root: Path, _args: object) -> None:
+    """Build the store from the collected episodes and write it whole (module docstring)."""
+    ep_dir = root / cfg.paths.episodes
+    episodes_path, turns_path = ep_dir / "episodes.parquet", ep_dir / "turns.parquet"
+    splits = list(cfg.memory.store_splits) or None
+    # config_hash: of the subtrees that produced the episodes (collect's checkpoint key),
+    # recorded for episodes whose metadata has none.
+    store = build_store(
+        read_parquet(episodes_path), read_parquet(turns_path), reader=fact_reader(cfg),
+        splits=splits, config_hash=collection_hash(cfg),
+        episodes_name=str(episodes_path), turns_name=str(turns_path),
+    )
+    out = root / cfg.paths.store
+    with atomic_dir(out) as tmp:  # parquet, jsonl and hash appear together or not at all
+        write_store(store, tmp)
+    metrics = store_metrics(store)
+    atomic_write_json(Path(root / cfg.paths.metrics) / "store.json", metrics)
     print(f"store: {metrics['num_entries']} entries from {metrics['num_scenes']} scene(s) -> "
           f"{out / STORE_PARQUET}, {STORE_JSONL}, {STORE_HASH} (hash {store.store_hash[:12]})")
-    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage("store", store_stage, argv, doc=__doc__)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
