@@ -325,7 +325,7 @@ class EnvConfig:
     """Which world: a name registered in ``pipeline/envs/registry.py`` (``household`` | ``tiny``, the same world
     that conf/env/tiny.yaml makes small | ``scienceworld`` | ``scienceworld_tiny``); an unknown one fails where
     the world is first looked up, naming the known ones."""
-    num_scenes: int = 8
+    num_scenes: int = checked(8, at_least(1))
     """Distinct fixed layouts, each seeded from (seed, scene index)."""
     heldout_scenes: int = 2
     """The last scenes, with eval quests only (``scene_split=heldout``: never seen in train)."""
@@ -360,7 +360,6 @@ class EnvConfig:
 
     @staticmethod
     def cross_checks(env: Any) -> CrossChecks:
-        yield "num_scenes", unless(env.num_scenes >= 1, ">= 1")  # heldout_scenes' bound
         yield "heldout_scenes", unless(0 <= env.heldout_scenes < env.num_scenes, f"in [0, {env.num_scenes})")
         yield "locked_containers", unless(0 <= env.locked_containers <= env.containers_per_scene,
                                           f"in [0, {env.containers_per_scene}]")
