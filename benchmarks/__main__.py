@@ -447,7 +447,7 @@ def _collect_setup(quick: bool) -> tuple[Any, Path, list, dict, str]:
     from benchmarks.bench_load import tiny_model_dir
     from pipeline.envs.household.build import build_games
 
-    cfg = validate(OmegaConf.create(compose_text(ROOT, ["env=tiny", "env.compile_workers=2", "agent=llm",
+    cfg = validate(OmegaConf.create(compose_text(ROOT, ["env=tiny", "workers=2", "agent=llm",
                                                         "model=local", "sampling=greedy"])))
     root = bench_dir() / "tiny_world"
     shutil.rmtree(root, ignore_errors=True)

@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/bench_collect_llm.py`
 GAME_OVERRIDES = [
     "env.num_scenes=2", "env.heldout_scenes=1", "env.rooms_per_scene=3", "env.containers_per_scene=3",
     "env.locked_containers=1", "env.objects_per_scene=3", "env.train_quests_per_scene=6",
-    "env.eval_quests_per_scene=1", "env.compile_workers=2",
+    "env.eval_quests_per_scene=1", "workers=2",
 ]
 TAIL = " Then I will check the result and continue with the plan until the objective is done."
 

@@ -43,7 +43,7 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/bench_load.py`
 
 TARGET_GIB = 4.0
 PARTS = ("collect-llm", "collect-react", "store-write", "store-load")
-TINY_WORLD = ["env=tiny", "env.compile_workers=2"]
+TINY_WORLD = ["env=tiny", "workers=2"]
 
 
 def peak_rss_gib() -> float:

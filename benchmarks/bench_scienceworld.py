@@ -13,7 +13,7 @@ Figures (one run on this machine; nothing asserts them):
 - a collection: the ``react`` rule agent plays the variations one at a time
   (``agent.batched=false``, as the experiments do) with the simulated user through
   :func:`pipeline.session.collection.run_collection`, a fresh JVM per episode (the
-  default), in one process and in ``agent.workers=2`` processes: turns/s of the whole loop.
+  default), in one process and in ``workers=2`` processes: turns/s of the whole loop.
 
 Needs the `scienceworld` extra and Java (``make scienceworld``).
 """

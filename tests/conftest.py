@@ -35,7 +35,7 @@ TINY_OVERRIDES = [
     "env.eval_quests_per_scene=1",
     "env.max_steps=15",
     "env.regularity=0.0",  # things placed at random: the layouts tests/data/household_golden.json was recorded on
-    "env.compile_workers=2",
+    "workers=2",
     # Rule agent, no model: the default (agent=llm, model=policy) needs the trained policy,
     # which tests that exercise it build themselves (tests/test_policy.py).
     "agent=react",

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OVERRIDES = [
     "env.num_scenes=2", "env.heldout_scenes=1", "env.rooms_per_scene=2", "env.containers_per_scene=2",
     "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=2",
-    "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env.max_steps=6", "env.compile_workers=2",
+    "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env.max_steps=6", "workers=2",
     "agent.batch_size=4", "model.policy.rule_epsilon=0.6", "model.policy.demos_per_quest=3",
     "model.policy.vocab_size=400", "model.policy.hidden_size=48", "model.policy.intermediate_size=96",
     "model.policy.n_head=2", "model.policy.max_positions=1024", "model.policy.epochs=1",

@@ -65,7 +65,7 @@ SAMPLING = section(SamplingConfig, dict(seed=0, do_sample=False, temperature=0.7
                                         max_new_tokens=32, early_stop=True))
 TINY_WORLD = ["env.num_scenes=2", "env.heldout_scenes=1", "env.rooms_per_scene=2", "env.containers_per_scene=2",
               "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=2",
-              "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env.compile_workers=2"]
+              "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "workers=2"]
 
 
 def model_cfg(url: str, **kw):

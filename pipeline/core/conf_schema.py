@@ -351,8 +351,6 @@ class EnvConfig:
     can transfer to a new one."""
     max_steps: int = checked(30, at_least(1))
     """Step cap per episode."""
-    compile_workers: int = checked(2, at_least(1))
-    """Processes compiling games in parallel (Inform7; results do not depend on it)."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Reward shaping (summed per step; the household's: ScienceWorld's reward is its score change)."""
     scienceworld: ScienceWorldConfig = field(default_factory=ScienceWorldConfig)
@@ -422,12 +420,8 @@ class AgentConfig:
     """Taken when the agent's output is unparseable or inadmissible."""
     on_backend_error: OnBackendError = OnBackendError.record
     """``record``: a failed model call is a recorded failed turn; ``fail``: the stage stops."""
-    workers: int = checked(1, at_least(1))
-    """Processes that play a collection's batches side by side (``evaluate``; not the online loop), each on
-    ``numerics.threads`` threads; whole batches of the fixed partition, so the bytes do not depend on it
-    (fixed by config, never by the machine: ``conf/agent/llm.yaml`` sets 2)."""
     worker_stall_s: float = checked(1800.0, positive(zero=True))
-    """Seconds a worker process (``workers`` > 1) may go without starting a step before the run stops it and fails,
+    """Seconds a worker process (the top-level ``workers`` > 1) may go without starting a step before the run stops it and fails,
     naming it (its finished episodes are kept); 0: wait for ever."""
     max_error_fraction: float = checked(0.5, PROBABILITY)
     """Most backend-failed turns a run may hold, as a fraction of its turns (in [0, 1]); more stops the stage
@@ -580,6 +574,13 @@ class GgufSourceConfig:
     """The ``.gguf`` file inside ``package``; null: nothing to convert (the stage writes ``SKIPPED.json``)."""
     out_dir: str = "data/converted"
     """The ``convert`` stage's output folder; the model directory is ``<out_dir>/model``."""
+
+
+def _workers_or_auto(v: Any) -> Optional[str]:
+    expected = "a number of processes >= 1 or auto"
+    if isinstance(v, str):
+        return unless(v == "auto", expected)
+    return unless(isinstance(v, int) and not isinstance(v, bool) and v >= 1, expected)
 
 
 def _mib_or_auto(v: Any) -> Optional[str]:
@@ -842,6 +843,10 @@ class Config:
 
     seed: int = 0
     """Master seed: every random source (layouts, quests, user, sampling, retrieval ties, placebo, bootstrap)."""
+    workers: Union[int, str] = checked("auto", _workers_or_auto)
+    """Processes for every stage with independent work (games, demos, collect, evaluate, evaluate_reader, curve,
+    the policy's training and probe); ``auto``: the cores this process may use (:mod:`pipeline.core.parallel`).
+    Never changes a byte (a partition fixed by config, merged in order): in no stage's DVC params, no hash."""
     paths: PathsConfig = field(default_factory=PathsConfig)
     """Where artifacts live."""
     env: EnvConfig = field(default_factory=EnvConfig)

@@ -40,6 +40,7 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash, to_plain
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.core.numerics import pin
+from pipeline.core.parallel import stage_workers
 from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env, unread_env_keys
 from pipeline.llm.accounting import token_statistics
@@ -55,8 +56,11 @@ from pipeline.users import FileFeedback, User, make_user
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
                    "grounding.online", "numerics")
 # Keys of those subtrees that decide how a run is played or judged, never what an episode is:
-# left out, so changing them reuses checkpoints and keeps every recorded config hash.
-CHECKPOINT_IGNORED = ("agent.workers", "agent.worker_stall_s", "agent.max_error_fraction",
+# left out, so changing them reuses checkpoints and keeps every recorded config hash. The
+# policy's training threads reach an episode only through the weights, which are an input
+# (:func:`inputs_hash`: the model directory), not the config the episode is played under.
+# (The process count, the top-level ``workers``, is in no hashed subtree at all.)
+CHECKPOINT_IGNORED = ("model.policy.threads", "agent.worker_stall_s", "agent.max_error_fraction",
                       "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb")
 # How often the parent looks at its workers (exit codes, heartbeats).
 WORKER_POLL_S = 1.0
@@ -362,19 +366,19 @@ def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_
 
 
 def worker_count(cfg: Config, tasks: list[Task]) -> int:
-    """Processes the tasks' batches are played in: ``agent.workers``, at most one per batch, and
+    """Processes the tasks' batches are played in: ``workers`` (:mod:`pipeline.core.parallel`), at most one per batch, and
     one (this process) for a model behind a server: its throughput is the server's
     (``model.max_concurrency``), and the start-up probe of what it can constrain, like its
     error counts, belongs to the one backend of the run."""
     if plays_with_model(cfg.agent) and not is_local(cfg.model):
         return 1
     size = cfg.agent.batch_size if cfg.agent.batched else 1
-    return max(1, min(int(cfg.agent.workers), len(batches(tasks, size))))
+    return stage_workers(cfg, limit=len(batches(tasks, size)))
 
 
 def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
                      feedback_source: Any) -> None:
-    """Play the tasks' batches in ``agent.workers`` processes (batch i in worker i mod n), each
+    """Play the tasks' batches in ``workers`` processes (batch i in worker i mod n), each
     writing its finished episodes to the checkpoints the caller then assembles.
 
     Each batch is computed exactly as in one process (the same batch, the prompt cache
@@ -405,13 +409,13 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
               "the rest", file=sys.stderr)
         raise SystemExit(130)
     if stalled:
-        raise ArtifactError(f"{desc}: {', '.join(stalled)} of agent.workers={n} started no step for "
+        raise ArtifactError(f"{desc}: {', '.join(stalled)} of workers={n} started no step for "
                             f"agent.worker_stall_s={cfg.agent.worker_stall_s:g} s and "
                             f"{'was' if len(stalled) == 1 else 'were'} stopped; the finished "
                             f"episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
     failed = [p.name for p in procs if p.exitcode != 0]
     if failed:
-        raise ArtifactError(f"{desc}: {', '.join(failed)} of agent.workers={n} failed (exit "
+        raise ArtifactError(f"{desc}: {', '.join(failed)} of workers={n} failed (exit "
                             f"{', '.join(str(p.exitcode) for p in procs if p.exitcode != 0)}; their messages are "
                             f"above); the finished episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
 

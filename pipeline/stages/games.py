@@ -8,7 +8,7 @@ Reads ``seed``, ``env.*``, ``user.preferences_per_scene`` and ``paths.games`` /
 ``paths.metrics`` from params.yaml; writes ``<paths.games>/<scene_id>/<quest_id>.z8``
 (+ ``.json``), ``<paths.games>/scenes.json``, ``<paths.games>/manifest.parquet``
 (MANIFEST_SCHEMA, sorted by scene_id, quest_id) and ``<paths.metrics>/games.json``.
-Games compile in ``env.compile_workers`` processes; the outputs do not depend on it.
+Games compile in ``workers`` processes (``auto``: the machine's cores); the outputs do not depend on it.
 The library doing the work is :func:`pipeline.envs.build_games` (for the household world
 :mod:`pipeline.envs.household.build`).
 """

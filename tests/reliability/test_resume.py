@@ -331,30 +331,33 @@ def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_i
 
 @pytest.mark.slow
 def test_llm_evaluate_in_two_worker_processes_gives_the_same_bytes(project, tiny_model_dir):
-    """agent.workers=2 plays the fixed partition's batches side by side (batch i in worker i mod 2):
+    """workers=2 plays the fixed partition's batches side by side (batch i in worker i mod 2):
     each batch is computed as in one process, so every file matches, tensors included."""
     cond = "C1"
     _llm_eval_project(project, tiny_model_dir, cond)
     folder = f"data/eval/{cond}"
     project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
-                      "sampling.max_new_tokens=12", "env.max_steps=6")
-    project.run("evaluate", "--condition", cond)
+                      "sampling.max_new_tokens=12", "env.max_steps=6", "workers=1")
+    proc = project.run("evaluate", "--condition", cond)
+    assert "worker 0/" not in proc.stderr  # one process
     reference = _every_file(project, folder)
     shutil.rmtree(project.root / folder)
     project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
-                      "sampling.max_new_tokens=12", "env.max_steps=6", "agent.workers=2")
+                      "sampling.max_new_tokens=12", "env.max_steps=6", "workers=2")
     proc = project.run("evaluate", "--condition", cond)
     assert "worker 1/2" in proc.stderr
     assert _every_file(project, folder) == reference
 
 
 def test_how_a_run_is_played_or_judged_is_not_part_of_its_config_hash(tiny_cfg):
-    """agent.workers and agent.max_error_fraction never change what an episode is: checkpoints stay
-    valid, and the config hash recorded in every episode (and the store) keeps its bytes."""
+    """workers, agent.max_error_fraction and the policy's training threads never change what an
+    episode is (the weights are an input): checkpoints stay valid, and the config hash recorded
+    in every episode (and the store) keeps its bytes."""
     from omegaconf import OmegaConf
 
     from pipeline.session.collection import collection_hash
 
-    other = OmegaConf.merge(tiny_cfg, {"agent": {"workers": 3, "max_error_fraction": 0.1}})
+    other = OmegaConf.merge(tiny_cfg, {"workers": 3, "agent": {"max_error_fraction": 0.1},
+                                       "model": {"policy": {"threads": 4}}})
     assert collection_hash(other) == collection_hash(tiny_cfg)
     assert collection_hash(OmegaConf.merge(tiny_cfg, {"agent": {"batch_size": 3}})) != collection_hash(tiny_cfg)

@@ -102,7 +102,7 @@ def test_a_wedged_worker_process_fails_the_collection_instead_of_hanging_it(tiny
     watcher = threading.Thread(target=stop_workers, daemon=True)
     watcher.start()
     t0 = time.monotonic()
-    with pytest.raises(ArtifactError, match=r"worker-0, worker-1 of agent.workers=2 started no step for "
+    with pytest.raises(ArtifactError, match=r"worker-0, worker-1 of workers=2 started no step for "
                                             r"agent.worker_stall_s=3 s and were stopped"):
         _play_in_workers(cfg, tiny_games.root, tasks, tiny_games.scenes, tmp_path / "ckpt", "collect [react]", None)
     assert time.monotonic() - t0 < 60

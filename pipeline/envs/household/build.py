@@ -5,7 +5,7 @@ The library behind the ``games`` stage (:mod:`pipeline.stages.games`)::
     result = build_games(cfg, project_root())   # games, scenes.json, manifest.parquet, metrics
     result.game_path(result.rows[0])            # absolute path of the first game
 
-Games compile in ``env.compile_workers`` processes; the outputs do not depend on it.
+Games compile in ``workers`` processes (:mod:`pipeline.core.parallel`); the outputs do not depend on it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_write_json, write_parquet
+from pipeline.core.parallel import stage_workers
 from pipeline.core.schemas import SCHEMA_VERSION, manifest_table
 from pipeline.envs.common import GamesResult
 from pipeline.envs.household.games import compile_quest_game, plan_games
@@ -104,14 +105,15 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> GamesResul
     plan_s = time.perf_counter() - t0
     log.info("planned %d quests in %d scenes (%.1fs)", len(rows), len(scenes), plan_s)
     t1 = time.perf_counter()
-    results = compile_games(scenes, rows, root, workers=env.compile_workers, progress=progress)
+    workers = stage_workers(cfg, limit=len(rows))
+    results = compile_games(scenes, rows, root, workers=workers, progress=progress)
     compile_s = time.perf_counter() - t1
     write_parquet(manifest_table(rows), games_dir / "manifest.parquet", sort_by=["scene_id", "quest_id"],
                   schema_version=SCHEMA_VERSION)
     atomic_write_json(games_dir / "scenes.json", scenes)
     metrics = games_metrics(rows, scenes)
     # Wall-clock times only here (metrics are not cached artifacts).
-    metrics.update({"compile_workers": env.compile_workers, "plan_wall_s": round(plan_s, 2),
+    metrics.update({"compile_workers": workers, "plan_wall_s": round(plan_s, 2),
                     "compile_wall_s": round(compile_s, 2),
                     "mean_game_compile_s": round(sum(r["compile_s"] for r in results) / max(len(results), 1), 3)})
     atomic_write_json(root / cfg.paths.metrics / "games.json", metrics)

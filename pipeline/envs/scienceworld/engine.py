@@ -9,7 +9,7 @@ cups) by their object ids, which grow with everything a JVM has loaded, so an ep
 admissible commands depend on what its JVM played before: ``env.scienceworld.fresh_jvm``
 (the default) gives every episode a JVM of its own, stopped at its end, for bytes that
 depend on nothing else (~2 s an episode); without it the pool's JVMs are reused. An episode at a time (the rule agents,
-``agent.batched=false``) is one JVM per worker process (``agent.workers`` processes: one
+``agent.batched=false``) is one JVM per worker process (``workers`` processes: one
 each); a batch of ``agent.batch_size`` episodes played side by side holds as many::
 
     from pipeline.envs.scienceworld.engine import acquire, release, shutdown, simulator
