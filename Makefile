@@ -26,9 +26,11 @@ test: install
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 # Does this machine reproduce the committed bytes? The DAG on experiment=tiny in a scratch copy vs
-# .ci/repro_tiny.json (what CI runs after the tests; docs/reproducibility.md).
+# .ci/repro_tiny.json (what CI runs after the tests; docs/reproducibility.md), in one process per
+# stage and in three: the worker count may follow the machine, the bytes may not.
 reprocheck: install
-	$(BIN)/python -m pipeline.tools.reprocheck --scratch experiment=tiny --golden .ci/repro_tiny.json
+	$(BIN)/python -m pipeline.tools.reprocheck --scratch experiment=tiny workers=1 --golden .ci/repro_tiny.json
+	$(BIN)/python -m pipeline.tools.reprocheck --scratch experiment=tiny workers=3 --golden .ci/repro_tiny.json
 
 params: install
 	$(BIN)/python -m pipeline.core.config compose
