@@ -1,7 +1,7 @@
 """The default run's results in the docs, written from ``metrics/``: a table copied by hand goes stale.
 
     python -m pipeline.tools.results            # rewrite every marked block from metrics/
-    python -m pipeline.tools.results --check    # exit 1 naming each block that differs (what the test runs)
+    python -m pipeline.tools.results --check    # exit 1 naming each document that differs (what the test runs)
 
 A document holds a block between ``<!-- results:<name> -->`` and ``<!-- /results:<name> -->``
 lines; this tool replaces what is between them with the table ``<name>`` rendered from the
@@ -212,8 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.tools.results", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 if a document's blocks differ from the metrics")
+    ap.add_argument("--root", type=Path, default=None, help="the project whose documents and metrics/ to use "
+                                                              "(default: this project)")
     args = ap.parse_args(argv)
-    root = project_root()
+    root = args.root or project_root()
     stale = []
     try:
         for path in documents(root):
