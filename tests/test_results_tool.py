@@ -30,6 +30,16 @@ def test_the_committed_docs_carry_the_committed_metrics():
     assert results.main(["--check"]) == 0
 
 
+def test_the_committed_results_figure_is_the_committed_metrics():
+    """plots/success_model_and_reader.png (shown in the README) is what compare draws from the
+    committed metrics/compare.json: a figure left from another run fails here."""
+    from pipeline.analysis.report import MODEL_AND_READER_FIGURE, figure_model_and_reader
+
+    metrics = json.loads((ROOT / "metrics" / "compare.json").read_text(encoding="utf-8"))
+    assert (ROOT / "plots" / MODEL_AND_READER_FIGURE).read_bytes() == figure_model_and_reader(metrics)
+    assert f"(plots/{MODEL_AND_READER_FIGURE})" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
 def _copy_project(tmp_path: Path) -> Path:
     """README.md, docs/ and metrics/ of this project in a scratch directory (what --check reads)."""
     root = tmp_path / "project"

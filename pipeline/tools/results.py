@@ -13,7 +13,7 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
   Holm p) and the reader's paired turns (Wilcoxon, Holm), controls first;
 - ``curve``: the reader's success / turns per k and condition, and C2 − C1 at each k;
 - ``headline``: the first lines of ``reports/report.md``'s headline (the reader's controls, what the
-  memory and the grounding are worth to it, the model's positive control), as ``compare`` writes them;
+  memory and the grounding are worth to it, the model's positive control and C2 vs C1), as ``compare`` writes them;
 - ``targets``: the design's targets for the reader (docs/memory.md) with the default run's figure
   and met / missed, each computed from ``metrics/compare.json``;
 - ``policy``: the default model's in-context probe (``metrics/policy.json``), before and after training.
@@ -165,13 +165,14 @@ def targets_table(metrics: Path) -> str:
     return markdown_table(["target", "the default run", ""], rows) if rows else "_no reader comparisons in metrics/compare.json_"
 
 
-HEADLINE_LINES = 5  # the reader's two controls, the two worths, the model's positive control
+HEADLINE_LINES = 6  # the reader's two controls, the two worths, the model's positive control, its C2 vs C1
 
 
 def headline(metrics: Path) -> str:
-    """The report's first headline lines, from the same function ``compare`` writes them with."""
+    """The report's first headline lines, from the same function ``compare`` writes them with (the
+    C2_silent check, identical by construction, left out)."""
     compare = _read(metrics / "compare.json")
-    lines = headline_lines(compare)[:HEADLINE_LINES] if compare else []
+    lines = [line for line in headline_lines(compare) if not line.startswith("check")][:HEADLINE_LINES] if compare else []
     return "\n".join(f"- {line}" for line in lines) if lines else "_no comparison in metrics/compare.json_"
 
 
