@@ -256,6 +256,11 @@ def test_stage_main_writes_metrics_plots_report_reproducibly(tmp_path, monkeypat
         png = first[f"reports/{name}.png"]
         assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
     assert json.loads(first["plots/success_by_condition.json"])[0]["condition"] == "C0"
+    # The README's results figure: model beside reader per condition, drawn from what compare.json holds
+    # (so pipeline.tools.results' test can check the committed figure against the committed metrics).
+    from pipeline.analysis.report import MODEL_AND_READER_FIGURE, figure_model_and_reader
+
+    assert first[f"plots/{MODEL_AND_READER_FIGURE}"] == figure_model_and_reader(m)
     # The reader beside the model: its controls read first, its section in the report.
     assert out.startswith("reader positive control: C2_oracle vs C1")
     assert m["reader"]["conditions"]["C2"] == {"model": m["reader"]["conditions"]["C2"]["model"],

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -13,14 +15,61 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_committed_docs_carry_the_committed_metrics():
-    """README.md and docs/memory.md hold the default run's tables between results markers, and
+    """README.md and docs/*.md hold the default run's tables between results markers, and
     they are what metrics/ renders now: rerun `python -m pipeline.tools.results` after a run."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "<!-- results:conditions -->" in readme and "<!-- results:comparisons -->" in readme
+    for block in ("conditions", "headline"):
+        assert f"<!-- results:{block} -->" in readme
+    assert "<!-- results:comparisons -->" in (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
     assert "<!-- results:curve -->" in (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
-    for doc in results.DOCS:
-        text = (ROOT / doc).read_text(encoding="utf-8")
-        assert results.render(text, ROOT / "metrics") == text, f"{doc}: run `python -m pipeline.tools.results`"
+    docs = results.documents(ROOT)
+    assert ROOT / "README.md" in docs and ROOT / "docs" / "policy.md" in docs
+    for path in docs:
+        text = path.read_text(encoding="utf-8")
+        assert results.render(text, ROOT / "metrics") == text, f"{path.name}: run `python -m pipeline.tools.results`"
+    assert results.main(["--check"]) == 0
+
+
+def test_the_committed_results_figure_is_the_committed_metrics():
+    """plots/success_model_and_reader.png (shown in the README) is what compare draws from the
+    committed metrics/compare.json: a figure left from another run fails here."""
+    from pipeline.analysis.report import MODEL_AND_READER_FIGURE, figure_model_and_reader
+
+    metrics = json.loads((ROOT / "metrics" / "compare.json").read_text(encoding="utf-8"))
+    assert (ROOT / "plots" / MODEL_AND_READER_FIGURE).read_bytes() == figure_model_and_reader(metrics)
+    assert f"(plots/{MODEL_AND_READER_FIGURE})" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _copy_project(tmp_path: Path) -> Path:
+    """README.md, docs/ and metrics/ of this project in a scratch directory (what --check reads)."""
+    root = tmp_path / "project"
+    (root / "docs").mkdir(parents=True)
+    shutil.copy2(ROOT / "README.md", root / "README.md")
+    for doc in (ROOT / "docs").glob("*.md"):
+        shutil.copy2(doc, root / "docs" / doc.name)
+    shutil.copytree(ROOT / "metrics", root / "metrics")
+    return root
+
+
+def test_check_fails_when_one_number_of_the_readme_results_is_edited(tmp_path, capsys):
+    """The staleness test: one hand-edited figure in the README's results table makes
+    `python -m pipeline.tools.results --check` exit 1 naming README.md; the copy as committed passes."""
+    root = _copy_project(tmp_path)
+    assert results.main(["--check", "--root", str(root)]) == 0
+    readme = root / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    start = text.index("<!-- results:conditions -->")
+    end = text.index("<!-- /results:conditions -->")
+    block = text[start:end]
+    m = re.search(r"\| C1 \| (\d\.\d\d) ", block)
+    assert m, "the README's conditions table has no C1 row"
+    edited = f"{float(m[1]) + 0.01:.2f}"
+    readme.write_text(text[:start] + block.replace(f"| C1 | {m[1]} ", f"| C1 | {edited} ", 1) + text[end:],
+                      encoding="utf-8")
+    capsys.readouterr()
+    assert results.main(["--check", "--root", str(root)]) == 1
+    assert "README.md" in capsys.readouterr().err
+    assert readme.read_text(encoding="utf-8") != text  # --check never rewrites
 
 
 def _metrics(tmp_path: Path) -> Path:
@@ -47,5 +96,5 @@ def test_a_block_is_rewritten_from_the_metrics_and_the_rest_kept(tmp_path):
 
 
 def test_an_unknown_block_is_an_error_naming_it(tmp_path):
-    with pytest.raises(ValueError, match=r"results:nonsense.*known: conditions, comparisons, curve"):
+    with pytest.raises(ValueError, match=r"results:nonsense.*known: conditions, comparisons, curve, headline, policy, targets"):
         results.render("<!-- results:nonsense -->\nx\n<!-- /results:nonsense -->\n", _metrics(tmp_path))

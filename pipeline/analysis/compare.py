@@ -46,10 +46,10 @@ import pyarrow.parquet as pq
 from pipeline.analysis.ceiling import reader_ceiling
 from pipeline.analysis.curves import summarise_curves
 from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
-from pipeline.analysis.report import label_hint_counts, write_report
+from pipeline.analysis.report import MODEL_AND_READER_FIGURE, figure_model_and_reader, label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
-from pipeline.core.io import ArtifactError, atomic_write_json, read_parquet
+from pipeline.core.io import ArtifactError, atomic_write_bytes, atomic_write_json, read_parquet
 from pipeline.core.facts import WorldWords
 from pipeline.core.seeding import labelled_rng
 from pipeline.core.stats import (
@@ -493,5 +493,8 @@ def write_outputs(result: CompareResult, root: Path, cfg: Config, success: str =
     written = [atomic_write_json(root / cfg.paths.metrics / "compare.json", result.metrics)]
     for stem, rows in result.plots.items():
         written.append(atomic_write_json(root / cfg.paths.plots / f"{stem}.json", rows))
+    figure = figure_model_and_reader(result.metrics)  # the README's results figure (docs: pipeline.tools.results)
+    if figure is not None:
+        written.append(atomic_write_bytes(root / cfg.paths.plots / MODEL_AND_READER_FIGURE, figure))
     written += write_report(result.metrics, result.plots, root / cfg.paths.reports, success)
     return written

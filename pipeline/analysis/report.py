@@ -437,6 +437,50 @@ def figure_success_by_condition(rows: Sequence[Mapping[str, Any]], level: str) -
     return _png(fig)
 
 
+#: The results figure of the README, written by ``compare`` into ``plots/`` (committed, not cached).
+MODEL_AND_READER_FIGURE = "success_model_and_reader.png"
+
+
+def figure_model_and_reader(metrics: Mapping[str, Any]) -> bytes | None:
+    """Success per condition, the model's bar beside the reader's (its ceiling), with intervals;
+    ``None`` when the run has no reader (``experiment.reader`` off)."""
+    conditions = (metrics.get("reader") or {}).get("conditions") or {}
+    if not conditions:
+        return None
+    # the order of metrics["conditions"] (the config's), which survives compare.json's sorted keys
+    listed = [m["condition"] for m in metrics.get("conditions", []) if m.get("condition") in conditions]
+    conds = listed + sorted(c for c in conditions if c not in listed)
+    fig = _new_figure(max(5.5, 1.25 * len(conds) + 1.5), 4.4)
+    ax = fig.add_subplot()
+    x = np.arange(len(conds))
+    width = 0.38
+    for offset, who, color, hatch in ((-width / 2, "model", "#1f77b4", None), (width / 2, "reader", "#d9d9d9", "//")):
+        ds = [conditions[c].get(who) or {} for c in conds]
+        vals = [d.get("value") for d in ds]
+        ax.bar(x + offset, [v or 0.0 for v in vals], width=width, color=color, hatch=hatch, edgecolor="black",
+               linewidth=0.6, label={"model": "model (the agent under test)", "reader": "reader (the text's ceiling)"}[who])
+        ax.errorbar(x + offset, [v or 0.0 for v in vals], yerr=_yerr(vals, [d.get("ci_low") for d in ds],
+                                                                      [d.get("ci_high") for d in ds]),
+                    fmt="none", ecolor="black", capsize=4, linewidth=1.1)
+        for xi, d in zip(x + offset, ds):
+            if d.get("value") is None:
+                continue
+            top = d.get("ci_high") if d.get("ci_high") is not None else d["value"]
+            ax.text(xi, min(top + 0.02, 1.1), f"{d['value']:.2f}", ha="center", va="bottom", fontsize=8)
+    n = (conditions[conds[0]].get("model") or {}).get("n")
+    ax.set_xticks(x, conds)
+    ax.set_xlim(-0.7, len(conds) - 0.3)
+    ax.set_ylim(0, 1.2)
+    ax.set_yticks(np.linspace(0, 1, 6))
+    ax.set_ylabel("success rate")
+    ax.set_title(f"Success per condition, model and reader ({_level_pct(metrics)} interval"
+                 + (f", {n} paired tasks)" if n else ")"))
+    ax.legend(loc="upper left", fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+    return _png(fig)
+
+
 def figure_paired_differences(details: Sequence[Mapping[str, Any]], level: str) -> bytes:
     n = max(1, len(details))
     fig = _new_figure(7.5, 1.0 + 0.7 * n)

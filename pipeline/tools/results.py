@@ -1,7 +1,7 @@
 """The default run's results in the docs, written from ``metrics/``: a table copied by hand goes stale.
 
     python -m pipeline.tools.results            # rewrite every marked block from metrics/
-    python -m pipeline.tools.results --check    # exit 1 naming each block that differs (what the test runs)
+    python -m pipeline.tools.results --check    # exit 1 naming each document that differs (what the test runs)
 
 A document holds a block between ``<!-- results:<name> -->`` and ``<!-- /results:<name> -->``
 lines; this tool replaces what is between them with the table ``<name>`` rendered from the
@@ -11,9 +11,14 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - ``conditions``: per condition, the model's and the reader's success with intervals, turns;
 - ``comparisons``: per comparison, the model's and the reader's paired differences (b / c,
   Holm p) and the reader's paired turns (Wilcoxon, Holm), controls first;
-- ``curve``: the reader's success / turns per k and condition, and C2 − C1 at each k.
+- ``curve``: the reader's success / turns per k and condition, and C2 − C1 at each k;
+- ``headline``: the first lines of ``reports/report.md``'s headline (the reader's controls, what the
+  memory and the grounding are worth to it, the model's positive control and C2 vs C1), as ``compare`` writes them;
+- ``targets``: the design's targets for the reader (docs/memory.md) with the default run's figure
+  and met / missed, each computed from ``metrics/compare.json``;
+- ``policy``: the default model's in-context probe (``metrics/policy.json``), before and after training.
 
-Documents: README.md and docs/memory.md (``DOCS``); a block may appear in any of them.
+Documents: README.md and every docs/*.md (:func:`documents`); a block may appear in any of them.
 """
 
 from __future__ import annotations
@@ -25,11 +30,16 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pipeline.analysis.report import curve_rows, format_ci, format_value, markdown_table
+from pipeline.analysis.report import curve_rows, format_ci, format_value, headline_lines, markdown_table
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
 
-DOCS = ("README.md", "docs/memory.md")
+DOCS = ("README.md", "docs/*.md")  # globs under the project root
+
+
+def documents(root: Path) -> list[Path]:
+    """The files ``DOCS`` names under ``root``, in a fixed order."""
+    return [p for pattern in DOCS for p in sorted(root.glob(pattern)) if p.is_file()]
 _BLOCK_RE = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
 
 
@@ -52,6 +62,11 @@ def _p_eq(p: Any) -> str:
     """``p`` after "p": "=0.023", or " < 0.001"."""
     text = _p(p)
     return f" {text}" if text.startswith("<") else f"={text}"
+
+
+def _count(n: Any) -> str:
+    """An integer with thousands separators ("664,192"), "?" when the metrics lack it."""
+    return f"{n:,}" if isinstance(n, int) else "?"
 
 
 def conditions_table(metrics: Path) -> str:
@@ -110,8 +125,77 @@ def curve_table(metrics: Path) -> str:
     return markdown_table(["k (asked)", "k (held)", *conds, "C2 − C1 (b / c, exact p)"], rows)
 
 
+# The design's targets for the reader (docs/memory.md): a worth of at least this much success...
+TARGET_WORTH = 0.15
+# ... at a Holm p below this (the memory's), and the largest detectable difference allowed.
+TARGET_P, TARGET_MDE = 0.01, 0.15
+
+
+def _reader_row(v: Mapping[str, Any]) -> str:
+    """A reader comparison in prose: "+0.19 [+0.12, +0.25], b=46, c=7, Holm p < 0.001"."""
+    return f"{_ci(v.get('reader_diff'), signed=True)}, b={v['reader_b']}, c={v['reader_c']}, Holm p{_p_eq(v.get('reader_p_holm'))}"
+
+
+def targets_table(metrics: Path) -> str:
+    """The design's targets, the default run's figure for each, and whether it is met."""
+    compare = _read(metrics / "compare.json")
+    comps = (compare.get("reader") or {}).get("comparisons") or {}
+    conds = (compare.get("reader") or {}).get("conditions") or {}
+    mark = lambda ok: "met" if ok else "**missed**"  # noqa: E731
+    rows = []
+    for name, label, p_max in (("C2_vs_C1", "reader C2 − C1", TARGET_P), ("C1_vs_C0", "reader C1 − C0", None)):
+        v = comps.get(name)
+        if not v:
+            continue
+        d = (v.get("reader_diff") or {}).get("value") or 0.0
+        ok = d >= TARGET_WORTH and (p_max is None or (v.get("reader_p_holm") or 1.0) < p_max)
+        rows.append([f"{label} >= +{TARGET_WORTH:.2f}" + (f" at Holm p < {p_max}" if p_max else ""), _reader_row(v),
+                     mark(ok) if ok else f"**missed** by {round(100 * (TARGET_WORTH - d))} points" if d < TARGET_WORTH
+                     else mark(False)])
+    reader = lambda c: (conds.get(c) or {}).get("reader") or {}  # noqa: E731
+    for c, label in (("C2_placebo", "reader C2_placebo not better than C1"), ("C2_silent", "reader C2_silent == C1")):
+        if c in conds and "C1" in conds:
+            a, b = reader(c).get("value"), reader("C1").get("value")
+            rows.append([label, f"{format_value(a)} vs {format_value(b)}",
+                         mark(a is not None and b is not None and (a <= b if c == "C2_placebo" else a == b))])
+    mdes = [d["success"]["power"]["mde"] for d in compare.get("details", [])
+            if d.get("role", "primary") == "primary" and (d["success"].get("power") or {}).get("mde") is not None]
+    if mdes:
+        rows.append([f"MDE of the primary comparisons <= {TARGET_MDE}", format_value(max(mdes), 3), mark(max(mdes) <= TARGET_MDE)])
+    return markdown_table(["target", "the default run", ""], rows) if rows else "_no reader comparisons in metrics/compare.json_"
+
+
+HEADLINE_LINES = 6  # the reader's two controls, the two worths, the model's positive control, its C2 vs C1
+
+
+def headline(metrics: Path) -> str:
+    """The report's first headline lines, from the same function ``compare`` writes them with (the
+    C2_silent check, identical by construction, left out)."""
+    compare = _read(metrics / "compare.json")
+    lines = [line for line in headline_lines(compare) if not line.startswith("check")][:HEADLINE_LINES] if compare else []
+    return "\n".join(f"- {line}" for line in lines) if lines else "_no comparison in metrics/compare.json_"
+
+
+def policy_table(metrics: Path) -> str:
+    """The in-context probe of the default model: first step with / without the plan, plan copied."""
+    policy = _read(metrics / "policy.json")
+    probe = policy.get("incontext") or {}
+    if not probe:
+        return "_no in-context probe in metrics/policy.json_"
+    before = probe.get("before_training") or {}
+    row = lambda name, d: [name, format_value(d.get("oracle_first_step")), format_value(d.get("plain_first_step")),  # noqa: E731
+                           format_value(d.get("oracle_plan_copied"))]
+    model, training = policy.get("model") or {}, policy.get("training") or {}
+    return (markdown_table(["", "first step, plan in the prompt", "first step, no plan", "plan copied into memory"],
+                           [row("before training", before), row("after training", probe)])
+            + f"\n\n{probe.get('tasks', '?')} held-out generated houses; {_count(model.get('parameters'))} parameters "
+              f"({model.get('n_layer', '?')} layers, width {model.get('hidden_size', '?')}), "
+              f"{_count(training.get('steps'))} training steps; greedy.")
+
+
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
-                                            "curve": curve_table}
+                                            "curve": curve_table, "headline": headline,
+                                            "policy": policy_table, "targets": targets_table}
 
 
 def render(text: str, metrics: Path) -> str:
@@ -129,14 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.tools.results", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--check", action="store_true", help="exit 1 if a document's blocks differ from the metrics")
+    ap.add_argument("--root", type=Path, default=None, help="the project whose documents and metrics/ to use "
+                                                              "(default: this project)")
     args = ap.parse_args(argv)
-    root = project_root()
+    root = args.root or project_root()
     stale = []
     try:
-        for doc in DOCS:
-            path = root / doc
-            if not path.is_file():
-                continue
+        for path in documents(root):
+            doc = path.relative_to(root).as_posix()
             text = path.read_text(encoding="utf-8")
             new = render(text, root / "metrics")
             if new != text:
