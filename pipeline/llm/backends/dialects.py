@@ -147,7 +147,7 @@ def no_constraint_message(base_url: str, probe: ConstraintProbe) -> str:
     enforced = [t.form for t in probe.tried if t.outcome == "enforced"]
     options = [f"model.structured_output={enforced[0]} (this server enforces it)"] if enforced else []
     options += ["agent.decoding=free (or auto: free here, said in the metrics)",
-                "a server that constrains (README: constrained actions by server)"]
+                "a server that constrains (docs/serving.md: constrained actions by server)"]
     what = ("enforces no form of model.structured_output=auto" if probe.configured == StructuredOutput.auto
             else f"does not enforce model.structured_output={probe.configured}")
     return f"agent.decoding=constrained: {base_url} {what} ({answers}). Options: {'; '.join(options)}"

@@ -46,7 +46,7 @@ SCORE_ROWS = 64  # candidate rows per scoring forward (choice decoding): bounds 
 
 # ``model.prompt_cache_mb=auto`` (the default): the prompt cache's budget per device type, by
 # measurement (issue 34; ``python -m benchmarks --only engines --variants cache [--device cuda]``,
-# README, Performance). cpu: on; cache on ran 1.01-1.58x the turns/s of cache off in 27 of 28
+# docs/performance.md). cpu: on; cache on ran 1.01-1.58x the turns/s of cache off in 27 of 28
 # rows (batch 1-56, C1/C2 prompts, free/constrained), the other 0.92x in a best-of-2 run and
 # 1.05x in the best-of-4 rerun. cuda: off; on an H200 (2026-11-26, the rebuilt one-tensor-per-
 # entry cache) cache on ran 0.66-0.94x of cache off in 6 of 9 rows at 8/64/256 conversations
