@@ -16,10 +16,17 @@ condition's information ceiling, in seconds)::
 online loop plays them in: the ``k``-th episode of a scene was itself prompted with the
 grounding of the ``k - 1`` before it. Held-out scenes have no episodes of their own: their
 memory is the other houses' (``k`` each).
+
+Every ``k``'s grounding is merged and its prompts rendered in the calling process; the
+points ((``k``, condition) pairs, ``k`` major) are then played in ``workers`` spawn
+processes (:mod:`pipeline.core.parallel`), each point whole in one process with fresh
+factories, exactly as in one process, and the results taken back in point order: the
+outputs are the same bytes for any worker count.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,13 +38,17 @@ import pyarrow.compute as pc
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from pipeline.agents import plays_with_model
 from pipeline.conditions.length import BlockLength
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import read_json, read_parquet
+from pipeline.core.numerics import pin
+from pipeline.core.parallel import stage_workers
 from pipeline.grounding.scenes import merge_groundings, write_merge_outputs
+from pipeline.llm.backends import is_local
 from pipeline.memory import EpisodicStore
 from pipeline.session.collection import load_games, make_factories
 from pipeline.session.evaluation import reader_config
@@ -136,7 +147,7 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
                      episodes: Sequence[Mapping[str, Any]], grounding_index: Mapping[str, Any],
                      store: EpisodicStore, work_dir: Path, length: BlockLength | None = None,
                      words: WorldWords | None = None, facts: FactReader | None = None, reader: bool = True,
-                     progress: bool = True) -> list[CurvePoint]:
+                     progress: bool = True, workers: int | None = None) -> list[CurvePoint]:
     """Every condition's eval tasks played with the first ``k`` past episodes of each scene, for each ``k``.
 
     Args:
@@ -154,6 +165,8 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
         words: the world's words (:func:`pipeline.envs.world_words`).
         facts: the world's fact reader (:func:`pipeline.envs.fact_reader`: the memory's lessons).
         reader: play with the ``reader`` agent (else ``cfg.agent``).
+        workers: processes the points are played in (None: :func:`curve_workers`, from the
+            config's ``workers``); the points are the same bytes for any count.
 
     Raises:
         ConfigError: an unknown condition or a negative ``k``.
@@ -174,9 +187,8 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
     per_scene: dict[str, int] = {}
     for ep in episodes:
         per_scene[str(ep["scene_id"])] = per_scene.get(str(ep["scene_id"]), 0) + 1
-    points: list[CurvePoint] = []
-    bar = tqdm(total=len(ks) * len(conditions), desc="experience curve", unit="point", file=sys.stderr,
-               disable=not progress)
+    # The points, k major: (k, held, condition, prompt rows), rendered here (merge writes each k's folder).
+    jobs: list[tuple[int, int, str, list]] = []
     for k in ks:
         keep = first_episodes(episodes, int(k))
         merged = merge_at(cfg, root, grounding_index, keep, work / f"k{int(k)}")
@@ -185,16 +197,63 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
         rendered = render_conditions(rows, list(conditions), cfg_k, store_subset(store, keep), root,
                                      length or BlockLength(), words, facts)
         held = min(int(k), max(per_scene.values(), default=0))
-        for cond in conditions:
-            prompt_rows, _ = rendered[cond]
-            records = play_prompts(play_cfg, root, tasks, prompt_rows, scenes)
-            outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
-                                     bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
-                             for t, r in zip(tasks, records))
-            points.append(CurvePoint(int(k), held, cond, outcomes, sum(bool(p["injected"]) for p in prompt_rows)))
-            bar.update(1)
+        jobs += [(int(k), held, cond, rendered[cond][0]) for cond in conditions]
+    n = curve_workers(play_cfg, len(jobs)) if workers is None else max(1, min(int(workers), len(jobs) or 1))
+    bar = tqdm(total=len(jobs), desc=f"experience curve ({n} worker{'s' if n != 1 else ''})", unit="point",
+               file=sys.stderr, disable=not progress)
+    points: list[CurvePoint] = []
+    played = _play_points(play_cfg, root, tasks, scenes, [j[3] for j in jobs], n)
+    for records, (k, held, cond, prompt_rows) in zip(played, jobs):  # played first: it runs to its end
+        outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
+                                 bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
+                         for t, r in zip(tasks, records))
+        points.append(CurvePoint(k, held, cond, outcomes, sum(bool(p["injected"]) for p in prompt_rows)))
+        bar.update(1)
     bar.close()
     return points
+
+
+def curve_workers(play_cfg: Config, num_points: int) -> int:
+    """Processes the points are played in: ``workers`` (:mod:`pipeline.core.parallel`), at most
+    one per point; one (this process) for a model behind a server, whose throughput is the
+    server's (as :func:`pipeline.session.collection.worker_count` rules for ``evaluate``)."""
+    if plays_with_model(play_cfg.agent) and not is_local(play_cfg.model):
+        return 1
+    return stage_workers(play_cfg, limit=max(1, num_points))
+
+
+# A point worker's share of the run, set once per process by _init_point_worker.
+_POINT_CONTEXT: dict[str, Any] = {}
+
+
+def _init_point_worker(play_cfg: Config, root: Path, tasks: list[Task], scenes: dict) -> None:
+    """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
+    loads), keep what every point it plays shares."""
+    pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
+    _POINT_CONTEXT.update(cfg=play_cfg, root=root, tasks=tasks, scenes=scenes)
+
+
+def _play_point(prompt_rows: list) -> list[dict]:
+    """One point in a worker: its episodes' ``episode`` records (turns and tensors stay here)."""
+    c = _POINT_CONTEXT
+    records = play_prompts(c["cfg"], c["root"], c["tasks"], prompt_rows, c["scenes"])
+    return [{"episode": r["episode"]} for r in records]
+
+
+def _play_points(play_cfg: Config, root: Path, tasks: list[Task], scenes: Mapping[str, Any],
+                 prompt_rows: list[list], workers: int) -> Iterable[list[dict]]:
+    """Each point's records, in point order: here for one worker, else from ``workers`` spawn
+    processes (a point whole in one of them, whichever is free; fresh factories per point, so
+    where it runs changes nothing)."""
+    if workers <= 1 or len(prompt_rows) <= 1:
+        for rows in prompt_rows:
+            yield play_prompts(play_cfg, root, tasks, rows, scenes)
+        return
+    ctx = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or model state
+    with ctx.Pool(workers, initializer=_init_point_worker, initargs=(play_cfg, root, list(tasks), dict(scenes))) as pool:
+        yield from pool.imap(_play_point, prompt_rows, chunksize=1)
+        pool.close()
+        pool.join()
 
 
 def load_experience(root: Path, cfg: Config) -> tuple[list[dict], dict]:
