@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 # What a metrics file may say about the run rather than the result.
 RUN_FIELDS = ("workers", "model_workers", "compile_workers", "s_per_turn", "mean_game_compile_s")
 # The outputs of each compared stage: folders (every file) and metrics files.
@@ -56,6 +58,7 @@ def _snapshot(project, paths) -> dict[str, bytes]:
 CURVE_KS = "experiment.curve.ks=[0, 2]"
 
 
+@pytest.mark.slow
 def test_games_reader_and_curve_give_the_same_bytes_on_one_and_three_workers(project):
     project.configure("workers=1", CURVE_KS)
     project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C2")
