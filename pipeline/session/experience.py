@@ -17,11 +17,10 @@ online loop plays them in: the ``k``-th episode of a scene was itself prompted w
 grounding of the ``k - 1`` before it. Held-out scenes have no episodes of their own: their
 memory is the other houses' (``k`` each).
 
-Every ``k``'s grounding is merged and its prompts rendered in the calling process; the
-points ((``k``, condition) pairs, ``k`` major) are then played in ``workers`` spawn
-processes (:mod:`pipeline.core.parallel`), each point whole in one process with fresh
-factories, exactly as in one process, and the results taken back in point order: the
-outputs are the same bytes for any worker count.
+The work is a partition fixed by the config: every ``k``'s merge and render (a job a
+``k``), then every point's play (a job a (``k``, condition) pair, fresh factories each). It
+runs in ``workers`` spawn processes (:mod:`pipeline.core.parallel`), each job whole in one
+of them, the results taken back in job order: the same bytes for any worker count.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ import multiprocessing
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -187,23 +186,18 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
     per_scene: dict[str, int] = {}
     for ep in episodes:
         per_scene[str(ep["scene_id"])] = per_scene.get(str(ep["scene_id"]), 0) + 1
-    # The points, k major: (k, held, condition, prompt rows), rendered here (merge writes each k's folder).
-    jobs: list[tuple[int, int, str, list]] = []
-    for k in ks:
-        keep = first_episodes(episodes, int(k))
-        merged = merge_at(cfg, root, grounding_index, keep, work / f"k{int(k)}")
-        rel = merged.relative_to(root) if merged.is_relative_to(root) else merged
-        cfg_k = OmegaConf.merge(cfg, {"paths": {"grounding_merged": str(rel)}})
-        rendered = render_conditions(rows, list(conditions), cfg_k, store_subset(store, keep), root,
-                                     length or BlockLength(), words, facts)
-        held = min(int(k), max(per_scene.values(), default=0))
-        jobs += [(int(k), held, cond, rendered[cond][0]) for cond in conditions]
-    n = curve_workers(play_cfg, len(jobs)) if workers is None else max(1, min(int(workers), len(jobs) or 1))
-    bar = tqdm(total=len(jobs), desc=f"experience curve ({n} worker{'s' if n != 1 else ''})", unit="point",
+    ks = [int(k) for k in ks]
+    num_points = len(ks) * len(conditions)
+    n = curve_workers(play_cfg, num_points) if workers is None else max(1, min(int(workers), num_points or 1))
+    ctx = {"cfg": cfg, "play_cfg": play_cfg, "root": root, "tasks": list(tasks), "scenes": dict(scenes),
+           "rows": rows, "conditions": list(conditions), "episodes": list(episodes),
+           "grounding_index": grounding_index, "store": store, "work": work, "length": length or BlockLength(),
+           "words": words, "facts": facts}
+    bar = tqdm(total=num_points, desc=f"experience curve ({n} worker{'s' if n != 1 else ''})", unit="point",
                file=sys.stderr, disable=not progress)
     points: list[CurvePoint] = []
-    played = _play_points(play_cfg, root, tasks, scenes, [j[3] for j in jobs], n)
-    for records, (k, held, cond, prompt_rows) in zip(played, jobs):  # played first: it runs to its end
+    for k, cond, prompt_rows, records in _curve_jobs(ctx, ks, n):
+        held = min(k, max(per_scene.values(), default=0))
         outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
                                  bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
                          for t, r in zip(tasks, records))
@@ -222,36 +216,67 @@ def curve_workers(play_cfg: Config, num_points: int) -> int:
     return stage_workers(play_cfg, limit=max(1, num_points))
 
 
-# A point worker's share of the run, set once per process by _init_point_worker.
-_POINT_CONTEXT: dict[str, Any] = {}
+def _render_at(ctx: Mapping[str, Any], k: int) -> list[list]:
+    """Merge the grounding of the first ``k`` episodes of each scene into ``<work>/k<k>`` and
+    render every condition from it (the ``render`` stage's checks); each condition's prompt rows."""
+    cfg, root = ctx["cfg"], ctx["root"]
+    keep = first_episodes(ctx["episodes"], k)
+    merged = merge_at(cfg, root, ctx["grounding_index"], keep, ctx["work"] / f"k{k}")
+    rel = merged.relative_to(root) if merged.is_relative_to(root) else merged
+    cfg_k = OmegaConf.merge(cfg, {"paths": {"grounding_merged": str(rel)}})
+    rendered = render_conditions(ctx["rows"], ctx["conditions"], cfg_k, store_subset(ctx["store"], keep), root,
+                                 ctx["length"], ctx["words"], ctx["facts"])
+    return [rendered[cond][0] for cond in ctx["conditions"]]
 
 
-def _init_point_worker(play_cfg: Config, root: Path, tasks: list[Task], scenes: dict) -> None:
-    """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
-    loads), keep what every point it plays shares."""
-    pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
-    _POINT_CONTEXT.update(cfg=play_cfg, root=root, tasks=tasks, scenes=scenes)
-
-
-def _play_point(prompt_rows: list) -> list[dict]:
-    """One point in a worker: its episodes' ``episode`` records (turns and tensors stay here)."""
-    c = _POINT_CONTEXT
-    records = play_prompts(c["cfg"], c["root"], c["tasks"], prompt_rows, c["scenes"])
+def _play_at(ctx: Mapping[str, Any], prompt_rows: list) -> list[dict]:
+    """One point: every task played with its prompt row; the episode records (turns and tensors dropped)."""
+    records = play_prompts(ctx["play_cfg"], ctx["root"], ctx["tasks"], prompt_rows, ctx["scenes"])
     return [{"episode": r["episode"]} for r in records]
 
 
-def _play_points(play_cfg: Config, root: Path, tasks: list[Task], scenes: Mapping[str, Any],
-                 prompt_rows: list[list], workers: int) -> Iterable[list[dict]]:
-    """Each point's records, in point order: here for one worker, else from ``workers`` spawn
-    processes (a point whole in one of them, whichever is free; fresh factories per point, so
-    where it runs changes nothing)."""
-    if workers <= 1 or len(prompt_rows) <= 1:
-        for rows in prompt_rows:
-            yield play_prompts(play_cfg, root, tasks, rows, scenes)
+# A worker's share of the run (what every job reads), set once per process by _init_worker.
+_WORKER_CONTEXT: dict[str, Any] = {}
+
+
+def _init_worker(ctx: dict) -> None:
+    """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
+    loads), keep the run's shared inputs."""
+    play_cfg = ctx["play_cfg"]
+    pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
+    _WORKER_CONTEXT.update(ctx)
+
+
+def _render_job(k: int) -> list[list]:
+    return _render_at(_WORKER_CONTEXT, k)
+
+
+def _play_job(prompt_rows: list) -> list[dict]:
+    return _play_at(_WORKER_CONTEXT, prompt_rows)
+
+
+def _curve_jobs(ctx: dict, ks: list[int], workers: int) -> Iterator[tuple[int, str, list, list[dict]]]:
+    """``(k, condition, prompt rows, records)`` of every point, ``k`` major, in that order.
+
+    Two phases of a partition fixed by the config: every ``k``'s merge and render (a job a
+    ``k``), then every point's play (a job a (``k``, condition)). With one worker they run
+    here; else in ``workers`` spawn processes, each job whole in whichever is free and
+    taken back in job order. A job reads only the run's inputs (fresh factories per point),
+    so where it runs changes no byte.
+    """
+    conditions = ctx["conditions"]
+    if workers <= 1:
+        for k in ks:
+            for cond, prompt_rows in zip(conditions, _render_at(ctx, k)):
+                yield k, cond, prompt_rows, _play_at(ctx, prompt_rows)
         return
-    ctx = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or model state
-    with ctx.Pool(workers, initializer=_init_point_worker, initargs=(play_cfg, root, list(tasks), dict(scenes))) as pool:
-        yield from pool.imap(_play_point, prompt_rows, chunksize=1)
+    mp = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or model state
+    with mp.Pool(workers, initializer=_init_worker, initargs=(ctx,)) as pool:
+        rendered = pool.map(_render_job, ks, chunksize=1)
+        points = [(k, cond, prompt_rows) for k, by_cond in zip(ks, rendered)
+                  for cond, prompt_rows in zip(conditions, by_cond)]
+        for (k, cond, prompt_rows), records in zip(points, pool.imap(_play_job, [p[2] for p in points], chunksize=1)):
+            yield k, cond, prompt_rows, records
         pool.close()
         pool.join()
 
