@@ -17,7 +17,8 @@ Reads ``data/games``, ``data/episodes``, ``data/grounding`` (index and per-episo
 task) and each ``k``'s merged grounding (``data/curve/grounding/k<k>/``),
 ``metrics/curve.json`` (per point and per paired comparison at each k: success with exact
 McNemar p, turns with the Wilcoxon signed-rank p; the run's ``workers`` and ``wall_time_s``)
-and ``metrics/curve_success.csv`` / ``metrics/curve_turns.csv`` for ``dvc plots``. The ``compare`` stage draws them in the report.
+and ``metrics/curve_success.csv`` / ``metrics/curve_turns.csv`` for ``dvc plots``. The ``compare``
+stage draws them in the report.
 """
 
 from __future__ import annotations
