@@ -16,14 +16,20 @@ condition's information ceiling, in seconds)::
 online loop plays them in: the ``k``-th episode of a scene was itself prompted with the
 grounding of the ``k - 1`` before it. Held-out scenes have no episodes of their own: their
 memory is the other houses' (``k`` each).
+
+The work is a partition fixed by the config: every ``k``'s merge and render (a job a
+``k``), then every point's play (a job a (``k``, condition) pair, fresh factories each). It
+runs in ``workers`` spawn processes (:mod:`pipeline.core.parallel`), each job whole in one
+of them, the results taken back in job order: the same bytes for any worker count.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -31,13 +37,17 @@ import pyarrow.compute as pc
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+from pipeline.agents import plays_with_model
 from pipeline.conditions.length import BlockLength
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import read_json, read_parquet
+from pipeline.core.numerics import pin
+from pipeline.core.parallel import stage_workers
 from pipeline.grounding.scenes import merge_groundings, write_merge_outputs
+from pipeline.llm.backends import is_local
 from pipeline.memory import EpisodicStore
 from pipeline.session.collection import load_games, make_factories
 from pipeline.session.evaluation import reader_config
@@ -136,7 +146,7 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
                      episodes: Sequence[Mapping[str, Any]], grounding_index: Mapping[str, Any],
                      store: EpisodicStore, work_dir: Path, length: BlockLength | None = None,
                      words: WorldWords | None = None, facts: FactReader | None = None, reader: bool = True,
-                     progress: bool = True) -> list[CurvePoint]:
+                     progress: bool = True, workers: int | None = None) -> list[CurvePoint]:
     """Every condition's eval tasks played with the first ``k`` past episodes of each scene, for each ``k``.
 
     Args:
@@ -154,6 +164,8 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
         words: the world's words (:func:`pipeline.envs.world_words`).
         facts: the world's fact reader (:func:`pipeline.envs.fact_reader`: the memory's lessons).
         reader: play with the ``reader`` agent (else ``cfg.agent``).
+        workers: processes the points are played in (None: :func:`curve_workers`, from the
+            config's ``workers``); the points are the same bytes for any count.
 
     Raises:
         ConfigError: an unknown condition or a negative ``k``.
@@ -174,27 +186,99 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
     per_scene: dict[str, int] = {}
     for ep in episodes:
         per_scene[str(ep["scene_id"])] = per_scene.get(str(ep["scene_id"]), 0) + 1
+    ks = [int(k) for k in ks]
+    num_points = len(ks) * len(conditions)
+    n = curve_workers(play_cfg, num_points) if workers is None else max(1, min(int(workers), num_points or 1))
+    ctx = {"cfg": cfg, "play_cfg": play_cfg, "root": root, "tasks": list(tasks), "scenes": dict(scenes),
+           "rows": rows, "conditions": list(conditions), "episodes": list(episodes),
+           "grounding_index": grounding_index, "store": store, "work": work, "length": length or BlockLength(),
+           "words": words, "facts": facts}
+    bar = tqdm(total=num_points, desc=f"experience curve ({n} worker{'s' if n != 1 else ''})", unit="point",
+               file=sys.stderr, disable=not progress)
     points: list[CurvePoint] = []
-    bar = tqdm(total=len(ks) * len(conditions), desc="experience curve", unit="point", file=sys.stderr,
-               disable=not progress)
-    for k in ks:
-        keep = first_episodes(episodes, int(k))
-        merged = merge_at(cfg, root, grounding_index, keep, work / f"k{int(k)}")
-        rel = merged.relative_to(root) if merged.is_relative_to(root) else merged
-        cfg_k = OmegaConf.merge(cfg, {"paths": {"grounding_merged": str(rel)}})
-        rendered = render_conditions(rows, list(conditions), cfg_k, store_subset(store, keep), root,
-                                     length or BlockLength(), words, facts)
-        held = min(int(k), max(per_scene.values(), default=0))
-        for cond in conditions:
-            prompt_rows, _ = rendered[cond]
-            records = play_prompts(play_cfg, root, tasks, prompt_rows, scenes)
-            outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
-                                     bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
-                             for t, r in zip(tasks, records))
-            points.append(CurvePoint(int(k), held, cond, outcomes, sum(bool(p["injected"]) for p in prompt_rows)))
-            bar.update(1)
+    for k, cond, prompt_rows, records in _curve_jobs(ctx, ks, n):
+        held = min(k, max(per_scene.values(), default=0))
+        outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
+                                 bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
+                         for t, r in zip(tasks, records))
+        points.append(CurvePoint(k, held, cond, outcomes, sum(bool(p["injected"]) for p in prompt_rows)))
+        bar.update(1)
     bar.close()
     return points
+
+
+def curve_workers(play_cfg: Config, num_points: int) -> int:
+    """Processes the points are played in: ``workers`` (:mod:`pipeline.core.parallel`), at most
+    one per point; one (this process) for a model behind a server, whose throughput is the
+    server's (as :func:`pipeline.session.collection.worker_count` rules for ``evaluate``)."""
+    if plays_with_model(play_cfg.agent) and not is_local(play_cfg.model):
+        return 1
+    return stage_workers(play_cfg, limit=max(1, num_points))
+
+
+def _render_at(ctx: Mapping[str, Any], k: int) -> list[list]:
+    """Merge the grounding of the first ``k`` episodes of each scene into ``<work>/k<k>`` and
+    render every condition from it (the ``render`` stage's checks); each condition's prompt rows."""
+    cfg, root = ctx["cfg"], ctx["root"]
+    keep = first_episodes(ctx["episodes"], k)
+    merged = merge_at(cfg, root, ctx["grounding_index"], keep, ctx["work"] / f"k{k}")
+    rel = merged.relative_to(root) if merged.is_relative_to(root) else merged
+    cfg_k = OmegaConf.merge(cfg, {"paths": {"grounding_merged": str(rel)}})
+    rendered = render_conditions(ctx["rows"], ctx["conditions"], cfg_k, store_subset(ctx["store"], keep), root,
+                                 ctx["length"], ctx["words"], ctx["facts"])
+    return [rendered[cond][0] for cond in ctx["conditions"]]
+
+
+def _play_at(ctx: Mapping[str, Any], prompt_rows: list) -> list[dict]:
+    """One point: every task played with its prompt row; the episode records (turns and tensors dropped)."""
+    records = play_prompts(ctx["play_cfg"], ctx["root"], ctx["tasks"], prompt_rows, ctx["scenes"])
+    return [{"episode": r["episode"]} for r in records]
+
+
+# A worker's share of the run (what every job reads), set once per process by _init_worker.
+_WORKER_CONTEXT: dict[str, Any] = {}
+
+
+def _init_worker(ctx: dict) -> None:
+    """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
+    loads), keep the run's shared inputs."""
+    play_cfg = ctx["play_cfg"]
+    pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
+    _WORKER_CONTEXT.update(ctx)
+
+
+def _render_job(k: int) -> list[list]:
+    return _render_at(_WORKER_CONTEXT, k)
+
+
+def _play_job(prompt_rows: list) -> list[dict]:
+    return _play_at(_WORKER_CONTEXT, prompt_rows)
+
+
+def _curve_jobs(ctx: dict, ks: list[int], workers: int) -> Iterator[tuple[int, str, list, list[dict]]]:
+    """``(k, condition, prompt rows, records)`` of every point, ``k`` major, in that order.
+
+    Two phases of a partition fixed by the config: every ``k``'s merge and render (a job a
+    ``k``), then every point's play (a job a (``k``, condition)). With one worker they run
+    here; else in ``workers`` spawn processes, each job whole in whichever is free and
+    taken back in job order. A job reads only the run's inputs (fresh factories per point),
+    so where it runs changes no byte.
+    """
+    conditions = ctx["conditions"]
+    if workers <= 1:
+        for k in ks:
+            for cond, prompt_rows in zip(conditions, _render_at(ctx, k)):
+                yield k, cond, prompt_rows, _play_at(ctx, prompt_rows)
+        return
+    mp = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or model state
+    with mp.Pool(workers, initializer=_init_worker, initargs=(ctx,)) as pool:
+        rendered = pool.map(_render_job, ks, chunksize=1)
+        points = [(k, cond, prompt_rows) for k, by_cond in zip(ks, rendered)
+                  for cond, prompt_rows in zip(conditions, by_cond)]
+        for (k, cond, prompt_rows), records in zip(points, pool.imap(_play_job, [p[2] for p in points], chunksize=1)):
+            yield k, cond, prompt_rows, records
+        pool.close()
+        pool.join()
 
 
 def load_experience(root: Path, cfg: Config) -> tuple[list[dict], dict]:

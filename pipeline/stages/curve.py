@@ -9,13 +9,16 @@ episodes of each scene and the episodic store of those episodes only
 (:mod:`pipeline.session.experience`); every condition of ``experiment.curve.conditions`` is
 rendered from them exactly as the ``render`` stage renders (same evidence checks) and played
 by the ``reader`` (and, with ``experiment.curve.model``, by the experiment's agent).
+The points ((k, condition) pairs) are played in ``workers`` processes (``auto``: the cores
+this process may use); the outputs are the same bytes for any count.
 
 Reads ``data/games``, ``data/episodes``, ``data/grounding`` (index and per-episode files),
 ``data/store``; writes ``data/curve/outcomes.parquet`` (one row per agent, k, condition and
 task) and each ``k``'s merged grounding (``data/curve/grounding/k<k>/``),
 ``metrics/curve.json`` (per point and per paired comparison at each k: success with exact
-McNemar p, turns with the Wilcoxon signed-rank p) and ``metrics/curve_success.csv`` /
-``metrics/curve_turns.csv`` for ``dvc plots``. The ``compare`` stage draws them in the report.
+McNemar p, turns with the Wilcoxon signed-rank p; the run's ``workers`` and ``wall_time_s``)
+and ``metrics/curve_success.csv`` / ``metrics/curve_turns.csv`` for ``dvc plots``. The ``compare``
+stage draws them in the report.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text, w
 from pipeline.envs import fact_reader, world_words
 from pipeline.llm.backends import BackendError
 from pipeline.memory import load_store
-from pipeline.session.experience import experience_curve, load_experience
+from pipeline.session.evaluation import reader_config
+from pipeline.session.experience import curve_workers, experience_curve, load_experience
 from pipeline.stages.common import pin_numerics, run_stage
 
 CURVE_SCHEMA = pa.schema([("agent", pa.string()), ("k", pa.int32()), ("held", pa.int32()), ("condition", pa.string()),
@@ -62,8 +66,10 @@ def learning_curves(cfg: Config, root: Path, _args: object) -> None:
                       store=store, work_dir=tmp / "grounding", length=block_length_for(cfg, root),
                       words=world_words(cfg), facts=fact_reader(cfg))
         agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if model else [])
+        num_points = len(curve.ks) * len(conditions)
+        workers = {name: curve_workers(reader_config(cfg) if reader else cfg, num_points) for name, reader in agents}
         for name, reader in agents:
-            for p in experience_curve(cfg, root, reader=reader, **common):
+            for p in experience_curve(cfg, root, reader=reader, workers=workers[name], **common):
                 rows += [{"agent": name, "k": p.k, "held": p.held, "condition": p.condition, "scene_id": o.scene_id,
                           "quest_id": o.quest_id, "scene_split": o.scene_split, "success": o.success,
                           "turns": o.turns} for o in p.outcomes]
@@ -72,8 +78,12 @@ def learning_curves(cfg: Config, root: Path, _args: object) -> None:
     summary = summarise_curves(rows, n_resamples=cfg.experiment.bootstrap_samples, level=cfg.experiment.ci_level,
                                seed=cfg.seed)
     metrics_dir = root / cfg.paths.metrics
-    atomic_write_json(metrics_dir / "curve.json", {**summary, "fields": list(ROW_FIELDS),
-                                                   "wall_time_s": round(time.perf_counter() - t0, 3)})
+    # The run's own measures (never in data/curve/): the process count each agent's points were
+    # played in (the outputs are the same bytes for any) and the wall time.
+    run = {"workers": workers["reader"], "wall_time_s": round(time.perf_counter() - t0, 3)}
+    if model:
+        run["model_workers"] = workers[str(cfg.agent.name)]
+    atomic_write_json(metrics_dir / "curve.json", {**summary, "fields": list(ROW_FIELDS), **run})
     for value in ("success", "turns"):
         atomic_write_text(metrics_dir / f"curve_{value}.csv",
                           curve_csv(rows, agent="reader", value=value, conditions=conditions))

@@ -114,7 +114,7 @@ def install() -> None:
         io.atomic_write_bytes = bytes_then_maybe_die
 
 
-STAGES = ("collect", "ground", "merge", "store", "render", "evaluate")
+STAGES = ("games", "collect", "ground", "merge", "store", "render", "evaluate", "evaluate_reader", "curve")
 
 
 def main(argv: list[str]) -> int:
