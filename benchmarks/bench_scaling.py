@@ -205,11 +205,10 @@ def projection(root: Path, fractions: Mapping[str, float], *, install_s: float, 
 # ----------------------------------------------------------------------------- measuring
 
 
-def _hashes(repo: Path, target: str) -> dict[str, str]:
-    """The md5s ``dvc.lock`` records for ``target``'s cached outputs (not the ``cache: false`` metrics)."""
+def _hashes(repo: Path, target: str, keep: set[str]) -> dict[str, str]:
+    """The md5s ``dvc.lock`` records for ``target``'s cached outputs (``keep``: not the
+    ``cache: false`` metrics, which carry wall times)."""
     import yaml
-
-    from pipeline.tools.reprocheck import cached_outputs
 
     lock = yaml.safe_load((repo / "dvc.lock").read_text()) or {}
     name, _, item = target.partition("@")
@@ -217,7 +216,6 @@ def _hashes(repo: Path, target: str) -> dict[str, str]:
     if item:
         entry = entry.get(item) or {}  # older DVC layouts nest foreach items; newer use the full name
     entry = entry or (lock.get("stages") or {}).get(target) or {}
-    keep = cached_outputs(repo)
     return {o["path"]: str(o.get("md5")) for o in entry.get("outs") or [] if o["path"] in keep}
 
 
@@ -249,15 +247,17 @@ def prepare(repo: Path) -> dict[str, Any]:
 def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict[str, Any]:
     """Each stage at each count: ``{stage: {"times": {n: s}, "total": {n: s}, "cpu": {n: s},
     "hashes": {n: {...}}}}`` and the mismatches."""
-    from benchmarks.common import venv_env
+    from benchmarks.common import load_average, venv_env
+    from pipeline.tools.reprocheck import cached_outputs
 
     env = venv_env()
     py = sys.executable
+    keep = cached_outputs(repo)
     out: dict[str, Any] = {}
     mismatches: list[str] = []
     for stage in stages:
         target = STAGES[stage]
-        rec: dict[str, Any] = {"target": target, "times": {}, "total": {}, "cpu": {}, "hashes": {}}
+        rec: dict[str, Any] = {"target": target, "times": {}, "total": {}, "cpu": {}, "load": {}, "hashes": {}}
         for n in counts:
             _run([py, "-m", "pipeline.core.config", "compose", "experiment=tiny", f"workers={n}"], repo, env)
             start: list[float] = []
@@ -266,10 +266,12 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
                 if line.startswith("Running stage '") and not start:
                     start.append(t)
 
+            load = load_average()
             res = _run([py, "-m", "dvc", "repro", "-s", "-f", "--no-run-cache", target], repo, env, on_line=on_line)
+            rec["load"][n] = [load[0] if load else None, load_average()[0] if load else None]
             span = res["wall_s"] - (start[0] if start else 0.0)
             rec["times"][n], rec["total"][n], rec["cpu"][n] = round(span, 2), round(res["wall_s"], 2), round(res["cpu_s"], 1)
-            rec["hashes"][n] = _hashes(repo, target)
+            rec["hashes"][n] = _hashes(repo, target, keep)
             log(f"[scaling] {target} workers={n}: {span:.1f} s (dvc repro {res['wall_s']:.1f} s, CPU {res['cpu_s']:.0f} s)")
         ref_n = counts[0]
         for n in counts[1:]:
@@ -341,7 +343,8 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
                 t = rec["times"][n]
                 rows.append(row(f"{rec['target']} (tiny) workers={n}", _r(t, 1), "s",
                                 ratio=None if n == 1 else _r(t1 / t, 2), vs=None if n == 1 else "speed-up vs workers=1",
-                                note=f"dvc repro {rec['total'][n]} s, CPU {rec['cpu'][n]} s"))
+                                note=f"dvc repro {rec['total'][n]} s, CPU {rec['cpu'][n]} s, load "
+                                f"{rec['load'][n][0]} -> {rec['load'][n][1]}"))
             p = rec["p"]
             fractions[stage] = p
             same = not any(m.startswith(rec["target"] + ":") for m in mismatches)
