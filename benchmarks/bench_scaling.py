@@ -292,6 +292,12 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
 # ----------------------------------------------------------------------------- the benchmark
 
 
+def load_average_now() -> list[float]:
+    from benchmarks.common import load_average
+
+    return load_average()
+
+
 def options() -> dict[str, Any]:
     return json.loads(os.environ.get(OPTIONS_ENV) or "{}")
 
@@ -351,6 +357,15 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
             rows.append(row(f"{rec['target']} (tiny) parallel fraction p", _r(p, 3), "", target="outputs identical",
                             met=same, note=f"Amdahl from workers={rec['p_from']}; "
                             + ("outputs byte-identical" if same else "OUTPUTS DIFFER across worker counts")))
+        # On a shared machine a stage's process may get a fraction of a core: CPU / wall of the
+        # one-worker runs says how much; below 0.8 the speed-ups measure the neighbours, not the stage.
+        share = [rec["cpu"][1] / rec["total"][1] for rec in meas["stages"].values() if rec["total"][1] > 0]
+        details["cpu_share_at_1_worker"] = round(sum(share) / len(share), 2) if share else None
+        if share and sum(share) / len(share) < 0.8:
+            rows.append(row("WARNING machine busy: one-worker runs got this share of a core", _r(sum(share) / len(share), 2),
+                            "cores", target=">= 0.8", met=False,
+                            note=f"CPU/wall of the workers=1 runs; load {load_average_now()}: speed-ups and p "
+                                 "are unreliable, rerun on a quiet machine"))
         details["measured"] = {s: {k: v for k, v in rec.items()} for s, rec in meas["stages"].items()}
         details["mismatches"] = mismatches
         for m in mismatches:
