@@ -205,6 +205,37 @@ def projection(root: Path, fractions: Mapping[str, float], *, install_s: float, 
 # ----------------------------------------------------------------------------- measuring
 
 
+# Written into a folder put on the stage processes' PYTHONPATH: at exit, a ``pipeline.stages.*``
+# main process (not a spawned worker) appends its own CPU time and its waited-for children's.
+PROBE = """import atexit, json, os, resource, sys
+
+
+def _probe():
+    import multiprocessing
+
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = getattr(spec, "name", None) or ""
+    if not name.startswith("pipeline.stages.") or multiprocessing.parent_process() is not None:
+        return
+    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    with open(os.environ["PIPELINE_SCALING_RUSAGE"], "a") as f:
+        f.write(json.dumps({"module": name, "self_cpu_s": s.ru_utime + s.ru_stime,
+                            "children_cpu_s": c.ru_utime + c.ru_stime}) + "\\n")
+
+
+if os.environ.get("PIPELINE_SCALING_RUSAGE"):
+    atexit.register(_probe)
+"""
+
+
+def cpu_split_fraction(self_cpu_s: float, children_cpu_s: float) -> float | None:
+    """The parallel fraction from where the CPU time went (robust to a busy machine, unlike
+    wall time): the worker processes' share, children / (self + children). An upper bound:
+    the workers' own start-up (imports) counts as parallel work."""
+    total = self_cpu_s + children_cpu_s
+    return children_cpu_s / total if total > 0 else None
+
+
 def _hashes(repo: Path, target: str, keep: set[str]) -> dict[str, str]:
     """The md5s ``dvc.lock`` records for ``target``'s cached outputs (``keep``: not the
     ``cache: false`` metrics, which carry wall times)."""
@@ -253,11 +284,17 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
     env = venv_env()
     py = sys.executable
     keep = cached_outputs(repo)
+    probe = repo.parent / "scaling_probe"
+    probe.mkdir(exist_ok=True)
+    (probe / "sitecustomize.py").write_text(PROBE)
+    usage = probe / "rusage.jsonl"
+    env = {**env, "PYTHONPATH": str(probe), "PIPELINE_SCALING_RUSAGE": str(usage)}
     out: dict[str, Any] = {}
     mismatches: list[str] = []
     for stage in stages:
         target = STAGES[stage]
-        rec: dict[str, Any] = {"target": target, "times": {}, "total": {}, "cpu": {}, "load": {}, "hashes": {}}
+        rec: dict[str, Any] = {"target": target, "times": {}, "total": {}, "cpu": {}, "load": {}, "hashes": {},
+                               "self_cpu": {}, "children_cpu": {}}
         for n in counts:
             _run([py, "-m", "pipeline.core.config", "compose", "experiment=tiny", f"workers={n}"], repo, env)
             start: list[float] = []
@@ -266,12 +303,17 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
                 if line.startswith("Running stage '") and not start:
                     start.append(t)
 
+            usage.unlink(missing_ok=True)
             load = load_average()
             res = _run([py, "-m", "dvc", "repro", "-s", "-f", "--no-run-cache", target], repo, env, on_line=on_line)
             rec["load"][n] = [load[0] if load else None, load_average()[0] if load else None]
             span = res["wall_s"] - (start[0] if start else 0.0)
             rec["times"][n], rec["total"][n], rec["cpu"][n] = round(span, 2), round(res["wall_s"], 2), round(res["cpu_s"], 1)
             rec["hashes"][n] = _hashes(repo, target, keep)
+            probes = [json.loads(ln) for ln in usage.read_text().splitlines() if ln.strip()] if usage.exists() else []
+            if probes:
+                rec["self_cpu"][n] = round(sum(x["self_cpu_s"] for x in probes), 2)
+                rec["children_cpu"][n] = round(sum(x["children_cpu_s"] for x in probes), 2)
             log(f"[scaling] {target} workers={n}: {span:.1f} s (dvc repro {res['wall_s']:.1f} s, CPU {res['cpu_s']:.0f} s)")
         ref_n = counts[0]
         for n in counts[1:]:
@@ -283,6 +325,9 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
         if not rec["hashes"][ref_n]:
             mismatches.append(f"{target}: no cached output found in dvc.lock to compare")
         rec.update(stage_scaling(rec["times"]))
+        top = max(counts)
+        rec["p_cpu"] = (cpu_split_fraction(rec["self_cpu"][top], rec["children_cpu"][top])
+                        if top in rec["self_cpu"] else None)
         out[stage] = rec
     # leave the copy composed as it was run (auto)
     _run([py, "-m", "pipeline.core.config", "compose", "experiment=tiny"], repo, env)
@@ -302,15 +347,16 @@ def options() -> dict[str, Any]:
     return json.loads(os.environ.get(OPTIONS_ENV) or "{}")
 
 
-def previous_fractions(path: Path) -> dict[str, float]:
-    """The measured parallel fractions of the last scaling run in ``path`` (results.json)."""
+def previous_fractions(path: Path, key: str = "fractions") -> dict[str, float]:
+    """The measured parallel fractions (``key``: Amdahl's from wall times, or ``cpu_fractions``)
+    of the last scaling run in ``path`` (results.json)."""
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
         runs = doc["benchmarks"]["scaling"]["runs"]
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     for run in reversed(runs):
-        fr = (run.get("details") or {}).get("fractions")
+        fr = (run.get("details") or {}).get(key)
         if fr:
             return {k: float(v) for k, v in fr.items() if v is not None}
     return {}
@@ -332,9 +378,11 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
     rows: list[dict[str, Any]] = []
     details: dict[str, Any] = {"available_cores": cores, "counts": counts}
     fractions: dict[str, float | None] = {}
+    cpu_fractions: dict[str, float | None] = {}
     mismatches: list[str] = []
     if opts.get("skip_run"):
         fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS)))
+        cpu_fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS), key="cpu_fractions"))
         details["fractions_from"] = str(opts.get("previous") or RESULTS)
     else:
         if 1 not in counts or len(counts) < 2:
@@ -353,9 +401,12 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
                                 f"{rec['load'][n][0]} -> {rec['load'][n][1]}"))
             p = rec["p"]
             fractions[stage] = p
+            cpu_fractions[stage] = rec.get("p_cpu")
             same = not any(m.startswith(rec["target"] + ":") for m in mismatches)
             rows.append(row(f"{rec['target']} (tiny) parallel fraction p", _r(p, 3), "", target="outputs identical",
-                            met=same, note=f"Amdahl from workers={rec['p_from']}; "
+                            met=same, note=f"Amdahl from workers={rec['p_from']}; CPU split at workers={max(counts)}: "
+                            + (f"{rec['p_cpu']:.3f} (stage {rec['self_cpu'][max(counts)]} s, its workers "
+                               f"{rec['children_cpu'][max(counts)]} s); " if rec.get("p_cpu") is not None else "n/a; ")
                             + ("outputs byte-identical" if same else "OUTPUTS DIFFER across worker counts")))
         # On a shared machine a stage's process may get a fraction of a core: CPU / wall of the
         # one-worker runs says how much; below 0.8 the speed-ups measure the neighbours, not the stage.
@@ -371,6 +422,7 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
         for m in mismatches:
             rows.append(row(f"MISMATCH {m}"[:160], None, "", met=False))
     details["fractions"] = {k: (None if v is None else round(v, 4)) for k, v in fractions.items()}
+    details["cpu_fractions"] = {k: (None if v is None else round(v, 4)) for k, v in cpu_fractions.items()}
     proj = projection(ROOT, {k: v for k, v in fractions.items() if v is not None}, install_s=install_s,
                       other_s=other_s)
     details["projection"] = proj
@@ -386,6 +438,16 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
         rows.append(row(f"default cold run projected at {c} cores", _r(v["total_s"] / 60, 1), "min",
                         ratio=None if c == "2" else _r(base / v["total_s"], 2),
                         vs=None if c == "2" else "speed-up vs 2 cores", target=target, met=met, note=note))
+    by_cpu = {k: v for k, v in cpu_fractions.items() if v is not None}
+    if by_cpu:
+        cpu_proj = projection(ROOT, by_cpu, install_s=install_s, other_s=other_s)
+        details["projection_cpu_split"] = cpu_proj
+        for c in ("2", "16"):
+            rows.append(row(f"default cold run projected at {c} cores, p from the CPU split",
+                            _r(cpu_proj["cores"][c]["total_s"] / 60, 1), "min",
+                            note=f"overall p {cpu_proj['parallel_fraction']:.3f}; p per stage: "
+                            + ", ".join(f"{k} {v['p']:g}{'' if v['from'] == 'measured' else ' (assumed)'}"
+                                        for k, v in cpu_proj["stages"].items())))
     design = projection(ROOT, {}, install_s=install_s, other_s=other_s)
     details["projection_assumed"] = design
     rows.append(row("default cold run projected at 16 cores, every stage at its assumed p",

@@ -110,3 +110,11 @@ def test_previous_fractions(tmp_path: Path):
         {"details": {"fractions": {"games": 0.9, "demos": None}}}]}}}))
     assert previous_fractions(f) == {"games": 0.9}
     assert previous_fractions(tmp_path / "missing.json") == {}
+
+
+def test_cpu_split_fraction():
+    from benchmarks.bench_scaling import cpu_split_fraction
+
+    assert cpu_split_fraction(10.0, 90.0) == pytest.approx(0.9)  # the stage waited while its workers computed
+    assert cpu_split_fraction(20.0, 0.0) == 0.0  # no worker process
+    assert cpu_split_fraction(0.0, 0.0) is None
