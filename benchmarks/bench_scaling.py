@@ -19,6 +19,11 @@ listed in the table and the JSON, and the benchmarks exit 1.
 
 Per stage: wall at each count, speed-up S(n) = t(1)/t(n) and the parallel fraction by Amdahl's
 law, p = (1 - 1/S) / (1 - 1/n) (from the largest count; clamped to [0, 1] for the projection).
+On a shared machine wall times measure the neighbours too (a warning row says so when the
+one-worker runs got under 0.8 of a core), so a second fraction comes from where the CPU went:
+an ``atexit`` probe (a ``sitecustomize`` on the stage's ``PYTHONPATH``) records the stage
+process's own CPU and its waited-for worker processes'; p_cpu = workers / (stage + workers) at
+the largest count (0 when the stage started no worker process; threads are not seen).
 
 Projection: the committed default run's per-stage wall times (``metrics/*.json``,
 ``metrics/eval*/*.json``), each at the worker count it ran with (:data:`DEFAULT_RUN_WORKERS`:
@@ -163,7 +168,8 @@ def default_run_times(root: Path) -> dict[str, dict[str, Any]]:
     for name in ("demos", "collect", "curve"):
         if (m / f"{name}.json").exists():
             d = load(m / f"{name}.json")
-            out[name] = {"wall_s": float(d["wall_time_s"]), "workers": int(d.get("workers") or DEFAULT_RUN_WORKERS[name]),
+            out[name] = {"wall_s": float(d["wall_time_s"]),
+                         "workers": int(d.get("workers") or DEFAULT_RUN_WORKERS[name]),
                          "source": f"metrics/{name}.json wall_time_s"}
     if (m / "policy.json").exists():
         w = load(m / "policy.json")["wall_time_s"]
@@ -308,13 +314,15 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
             res = _run([py, "-m", "dvc", "repro", "-s", "-f", "--no-run-cache", target], repo, env, on_line=on_line)
             rec["load"][n] = [load[0] if load else None, load_average()[0] if load else None]
             span = res["wall_s"] - (start[0] if start else 0.0)
-            rec["times"][n], rec["total"][n], rec["cpu"][n] = round(span, 2), round(res["wall_s"], 2), round(res["cpu_s"], 1)
+            rec["times"][n], rec["total"][n] = round(span, 2), round(res["wall_s"], 2)
+            rec["cpu"][n] = round(res["cpu_s"], 1)
             rec["hashes"][n] = _hashes(repo, target, keep)
             probes = [json.loads(ln) for ln in usage.read_text().splitlines() if ln.strip()] if usage.exists() else []
             if probes:
                 rec["self_cpu"][n] = round(sum(x["self_cpu_s"] for x in probes), 2)
                 rec["children_cpu"][n] = round(sum(x["children_cpu_s"] for x in probes), 2)
-            log(f"[scaling] {target} workers={n}: {span:.1f} s (dvc repro {res['wall_s']:.1f} s, CPU {res['cpu_s']:.0f} s)")
+            log(f"[scaling] {target} workers={n}: {span:.1f} s (dvc repro {res['wall_s']:.1f} s, "
+                f"CPU {res['cpu_s']:.0f} s)")
         ref_n = counts[0]
         for n in counts[1:]:
             a, b = rec["hashes"][ref_n], rec["hashes"][n]
@@ -406,14 +414,17 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
             rows.append(row(f"{rec['target']} (tiny) parallel fraction p", _r(p, 3), "", target="outputs identical",
                             met=same, note=f"Amdahl from workers={rec['p_from']}; CPU split at workers={max(counts)}: "
                             + (f"{rec['p_cpu']:.3f} (stage {rec['self_cpu'][max(counts)]} s, its workers "
-                               f"{rec['children_cpu'][max(counts)]} s); " if rec.get("p_cpu") is not None else "n/a; ")
+                               f"{rec['children_cpu'][max(counts)]} s"
+                               + (", NO worker process started: serial here" if not rec['children_cpu'][max(counts)]
+                                  else "") + "); " if rec.get("p_cpu") is not None else "n/a; ")
                             + ("outputs byte-identical" if same else "OUTPUTS DIFFER across worker counts")))
         # On a shared machine a stage's process may get a fraction of a core: CPU / wall of the
         # one-worker runs says how much; below 0.8 the speed-ups measure the neighbours, not the stage.
         share = [rec["cpu"][1] / rec["total"][1] for rec in meas["stages"].values() if rec["total"][1] > 0]
         details["cpu_share_at_1_worker"] = round(sum(share) / len(share), 2) if share else None
         if share and sum(share) / len(share) < 0.8:
-            rows.append(row("WARNING machine busy: one-worker runs got this share of a core", _r(sum(share) / len(share), 2),
+            rows.append(row("WARNING machine busy: one-worker runs got this share of a core",
+                            _r(sum(share) / len(share), 2),
                             "cores", target=">= 0.8", met=False,
                             note=f"CPU/wall of the workers=1 runs; load {load_average_now()}: speed-ups and p "
                                  "are unreliable, rerun on a quiet machine"))
@@ -429,7 +440,8 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
     assumed = sorted(k for k, v in proj["stages"].items() if v["from"] == "assumed")
     note = (f"install {install_s:.0f} s + serial other {other_s:.0f} s; "
             + (f"assumed p for {', '.join(assumed)}" if assumed else "every p measured"))
-    rows.append(row("default cold run as recorded (metrics/, 2-core machine, loaded)", _r(proj["as_recorded_s"] / 60, 1),
+    rows.append(row("default cold run as recorded (metrics/, 2-core machine, loaded)",
+                    _r(proj["as_recorded_s"] / 60, 1),
                     "min", note=note))
     base = proj["cores"]["2"]["total_s"]
     for c, v in proj["cores"].items():
