@@ -741,6 +741,13 @@ def bench_engines(variant: str, quick: bool) -> dict[str, Any]:
     return {"rows": [row(**f) for f in res["figures"]], "details": res["details"]}
 
 
+def bench_scaling(variant: str, quick: bool) -> dict[str, Any]:
+    """Issue 46: the parallel stages at 1, 2, ... workers; the default run projected (benchmarks/bench_scaling.py)."""
+    from benchmarks.bench_scaling import bench_scaling as run
+
+    return run(variant, quick)
+
+
 BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], str]] = {
     "pipeline": (bench_pipeline, [""], [""], "cold default `dvc repro` per stage; warm no-op `dvc repro`, `dvc status`"),
     "startup": (bench_startup, [""], [""], "per-process costs: imports, load_params before/after its stamp"),
@@ -764,6 +771,9 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "openai_serve": (bench_openai_serve, [""], [""],
                      "issue 21: requests/s, tokens/s at concurrency 1/4/16: openai backend -> transformers serve "
                      "vs in process"),
+    "scaling": (bench_scaling, [""], [""],
+                "issue 46: each parallel stage of experiment=tiny at workers=1, 2, ... (speed-up, Amdahl's parallel "
+                "fraction, outputs byte-identical); the default run's cold time projected to 2, 8, 16 cores"),
     "engines": (bench_engines, ["limit", "prefill-1", "prefill-8", "prefill-32", "engines", "cache"],
                 ["limit", "prefill-1", "prefill-2", "engines", "cache"],
                 "issue 18: matmul limit, MFU of prompt encoding at batch 1/8/32, multi-turn engines (naive, "
@@ -889,6 +899,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu",
                         help="torch device of the engines benchmark's models (cpu | cuda | cuda:N; the other "
                              "benchmarks run on the CPU); without CUDA its rows say so and nothing is measured")
+    parser.add_argument("--counts", help="scaling: worker counts, e.g. 1,2 (default 1, 2, 4, ... up to the cores "
+                        "this process may use)")
+    parser.add_argument("--stages", nargs="+", metavar="STAGE", help="scaling: only these stages (games demos "
+                        "policy collect evaluate evaluate_reader curve)")
+    parser.add_argument("--skip-run", action="store_true", help="scaling: measure nothing; project from metrics/ "
+                        "and the parallel fractions of the last scaling run in results.json (or --previous)")
+    parser.add_argument("--previous", type=Path, help="scaling --skip-run: the results JSON to read the fractions from")
+    parser.add_argument("--install-s", type=float, default=150.0, help="scaling: install time added to the "
+                        "projected cold run (default 150 s)")
+    parser.add_argument("--other-s", type=float, default=300.0, help="scaling: serial remainder of the default "
+                        "run beyond the parallel stages' recorded times (DVC, start-up, small stages; default 300 s)")
     parser.add_argument("--child", choices=list(BENCHMARKS), help=argparse.SUPPRESS)
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -905,6 +926,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[BENCH_DIR_ENV] = str(scratch)
     os.environ[DEFAULTS_ENV] = ",".join(args.set_default)
     os.environ[DEVICE_ENV] = args.device
+    os.environ["PIPELINE_BENCH_SCALING"] = json.dumps({
+        "counts": [int(c) for c in args.counts.split(",")] if args.counts else None, "stages": args.stages,
+        "skip_run": args.skip_run, "previous": str(args.previous) if args.previous else None,
+        "install_s": args.install_s, "other_s": args.other_s})
     meta = machine_info()
     meta["quick"] = args.quick
     meta["device"] = device_info(args.device)
@@ -936,6 +961,16 @@ def main(argv: list[str] | None = None) -> int:
     meta["load_average_end"] = load_average()
     cross_variant_ratios(results)
     print_table(meta, results)
+    mismatched = []
+    for run in results.get("scaling", []):
+        if run["status"] == "ok":
+            from benchmarks.bench_scaling import print_projection
+
+            print("\nscaling: the default run projected (stage times in s)")
+            print_projection(run["details"]["projection"], out=sys.stdout)
+            mismatched += run["details"].get("mismatches") or []
+    for m in mismatched:
+        print(f"[benchmarks] SCALING: OUTPUTS DIFFER ACROSS WORKER COUNTS: {m}", file=sys.stderr)
 
     out = args.out or (None if args.quick else RESULTS)
     if out is not None:
@@ -958,7 +993,7 @@ def main(argv: list[str] | None = None) -> int:
         os.replace(tmp, out)
         print(f"wrote {out}", file=sys.stderr)
     failed = [f"{n} {r['variant']}".strip() for n, runs in results.items() for r in runs if r["status"] != "ok"]
-    return 1 if failed else 0
+    return 1 if failed or mismatched else 0
 
 
 if __name__ == "__main__":

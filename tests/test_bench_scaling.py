@@ -1,0 +1,120 @@
+"""The scaling benchmark's arithmetic (benchmarks/bench_scaling.py): Amdahl's fraction, the
+projection of a run to more cores, the default run's times read from metrics. Nothing is timed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_scaling import (
+    amdahl_factor,
+    default_counts,
+    default_run_times,
+    overall_parallel_fraction,
+    parallel_fraction,
+    previous_fractions,
+    project_run,
+    projection,
+    rescale_time,
+    stage_scaling,
+)
+
+
+def test_parallel_fraction_inverts_amdahl():
+    assert parallel_fraction(2.0, 2) == pytest.approx(1.0)  # perfect speed-up on 2
+    assert parallel_fraction(1.0, 8) == pytest.approx(0.0)  # none
+    assert parallel_fraction(1.5, 2) == pytest.approx(2 / 3)  # 10 s -> 6.67 s
+    assert parallel_fraction(2.5, 4) == pytest.approx(0.8)  # 0.2 + 0.8/4 = 0.4 of the time
+    assert parallel_fraction(0.8, 2) == pytest.approx(-0.5)  # slower on 2: not clamped here
+    with pytest.raises(ValueError):
+        parallel_fraction(1.2, 1)
+
+
+def test_amdahl_factor_and_rescaling():
+    assert amdahl_factor(0.9, 16) == pytest.approx(0.15625)
+    assert amdahl_factor(0.0, 16) == 1.0
+    # 100 s measured on 2 workers, half of it parallel: 133.3 s on one, 75 s on 8
+    assert rescale_time(100.0, 0.5, 2, 8) == pytest.approx(75.0)
+    assert rescale_time(100.0, 0.5, 2, 1) == pytest.approx(133.333, rel=1e-4)
+    assert rescale_time(100.0, 0.5, 2, 2) == pytest.approx(100.0)
+
+
+def test_project_run_adds_the_serial_part_unchanged():
+    stages = {"a": (100.0, 1, 1.0), "b": (50.0, 2, 0.0), "c": (75.0, 2, 0.5)}
+    r = project_run(stages, 4, serial_s=10.0)
+    assert r["stages"]["a"] == pytest.approx(25.0)
+    assert r["stages"]["b"] == pytest.approx(50.0)
+    assert r["stages"]["c"] == pytest.approx(62.5)  # 100 s on one core: 0.5 + 0.125
+    assert r["total_s"] == pytest.approx(147.5)
+
+
+def test_overall_parallel_fraction_weighs_one_core_time():
+    # 75 s on 2 workers at p=0.5 is 100 s of one-core time, 50 of it parallel
+    assert overall_parallel_fraction({"c": (75.0, 2, 0.5)}) == pytest.approx(0.5)
+    # 100 s fully parallel beside 100 s serial (an install)
+    assert overall_parallel_fraction({"a": (100.0, 1, 1.0)}, serial_s=100.0) == pytest.approx(0.5)
+    # 50 s on 2 workers fully parallel = 100 s on one; plus 100 s at p=0.8 on one; 50 s serial
+    assert overall_parallel_fraction({"x": (50.0, 2, 1.0), "y": (100.0, 1, 0.8)}, serial_s=50.0) == pytest.approx(0.72)
+
+
+def test_stage_scaling_from_measured_times():
+    s = stage_scaling({1: 10.0, 2: 6.0})
+    assert s["speedup"][2] == pytest.approx(10 / 6)
+    assert s["p"] == pytest.approx(0.8) and s["p_from"] == 2
+    s = stage_scaling({1: 40.0, 2: 25.0, 4: 16.0})  # p from the largest count: S=2.5 on 4
+    assert s["p"] == pytest.approx(0.8) and s["p_from"] == 4
+    assert stage_scaling({2: 5.0})["p"] is None
+
+
+def test_default_counts():
+    assert default_counts(1) == [1, 2]
+    assert default_counts(2) == [1, 2]
+    assert default_counts(6) == [1, 2, 4, 6]
+    assert default_counts(16) == [1, 2, 4, 8, 16]
+
+
+def _metrics(root: Path) -> None:
+    m = root / "metrics"
+    (m / "eval").mkdir(parents=True)
+    (m / "eval_reader").mkdir()
+    (m / "games.json").write_text(json.dumps({"compile_wall_s": 99.0, "plan_wall_s": 1.0, "compile_workers": 2}))
+    (m / "demos.json").write_text(json.dumps({"wall_time_s": 200.0}))
+    (m / "policy.json").write_text(json.dumps({"wall_time_s": {"total_s": 300.0, "train_s": 250.0}}))
+    for c, t in (("C0", 30.0), ("C1", 70.0)):
+        (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": t}))
+
+
+def test_projection_from_metrics(tmp_path: Path):
+    _metrics(tmp_path)
+    runs = default_run_times(tmp_path)
+    assert {k: (v["wall_s"], v["workers"]) for k, v in runs.items()} == {
+        "games": (100.0, 2), "demos": (200.0, 1), "policy": (300.0, 2), "evaluate": (100.0, 2)}
+    fr = {"games": 1.0, "demos": 0.5, "policy": 0.0, "evaluate": 1.2}  # 1.2: noise, clamped to 1
+    p = projection(tmp_path, fr, install_s=150.0, other_s=50.0, cores=(2, 8))
+    assert p["as_recorded_s"] == pytest.approx(900.0)
+    # games 100 -> 100 on 2, 25 on 8; demos 200 -> 150, 112.5; policy 300 both; evaluate 100 -> 100, 25
+    assert p["cores"]["2"]["total_s"] == pytest.approx(200 + 100 + 150 + 300 + 100)
+    assert p["cores"]["8"]["total_s"] == pytest.approx(200 + 25 + 112.5 + 300 + 25)
+    assert p["stages"]["evaluate"]["p"] == 1.0 and p["stages"]["evaluate"]["from"] == "measured"
+    # one-core time: games 200, demos 200, policy 300, evaluate 200 + 200 serial = 1100; parallel 200+100+200
+    assert p["parallel_fraction"] == pytest.approx(500 / 1100, abs=1e-4)
+    p = projection(tmp_path, {}, install_s=0.0, other_s=0.0, cores=(2,))
+    assert all(s["from"] == "assumed" for s in p["stages"].values())
+
+
+def test_previous_fractions(tmp_path: Path):
+    f = tmp_path / "results.json"
+    f.write_text(json.dumps({"benchmarks": {"scaling": {"runs": [
+        {"details": {"fractions": {"games": 0.9, "demos": None}}}]}}}))
+    assert previous_fractions(f) == {"games": 0.9}
+    assert previous_fractions(tmp_path / "missing.json") == {}
+
+
+def test_cpu_split_fraction():
+    from benchmarks.bench_scaling import cpu_split_fraction
+
+    assert cpu_split_fraction(10.0, 90.0) == pytest.approx(0.9)  # the stage waited while its workers computed
+    assert cpu_split_fraction(20.0, 0.0) == 0.0  # no worker process
+    assert cpu_split_fraction(0.0, 0.0) is None
