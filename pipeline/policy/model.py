@@ -17,6 +17,13 @@
   of an episode share their prompt prefix (objective, grounding, advisory block): it is
   computed once per step and its keys/values reused by every turn (:class:`Unit`), which
   gives the same gradients as full prompts at a fraction of the cost.
+- **Data parallel** (``model.policy.micro_batches`` > 1): a step's units are cut into that
+  many contiguous micro-batches, each loss weighted by its share of the step's answer
+  tokens; ``min(micro_batches, workers // threads)`` processes compute them (helpers
+  spawned once per run, their parameters the parent's, in shared memory) into one gradient
+  slot each, summed in micro-batch order: any process count gives the same bytes
+  (:func:`train`; ``tests/test_data_parallel.py``). A script that trains this way must
+  guard its entry point (``if __name__ == "__main__":``): the helpers are spawned.
 
     tok = train_tokenizer(texts, vocab_size=2048)
     model = build_model(tok, cfg.model.policy, seed=cfg.seed)
