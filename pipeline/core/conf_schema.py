@@ -546,6 +546,12 @@ class PolicyConfig:
     ``numerics.threads``. 2: a step 1.8x faster than 1 on two idle cores (README)."""
     episodes_per_batch: int = checked(1, at_least(1))
     """Demonstration episodes per optimizer step (all their turns)."""
+    micro_batches: int = checked(1, at_least(1))
+    """Contiguous micro-batches a step's episodes are cut into (at most ``episodes_per_batch``), each loss
+    weighted by its share of the step's answer tokens, their gradients summed in micro-batch order: the
+    data-parallel training, micro-batch ``i`` computed on ``threads`` threads by process ``i mod n``,
+    ``n = min(micro_batches, workers // threads)``; the bytes depend on this count, never on ``n``
+    (``pipeline.policy.model.train``). 1: the single-batch step."""
     lr: float = checked(0.003, positive())
     """Peak learning rate (AdamW; linear warm-up, cosine decay to 10%)."""
     warmup_steps: int = checked(20, at_least(0))
@@ -561,6 +567,8 @@ class PolicyConfig:
     @staticmethod
     def cross_checks(p: Any) -> CrossChecks:
         yield "hidden_size", unless(p.hidden_size % p.n_head == 0, f"a multiple of model.policy.n_head={p.n_head}")
+        yield "micro_batches", unless(p.micro_batches <= p.episodes_per_batch,
+                                      f"<= model.policy.episodes_per_batch={p.episodes_per_batch}")
 
 
 @dataclass

@@ -17,6 +17,13 @@
   of an episode share their prompt prefix (objective, grounding, advisory block): it is
   computed once per step and its keys/values reused by every turn (:class:`Unit`), which
   gives the same gradients as full prompts at a fraction of the cost.
+- **Data parallel** (``model.policy.micro_batches`` > 1): a step's units are cut into that
+  many contiguous micro-batches, each loss weighted by its share of the step's answer
+  tokens; ``min(micro_batches, workers // threads)`` processes compute them (helpers
+  spawned once per run, their parameters the parent's, in shared memory) into one gradient
+  slot each, summed in micro-batch order: any process count gives the same bytes
+  (:func:`train`; ``tests/test_data_parallel.py``). A script that trains this way must
+  guard its entry point (``if __name__ == "__main__":``): the helpers are spawned.
 
     tok = train_tokenizer(texts, vocab_size=2048)
     model = build_model(tok, cfg.model.policy, seed=cfg.seed)
@@ -221,12 +228,239 @@ def lr_at(step: int, total: int, lr: float, warmup: int, final_frac: float = 0.1
     return lr * (final_frac + (1 - final_frac) * 0.5 * (1 + math.cos(math.pi * min(1.0, t))))
 
 
+def train_processes(workers: Any, policy_cfg: PolicyConfig) -> int:
+    """Processes the data-parallel training uses: ``min(micro_batches, workers // threads)``, at least 1.
+
+    ``workers`` is the top-level config key (``auto`` or a number, :mod:`pipeline.core.parallel`);
+    each process computes its micro-batches on ``policy.threads`` torch threads. The count
+    changes the wall time only, never a byte (:func:`train`)."""
+    from pipeline.core.parallel import resolve_workers
+
+    return min(int(policy_cfg.micro_batches), max(1, resolve_workers(workers) // int(policy_cfg.threads)))
+
+
+def micro_batch_split(idx: Sequence[int], parts: int) -> list[list[int]]:
+    """A step's unit indices cut into ``min(parts, len(idx))`` contiguous chunks, the first ones one
+    unit longer where the count does not divide (a function of the step and the config only)."""
+    k = max(1, min(int(parts), len(idx)))
+    q, r = divmod(len(idx), k)
+    out, at = [], 0
+    for i in range(k):
+        n = q + (i < r)
+        out.append(list(idx[at:at + n]))
+        at += n
+    return out
+
+
+def _answer_tokens(unit: Unit) -> int:
+    return sum(len(a) for _, a in unit.turns)
+
+
+def _to_device(batch: dict, dev: Any) -> dict:
+    return {k: tuple(t.to(dev) for t in v) if isinstance(v, tuple) else v.to(dev) for k, v in batch.items()}
+
+
+def _micro_batch_grad(model: Any, params: Sequence[Any], units: Sequence[Unit], idx: Sequence[int], pad_id: int,
+                      weight: float | None, seed: int, slot: Any) -> float:
+    """One micro-batch: its weighted loss's gradient written into ``slot`` (flat, in ``params``
+    order; zeros for a parameter it does not reach); returns its unweighted mean loss.
+
+    The same function runs in the parent and in every helper process, so a micro-batch gives
+    the same bytes wherever it is computed. torch is seeded per (step, micro-batch) (the
+    policy model draws nothing while it trains: no dropout; a model that does stays
+    deterministic)."""
+    import torch  # deferred: heavy optional dependency (torch)
+
+    torch.manual_seed(seed)
+    for p in params:
+        p.grad = None
+    batch = collate([units[i] for i in idx], pad_id)
+    dev = params[0].device
+    if dev.type != "cpu":
+        batch = _to_device(batch, dev)
+    loss = answer_loss(model, batch)
+    (loss if weight is None else loss * weight).backward()
+    at = 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            if p.grad is None:
+                slot[at:at + n].zero_()
+            else:
+                slot[at:at + n].copy_(p.grad.reshape(-1))
+            at += n
+    for p in params:
+        p.grad = None
+    return float(loss.detach())
+
+
+def _micro_seed(seed: int, step: int, i: int) -> int:
+    from pipeline.core.seeding import task_seed
+
+    return task_seed(int(seed), "train-micro-batch", int(step), int(i)) % (2**63 - 1)
+
+
+@dataclass
+class _HelperSpec:
+    """What a helper process needs, sent once (the parameters are the parent's shared tensors)."""
+
+    model_cls: Any
+    config: Any
+    names: list[str]
+    params: list[Any]
+    buffers: dict[str, Any]
+    units: Sequence[Unit]
+    pad_id: int
+    seed: int
+    threads: int
+    deterministic: bool
+    slots: Any
+
+
+def _helper_main(rank: int, conn: Any, spec: _HelperSpec) -> None:
+    """A helper process of :func:`train`: a model whose parameters ARE the parent's shared
+    tensors; per step it computes the micro-batches it is sent into their slots and replies.
+    It exits on ``None``, on the parent's end of the pipe closing, or after reporting an error."""
+    import signal
+    import traceback
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    try:
+        import torch  # deferred: heavy optional dependency (torch)
+
+        torch.set_num_threads(int(spec.threads))
+        if spec.deterministic:
+            torch.use_deterministic_algorithms(True)
+        model = spec.model_cls(spec.config)
+        names = [n for n, _ in model.named_parameters()]
+        if names != spec.names:
+            raise RuntimeError("the helper's model has other parameters than the parent's")
+        for p, shared in zip(model.parameters(), spec.params):
+            p.data = shared
+        for name, b in model.named_buffers():
+            if name in spec.buffers:
+                b.data = spec.buffers[name]
+        model.train()
+        params = list(model.parameters())
+        while True:
+            try:
+                msg = conn.recv()
+            except EOFError:  # the parent is gone
+                return
+            if msg is None:
+                return
+            step, work = msg
+            losses = [(i, _micro_batch_grad(model, params, spec.units, idx, spec.pad_id, w, seed, spec.slots[i]))
+                      for i, idx, w, seed in work]
+            conn.send(("done", step, losses))
+    except BaseException:  # noqa: BLE001 - reported to the parent, which fails the stage
+        try:
+            conn.send(("error", rank, traceback.format_exc()))
+        except Exception:  # noqa: BLE001
+            pass
+
+
+class _Helpers:
+    """The helper processes of one training run (spawned once; stopped on exit, error or Ctrl-C)."""
+
+    def __init__(self, model: Any, params: list[Any], units: Sequence[Unit], pad_id: int, seed: int, threads: int,
+                 slots: Any, n: int) -> None:
+        import torch  # deferred: heavy optional dependency (torch)
+        import torch.multiprocessing as tmp
+
+        for p in params:
+            p.share_memory_()  # in place: the optimizer keeps its references
+        names = [name for name, _ in model.named_parameters()]
+        buffers = {name: b.detach().clone().share_memory_() for name, b in model.named_buffers()}
+        spec = _HelperSpec(type(model), model.config, names, params, buffers, units, pad_id, seed, threads,
+                           torch.are_deterministic_algorithms_enabled(), slots)
+        ctx = tmp.get_context("spawn")
+        self.procs: list[Any] = []
+        self.conns: list[Any] = []
+        try:
+            for rank in range(1, n):
+                mine, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_helper_main, args=(rank, theirs, spec), daemon=True,
+                                   name=f"policy-train-helper-{rank}")
+                proc.start()
+                theirs.close()
+                self.procs.append(proc)
+                self.conns.append(mine)
+        except BaseException:
+            self.stop()
+            raise
+
+    def send(self, step: int, work: list[list[tuple]]) -> None:
+        for rank, conn in enumerate(self.conns, start=1):
+            try:
+                conn.send((step, work[rank]))
+            except (BrokenPipeError, EOFError, OSError) as exc:
+                raise self._died(rank, step) from exc
+
+    def collect(self, step: int) -> list[tuple[int, float]]:
+        """Wait until every helper has filled its slots for ``step`` (the barrier); their losses."""
+        from multiprocessing.connection import wait
+
+        pending = dict(enumerate(self.conns, start=1))
+        out: list[tuple[int, float]] = []
+        while pending:
+            ready = wait([*pending.values(), *(self.procs[r - 1].sentinel for r in pending)])
+            for rank in list(pending):
+                conn = pending[rank]
+                if conn in ready or conn.poll():
+                    try:
+                        msg = conn.recv()
+                    except (EOFError, OSError) as exc:
+                        raise self._died(rank, step) from exc
+                    if msg[0] == "error":
+                        raise RuntimeError(f"policy training: helper process {rank} "
+                                           f"({self.procs[rank - 1].name}) failed at step {step}:\n{msg[2]}")
+                    out += msg[2]
+                    del pending[rank]
+                elif self.procs[rank - 1].sentinel in ready:
+                    raise self._died(rank, step)
+        return out
+
+    def _died(self, rank: int, step: int) -> RuntimeError:
+        proc = self.procs[rank - 1]
+        proc.join(1.0)
+        return RuntimeError(f"policy training: helper process {rank} ({proc.name}, pid {proc.pid}) died at step "
+                            f"{step} (exit code {proc.exitcode})")
+
+    def stop(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except Exception:  # noqa: BLE001 - already gone
+                pass
+        for proc in self.procs:
+            proc.join(5.0)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(2.0)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        for conn in self.conns:
+            conn.close()
+
+
 def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: int = 0, pad_id: int = 0,
-          progress: Callable[[int, float], None] | None = None) -> list[dict]:
+          progress: Callable[[int, float], None] | None = None, processes: int = 1) -> list[dict]:
     """Train ``model`` in place for ``policy.epochs`` epochs; returns one record per step.
 
     Deterministic for the same units, config, seed and thread count: torch is seeded,
     the batch order comes from ``crc_rng(seed, ints=(0x501,))``.
+
+    Data parallel (``policy.micro_batches`` > 1): a step's units are cut into that many
+    contiguous micro-batches (:func:`micro_batch_split`), each loss weighted by its share of
+    the step's answer tokens; micro-batch ``i`` is computed on ``policy.threads`` threads by
+    process ``i mod processes`` (this one is process 0; the others are spawned once per run,
+    their parameters this model's, in shared memory) into gradient slot ``i``; once every
+    slot is filled the slots are summed in micro-batch order (slot 0 + slot 1 + ..., whatever
+    ``processes``), then clipped and applied as before. So any ``processes`` gives the same
+    bytes; it only changes the wall time. With ``micro_batches`` 1 the step is exactly the
+    single-batch step (no weight, no slot, the caller's thread count).
 
     Returns:
         ``[{"step", "epoch", "loss", "lr", "tokens"}, ...]`` (loss of the batch before the
@@ -249,13 +483,16 @@ def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: 
                              {"params": no_decay, "weight_decay": 0.0}], lr=lr, betas=(0.9, 0.95))
     model.train()
     dev = next(model.parameters()).device
+    parts = int(getattr(policy_cfg, "micro_batches", 1))
+    if parts > 1:
+        return _train_micro_batches(model, units, policy_cfg, epochs, opt, seed=int(seed), pad_id=pad_id,
+                                    progress=progress, processes=processes if dev.type == "cpu" else 1)
     curve, step = [], 0
     for epoch, epoch_batches in enumerate(epochs):
         for idx in epoch_batches:
             batch = collate([units[i] for i in idx], pad_id)
             if dev.type != "cpu":  # a study on an accelerator (pipeline.policy.scaling); the stage trains on the CPU
-                batch = {k: tuple(t.to(dev) for t in v) if isinstance(v, tuple) else v.to(dev)
-                         for k, v in batch.items()}
+                batch = _to_device(batch, dev)
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, total, lr, policy_cfg.warmup_steps)
             loss = answer_loss(model, batch)
@@ -269,6 +506,73 @@ def train(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, *, seed: 
             step += 1
             if progress is not None:
                 progress(1, value)
+    model.eval()
+    return curve
+
+
+def _train_micro_batches(model: Any, units: Sequence[Unit], policy_cfg: PolicyConfig, epochs: list[list[list[int]]],
+                         opt: Any, *, seed: int, pad_id: int, progress: Callable[[int, float], None] | None,
+                         processes: int) -> list[dict]:
+    """:func:`train`'s data-parallel loop (``micro_batches`` > 1; see there)."""
+    import torch  # deferred: heavy optional dependency (torch)
+
+    parts, threads = int(policy_cfg.micro_batches), int(policy_cfg.threads)
+    n = max(1, min(int(processes), parts))
+    total, lr = sum(len(e) for e in epochs), policy_cfg.lr
+    params = list(model.parameters())
+    size = sum(p.numel() for p in params)
+    dev = params[0].device
+    slots = torch.zeros((parts, size), dtype=params[0].dtype, device=dev)
+    grad = torch.empty(size, dtype=params[0].dtype, device=dev)
+    views, at = [], 0
+    for p in params:
+        views.append(grad[at:at + p.numel()].view_as(p))
+        at += p.numel()
+    caller_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)  # every micro-batch on policy.threads, wherever it runs
+    helpers = None
+    try:
+        if n > 1:
+            slots.share_memory_()
+            helpers = _Helpers(model, params, units, pad_id, seed, threads, slots, n)
+        curve, step = [], 0
+        for epoch, epoch_batches in enumerate(epochs):
+            for idx in epoch_batches:
+                chunks = micro_batch_split(idx, parts)
+                tokens = [sum(_answer_tokens(units[j]) for j in c) for c in chunks]
+                step_tokens = sum(tokens)
+                weights = [None] if len(chunks) == 1 else [t / step_tokens for t in tokens]
+                work: list[list[tuple]] = [[] for _ in range(n)]
+                for i, c in enumerate(chunks):
+                    work[i % n].append((i, c, weights[i], _micro_seed(seed, step, i)))
+                if helpers is not None:
+                    helpers.send(step, work)
+                losses = {i: _micro_batch_grad(model, params, units, c, pad_id, w, s, slots[i])
+                          for i, c, w, s in work[0]}
+                if helpers is not None:
+                    losses.update(helpers.collect(step))
+                # The reduction: slot 0 + slot 1 + ... in micro-batch order, whatever n.
+                grad.copy_(slots[0])
+                for i in range(1, len(chunks)):
+                    grad.add_(slots[i])
+                for p, v in zip(params, views):
+                    p.grad = v
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(step, total, lr, policy_cfg.warmup_steps)
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                opt.step()
+                for p in params:
+                    p.grad = None
+                value = losses[0] if weights[0] is None else sum(losses[i] * weights[i] for i in range(len(chunks)))
+                curve.append({"step": step, "epoch": epoch, "loss": round(value, 6),
+                              "lr": round(opt.param_groups[0]["lr"], 8), "tokens": int(step_tokens)})
+                step += 1
+                if progress is not None:
+                    progress(1, value)
+    finally:
+        if helpers is not None:
+            helpers.stop()
+        torch.set_num_threads(caller_threads)
     model.eval()
     return curve
 

@@ -42,6 +42,7 @@ from pipeline.policy.model import (
     make_unit,
     save_policy,
     train,
+    train_processes,
     train_tokenizer,
 )
 
@@ -192,7 +193,8 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
     Returns:
         ``{"memory", "summary", "curve", "incontext", "timings"}``: the scene memory (for
         the quality evaluation), the deterministic summary, the loss curve, the probe's
-        scores by step (``[]`` without a probe) and wall times.
+        scores by step (``[]`` without a probe) and wall times (with ``train_processes``,
+        the processes the data-parallel training used: :func:`pipeline.policy.model.train_processes`).
     """
     pol = cfg.model.policy
     timings: dict[str, float] = {}
@@ -224,19 +226,21 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
 
     import torch  # deferred: heavy optional dependency (torch), pinned by the stage before it loads
 
+    processes = train_processes(cfg.workers, pol)  # the machine's: wall time only, never a byte
     stage_threads = torch.get_num_threads()
     torch.set_num_threads(int(pol.threads))  # the training's own fixed thread count (model.policy.threads)
     try:
         if probe is not None:
             measure(0)
         curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
-                      progress=on_step)
+                      progress=on_step, processes=processes)
         if probe is not None:
             measure(len(curve))
     finally:
         torch.set_num_threads(stage_threads)
     timings["train_s"] = time.perf_counter() - t - probe_s
     timings["incontext_s"] = probe_s
+    timings["train_processes"] = processes  # metrics only (never training.json): the bytes do not depend on it
 
     summary = training_summary(pol, demo_set.summary, tok, curve)
     if incontext:
