@@ -20,9 +20,9 @@ import pytest
 from omegaconf import OmegaConf
 
 # Every kind of demonstration: rule-agent memory, quest demos (renamed ones too), plan
-# drills, generated houses (some grounded) and generated drills.
+# drills, generated houses (some grounded) and generated drills (36 houses: three jobs of houses).
 POLICY = {"rule_agent": "react", "rule_epsilon": 0.6, "demos_per_quest": 8, "plan_drills": 2, "slip_prob": 0.2,
-          "explore_cap": 12, "generated_houses": 6, "generated_drills": 10, "generated_grounding": 0.5}
+          "explore_cap": 12, "generated_houses": 6, "generated_drills": 30, "generated_grounding": 0.5}
 
 # sha256 of each file write_demo_set wrote for workers=1 before the parallel build (6e9581d).
 PINNED = {
@@ -30,8 +30,8 @@ PINNED = {
     "store/episodic_store.jsonl": "e3ab71ad19e1a12c432c1a8efd07785d2e9b1c61689c958f33dc647b788632fb",
     "store/episodic_store.parquet": "911f924ee24fe00d11734d677a68fb8eec292638fa5fcdc1815990e41b7332f3",
     "store/store_hash.txt": "40e05af3e50967ac1a6985be86376d406ee645a00afd1876d19434922cd9072d",
-    "summary.json": "e9622a9a865551769486b100e5fed221b26269f75028d48cbc4fadf90ab9c369",
-    "turns.parquet": "9eb32e8dce5424da30450275fd8c9ce1e6951e43c816ae3305f12e50c41095bc",
+    "summary.json": "cb2509e7ef9f6532f864248b812b851454ea64e427a365b173c97f1b5259546d",
+    "turns.parquet": "d66c9968c8009c540f8c4c59b8e7119a8eb7e4d41ddf6726803d99ab0815a0b2",
 }
 
 
@@ -54,6 +54,7 @@ def _build(cfg, tiny_games, out: Path, workers: int) -> dict[str, str]:
     demo_set = build_demo_set(OmegaConf.merge(cfg, {"workers": workers}), tiny_games.root, tiny_games.rows,
                               tiny_games.scenes, memory_progress=ticks.append, demo_progress=ticks.append)
     write_demo_set(demo_set, out)
+    assert demo_set.run["workers"] == workers  # the build really ran on that many processes
     d = demo_set.summary["demos"]
     # progress reached every rule-agent episode and every demonstration
     assert sum(ticks) == demo_set.summary["rule_agent_episodes"]["episodes"] + d["episodes"] + d["plan_drills"]
