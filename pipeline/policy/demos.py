@@ -28,6 +28,12 @@ played here):
     memory = build_scene_memory(cfg, root, manifest, scenes)
     demos = play_demos(cfg, root, manifest, scenes, memory)
     turns = render_demos(cfg, demos)      # [RenderedTurn(messages, response, train, ...)]
+
+Steps 1 and 2 take ``workers=`` (:class:`pipeline.policy.demo_workers.DemoWorkers`, the
+stage's ``workers`` processes): the rule agent's tasks, each train quest and each chunk of
+generated houses are jobs fixed by the config (:data:`RULE_TASKS_PER_JOB`,
+:data:`HOUSES_PER_JOB`), every item seeded by its own identity (``crc_rng``, ``task_seed``,
+the house index), merged in job order: any worker count gives the same demonstrations.
 """
 
 from __future__ import annotations
@@ -362,7 +368,7 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
     of houses' in one job of ``workers`` (None: this process), merged in that order."""
     rows = sorted((r for r in manifest if r["split"] == "train"), key=lambda r: (r["scene_id"], r["quest_id"]))
     with _workers_or_inline(workers, cfg, root, manifest, scenes) as pool:
-        shared = pool.share((memory, PromptOrganizer.from_config(cfg)))
+        shared = pool.share((_prompt_memory(memory), PromptOrganizer.from_config(cfg)))
         demos = [d for part in pool.map(_quest_job, [(shared, dict(r)) for r in rows], progress=progress)
                  for d in part]
         demos += _generated_demos(pool, shared, progress=progress)
@@ -458,7 +464,13 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
     ``policy.generated_drills`` drills in further houses (:func:`house_demo`), in chunks of
     :data:`HOUSES_PER_JOB` houses in ``workers`` (None: this process), merged in house order."""
     with _workers_or_inline(workers, cfg, Path("."), manifest, scenes) as pool:
-        return _generated_demos(pool, pool.share((memory, organizer)), progress=progress)
+        return _generated_demos(pool, pool.share((_prompt_memory(memory), organizer)), progress=progress)
+
+
+def _prompt_memory(memory: SceneMemory) -> SceneMemory:
+    """What the prompts read of ``memory`` (grounding and store), for the workers: without the
+    rule agent's episode and turn rows."""
+    return replace(memory, episodes=[], turns=[])
 
 
 def _generated_demos(pool: DemoWorkers, shared: Shared, *,
