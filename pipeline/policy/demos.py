@@ -28,14 +28,21 @@ played here):
     memory = build_scene_memory(cfg, root, manifest, scenes)
     demos = play_demos(cfg, root, manifest, scenes, memory)
     turns = render_demos(cfg, demos)      # [RenderedTurn(messages, response, train, ...)]
+
+Steps 1 and 2 take ``workers=`` (:class:`pipeline.policy.demo_workers.DemoWorkers`, the
+stage's ``workers`` processes): the rule agent's tasks, each train quest and each chunk of
+generated houses are jobs fixed by the config (:data:`RULE_TASKS_PER_JOB`,
+:data:`HOUSES_PER_JOB`), every item seeded by its own identity (``crc_rng``, ``task_seed``,
+the house index), merged in job order: any worker count gives the same demonstrations.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
@@ -51,6 +58,7 @@ from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, Ho
 from pipeline.grounding import TEXT_JOINER, merge_grounding_docs, render_grounding_to_markdown
 from pipeline.grounding.episodes import ground
 from pipeline.memory import EpisodicStore, build_entries, build_memory_slot
+from pipeline.policy.demo_workers import DemoWorkers, Shared, WorkerContext
 from pipeline.policy.expert import (
     DemoEpisode,
     draw_renaming,
@@ -63,6 +71,13 @@ from pipeline.policy.expert import (
 from pipeline.prompts import PromptOrganizer, extract_json_object
 from pipeline.session.collection import make_factories
 from pipeline.session.rollout import Task, format_episode_id, play, tasks_from_manifest
+
+
+# The partition of the work into jobs (pipeline.policy.demo_workers): fixed here, never by the
+# worker count; every item is seeded by its identity, so neither changes a byte of the output.
+RULE_TASKS_PER_JOB = 4  # the rule agent's train tasks per job
+HOUSES_PER_JOB = 16  # generated houses (demonstrations or drills) per job
+HOUSE_INDICES_PER_JOB = 64  # house indices drawn per job (GeneratedHouses.house)
 
 
 @dataclass
@@ -184,6 +199,17 @@ def make_env(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[st
                         preferences=_scene_prefs(scenes, row), compute_expert_plan=False)
 
 
+@contextmanager
+def _workers_or_inline(workers: DemoWorkers | None, cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]],
+                       scenes: Mapping[str, Any]) -> Iterator[DemoWorkers]:
+    """``workers``, or (None) every job in this process."""
+    if workers is not None:
+        yield workers
+        return
+    with DemoWorkers(cfg, root, manifest, scenes, workers=1) as pool:
+        yield pool
+
+
 # --------------------------------------------------------------------------- scene memory
 
 
@@ -194,19 +220,30 @@ def rule_agent_config(cfg: Config) -> Config:
 
 
 def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
-                        *, progress: Callable[[int], None] | None = None) -> tuple[list[dict], list[dict]]:
-    """The rule agent (``policy.rule_agent`` with ``policy.rule_epsilon``) on every train quest.
+                        *, progress: Callable[[int], None] | None = None,
+                        workers: DemoWorkers | None = None) -> tuple[list[dict], list[dict]]:
+    """The rule agent (``policy.rule_agent`` with ``policy.rule_epsilon``) on every train quest,
+    in chunks of :data:`RULE_TASKS_PER_JOB` tasks (``workers``: the processes; None: this one).
 
     Returns:
         ``(episodes, turns)``: the rows :func:`pipeline.session.rollout.play` records.
     """
-    pol = cfg.model.policy
     tasks = tasks_from_manifest(manifest, split="train", master_seed=cfg.seed)
-    make_env_, make_agent_, make_user_ = make_factories(rule_agent_config(cfg), root, dict(scenes))
-    records = play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
-                   agent_name=str(pol.rule_agent), preference_in_success=cfg.user.preference_in_success,
-                   unknown_feedback=str(cfg.grounding.unknown_type), progress=_Progress(progress))
+    jobs = [tasks[i:i + RULE_TASKS_PER_JOB] for i in range(0, len(tasks), RULE_TASKS_PER_JOB)]
+    with _workers_or_inline(workers, cfg, root, manifest, scenes) as pool:
+        records = [r for part in pool.map(_rule_agent_job, jobs, progress=progress) for r in part]
     return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
+
+
+def _rule_agent_job(ctx: WorkerContext, tasks: list[Task]) -> list[dict]:
+    """The rule agent's records of some train tasks (each task seeded by its identity: any chunk, the same)."""
+    cfg = ctx.cfg
+    pol = cfg.model.policy
+    make_env_, make_agent_, make_user_ = ctx.cached("rule_factories", lambda: make_factories(
+        rule_agent_config(cfg), ctx.root, dict(ctx.scenes)))
+    return play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
+                agent_name=str(pol.rule_agent), preference_in_success=cfg.user.preference_in_success,
+                unknown_feedback=str(cfg.grounding.unknown_type))
 
 
 def scene_groundings(grounding_cfg: GroundingConfig, episodes: list[dict], turns: list[dict]) -> dict[str, str]:
@@ -226,9 +263,10 @@ def scene_groundings(grounding_cfg: GroundingConfig, episodes: list[dict], turns
 
 
 def build_scene_memory(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
-                       *, progress: Callable[[int], None] | None = None) -> SceneMemory:
-    """Play the train quests with the rule agent and build grounding + store from them."""
-    episodes, turns = rule_agent_episodes(cfg, root, manifest, scenes, progress=progress)
+                       *, progress: Callable[[int], None] | None = None,
+                       workers: DemoWorkers | None = None) -> SceneMemory:
+    """Play the train quests with the rule agent (in ``workers``) and build grounding + store from them."""
+    episodes, turns = rule_agent_episodes(cfg, root, manifest, scenes, progress=progress, workers=workers)
     grounding = scene_groundings(cfg.grounding, episodes, turns)
     splits = list(cfg.memory.store_splits) or None
     entries = build_entries(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg), splits=splits,
@@ -323,34 +361,51 @@ def demo_renaming(spec: Mapping[str, Any], objective: str, eval_objectives: set[
 
 
 def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
-               memory: SceneMemory, *, progress: Callable[[int], None] | None = None) -> list[Demo]:
-    """Expert episodes on every train quest and prompt variant (see the module docstring)."""
-    pol = cfg.model.policy
-    seed = cfg.seed
-    organizer = PromptOrganizer.from_config(cfg)
-    eval_objectives = {r["objective"] for r in manifest if r["split"] != "train"}
-    demos: list[Demo] = []
+               memory: SceneMemory, *, progress: Callable[[int], None] | None = None,
+               workers: DemoWorkers | None = None) -> list[Demo]:
+    """Expert episodes on every train quest and prompt variant (see the module docstring),
+    then the generated houses' (:func:`generated_demos`); each train quest's and each chunk
+    of houses' in one job of ``workers`` (None: this process), merged in that order."""
     rows = sorted((r for r in manifest if r["split"] == "train"), key=lambda r: (r["scene_id"], r["quest_id"]))
-    for row in rows:
-        variants = prompt_variants(cfg, memory, row, organizer)
-        frozen = [freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block) for v in variants]
-        for k in range(pol.demos_per_quest):
-            # One demo per variant with the scene's own names and no slip, then renamed
-            # houses (other names, places and directions) with slips, variants in turn.
-            vi = k % len(variants)
-            rng = crc_rng(seed, "demo", row["scene_id"], row["quest_id"], k)
-            mapping: dict[str, str] = {}
-            if k >= len(variants):
-                mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
-            episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng,
-                                  slip_prob=pol.slip_prob if mapping else 0.0)
-            demos.append(Demo.of(DemoKind.quest, f"{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row),
-                                 variants[vi], mapping, episode, k))
-            if progress is not None:
-                progress(1)
-        demos += plan_drills(cfg, root, scenes, row, variants, frozen, eval_objectives, progress=progress)
-    demos += generated_demos(cfg, manifest, scenes, memory, organizer, progress=progress)
+    with _workers_or_inline(workers, cfg, root, manifest, scenes) as pool:
+        shared = pool.share((_prompt_memory(memory), PromptOrganizer.from_config(cfg)))
+        demos = [d for part in pool.map(_quest_job, [(shared, dict(r)) for r in rows], progress=progress)
+                 for d in part]
+        demos += _generated_demos(pool, shared, progress=progress)
     return demos
+
+
+def quest_demos(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], memory: SceneMemory,
+                organizer: PromptOrganizer, eval_objectives: set[str]) -> list[Demo]:
+    """A train quest's ``policy.demos_per_quest`` demonstrations, then its plan drills (:func:`plan_drills`)."""
+    pol = cfg.model.policy
+    variants = prompt_variants(cfg, memory, row, organizer)
+    frozen = [freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block) for v in variants]
+    demos: list[Demo] = []
+    for k in range(pol.demos_per_quest):
+        # One demo per variant with the scene's own names and no slip, then renamed
+        # houses (other names, places and directions) with slips, variants in turn.
+        vi = k % len(variants)
+        rng = crc_rng(cfg.seed, "demo", row["scene_id"], row["quest_id"], k)
+        mapping: dict[str, str] = {}
+        if k >= len(variants):
+            mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
+        episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng,
+                              slip_prob=pol.slip_prob if mapping else 0.0)
+        demos.append(Demo.of(DemoKind.quest, f"{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row),
+                             variants[vi], mapping, episode, k))
+    return demos + plan_drills(cfg, root, scenes, row, variants, frozen, eval_objectives)
+
+
+def _eval_objectives(manifest: Sequence[Mapping[str, Any]]) -> set[str]:
+    return {r["objective"] for r in manifest if r["split"] != "train"}
+
+
+def _quest_job(ctx: WorkerContext, job: tuple[Shared, dict]) -> list[Demo]:
+    shared, row = job
+    memory, organizer = ctx.get(shared)
+    return quest_demos(ctx.cfg, ctx.root, ctx.scenes, row, memory, organizer,
+                       ctx.cached("eval_objectives", lambda: _eval_objectives(ctx.manifest)))
 
 
 def training_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
@@ -403,8 +458,73 @@ def house_grounding(rule_cfg: Config, house: GeneratedHouse, scenes: dict[str, A
 
 def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                     memory: SceneMemory, organizer: PromptOrganizer, *,
-                    progress: Callable[[int], None] | None = None) -> list[Demo]:
-    """One expert demonstration in each of ``policy.generated_houses`` generated houses.
+                    progress: Callable[[int], None] | None = None,
+                    workers: DemoWorkers | None = None) -> list[Demo]:
+    """One expert demonstration in each of ``policy.generated_houses`` generated houses, and
+    ``policy.generated_drills`` drills in further houses (:func:`house_demo`), in chunks of
+    :data:`HOUSES_PER_JOB` houses in ``workers`` (None: this process), merged in house order."""
+    with _workers_or_inline(workers, cfg, Path("."), manifest, scenes) as pool:
+        return _generated_demos(pool, pool.share((_prompt_memory(memory), organizer)), progress=progress)
+
+
+def _prompt_memory(memory: SceneMemory) -> SceneMemory:
+    """What the prompts read of ``memory`` (grounding and store), for the workers: without the
+    rule agent's episode and turn rows."""
+    return replace(memory, episodes=[], turns=[])
+
+
+def _generated_demos(pool: DemoWorkers, shared: Shared, *,
+                     progress: Callable[[int], None] | None = None) -> list[Demo]:
+    """:func:`generated_demos` on ``pool``, ``shared`` holding ``(memory, organizer)``."""
+    pol = pool.context.cfg.model.policy
+    n = max(0, pol.generated_houses) + max(0, pol.generated_drills)
+    if n == 0:
+        return []
+    # two quests a house: the first is demonstrated, the second (where the house has one) is
+    # what the rule agent plays for the house's grounding; the first is the same either way
+    houses = _draw_houses(pool, n)
+    jobs = [(shared, list(enumerate(houses))[i:i + HOUSES_PER_JOB]) for i in range(0, n, HOUSES_PER_JOB)]
+    parts = pool.map(_generated_job, jobs, progress=progress, count=lambda ds: sum(d is not None for d in ds))
+    return [d for part in parts for d in part if d is not None]
+
+
+def _draw_houses(pool: DemoWorkers, n: int) -> list[GeneratedHouse]:
+    """``training_houses(..., quests_per_house=2).houses(n)``, drawn in chunks of house indices on the
+    workers: the first ``n`` houses not skipped (each a pure function of its index).
+
+    Raises:
+        ValueError: as :meth:`GeneratedHouses.houses`, too many houses were skipped.
+    """
+    limit = 4 * n + 100  # GeneratedHouses.houses gives up at index 4n+100
+    out: list[GeneratedHouse] = []
+    start = 0
+    while len(out) < n:
+        if start >= limit:
+            raise ValueError(f"only {len(out)} of {n} generated houses could be drawn (too many skipped)")
+        stop = min(limit, start + n - len(out))
+        chunks = [(i, min(i + HOUSE_INDICES_PER_JOB, stop)) for i in range(start, stop, HOUSE_INDICES_PER_JOB)]
+        out += [h for part in pool.map(_houses_job, chunks) for h in part if h is not None]
+        start = stop
+    return out[:n]
+
+
+def _houses_job(ctx: WorkerContext, span: tuple[int, int]) -> list[GeneratedHouse | None]:
+    houses = ctx.cached("training_houses", lambda: training_houses(ctx.cfg, ctx.manifest, ctx.scenes,
+                                                                   quests_per_house=2))
+    return [houses.house(i) for i in range(*span)]
+
+
+def _generated_job(ctx: WorkerContext, job: tuple[Shared, list[tuple[int, GeneratedHouse]]]) -> list[Demo | None]:
+    shared, items = job
+    memory, organizer = ctx.get(shared)
+    rule_cfg = ctx.cached("rule_cfg", lambda: rule_agent_config(ctx.cfg))
+    return [house_demo(ctx.cfg, ctx.scenes, memory, organizer, house, k, rule_cfg=rule_cfg) for k, house in items]
+
+
+def house_demo(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,
+               house: GeneratedHouse, k: int, *, rule_cfg: Config | None = None) -> Demo | None:
+    """The demonstration of the ``k``-th generated house: an expert episode for ``k <
+    policy.generated_houses``, else a drill (None: no ``oracle`` advisory variant to drill on).
 
     The prompt variants are the train quests' (no advisory / each of
     ``demos.advisory_variants``' blocks, built by the memory's own :func:`build_memory_slot`
@@ -416,48 +536,38 @@ def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
     house, the objective, the observations, the grounding and an advisory that is true of
     this house are the only ways to predict the next action: the retrieved and placebo
     advisories speak of other houses, and the oracle's verified plan is this quest's (see
-    :mod:`pipeline.envs.household.generate`).
+    :mod:`pipeline.envs.household.generate`). Everything random is drawn from the house's
+    own seeds: the demonstration does not depend on which process makes it, or after what.
     """
     pol = cfg.model.policy
-    n_houses, n_drills = max(0, pol.generated_houses), max(0, pol.generated_drills)
-    if n_houses + n_drills == 0:
-        return []
+    n_houses = max(0, pol.generated_houses)
     oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
-    out = []
-    # two quests a house: the first is demonstrated, the second (where the house has one) is
-    # what the rule agent plays for the house's grounding; the first is the same either way
-    houses = training_houses(cfg, manifest, scenes, quests_per_house=2).houses(n_houses + n_drills)
-    rule_cfg = rule_agent_config(cfg)
-    for k, house in enumerate(houses):
-        row = house.row(0)
-        all_scenes = {**scenes, house.scene_id: house.spec}
-        grounded = crc_rng(cfg.seed, "generated-grounding", house.scene_id).random() < pol.generated_grounding
-        text = house_grounding(rule_cfg, house, all_scenes) if grounded else None
-        house_memory = replace(memory, grounding={house.scene_id: text}) if text else memory
-        variants = prompt_variants(cfg, house_memory, row, organizer)
-        if text:  # the prompts of a grounded house carry its grounding, as a seen scene's eval prompts do
-            variants = [x for x in variants if x.grounding is not None]
-        drill = k >= n_houses
-        if drill:  # the oracle's first turn: copy the first step, keep the rest as the plan
-            v = next((x for x in variants if x.source in oracle_names), None)
-            if v is None:
-                continue
-        else:
-            v = variants[int(house.scene_id.rsplit("_", 1)[1]) % len(variants)]
-        prompt = freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block)
-        rng = crc_rng(cfg.seed, "generated", house.scene_id)
-        episode = play_expert(cfg, Path("."), all_scenes, row, prompt, rng=rng,
-                              slip_prob=0.0 if drill else pol.slip_prob, env=house_env(cfg, house))
-        if drill:
-            j = k - n_houses
-            first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
-            # eight drills make one training unit (training_unit: the part before the last "_")
-            out.append(Demo.of(DemoKind.house_drill, f"{j // 8:05d}_{j % 8:02d}", row, v, {}, first, j))
-        else:
-            out.append(Demo.of(DemoKind.house, house.scene_id, row, v, {}, episode, 0))
-        if progress is not None:
-            progress(1)
-    return out
+    rule_cfg = rule_cfg if rule_cfg is not None else rule_agent_config(cfg)
+    row = house.row(0)
+    all_scenes = {**scenes, house.scene_id: house.spec}
+    grounded = crc_rng(cfg.seed, "generated-grounding", house.scene_id).random() < pol.generated_grounding
+    text = house_grounding(rule_cfg, house, all_scenes) if grounded else None
+    house_memory = replace(memory, grounding={house.scene_id: text}) if text else memory
+    variants = prompt_variants(cfg, house_memory, row, organizer)
+    if text:  # the prompts of a grounded house carry its grounding, as a seen scene's eval prompts do
+        variants = [x for x in variants if x.grounding is not None]
+    drill = k >= n_houses
+    if drill:  # the oracle's first turn: copy the first step, keep the rest as the plan
+        v = next((x for x in variants if x.source in oracle_names), None)
+        if v is None:
+            return None
+    else:
+        v = variants[int(house.scene_id.rsplit("_", 1)[1]) % len(variants)]
+    prompt = freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block)
+    rng = crc_rng(cfg.seed, "generated", house.scene_id)
+    episode = play_expert(cfg, Path("."), all_scenes, row, prompt, rng=rng,
+                          slip_prob=0.0 if drill else pol.slip_prob, env=house_env(cfg, house))
+    if drill:
+        j = k - n_houses
+        first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
+        # eight drills make one training unit (training_unit: the part before the last "_")
+        return Demo.of(DemoKind.house_drill, f"{j // 8:05d}_{j % 8:02d}", row, v, {}, first, j)
+    return Demo.of(DemoKind.house, house.scene_id, row, v, {}, episode, 0)
 
 
 def play_expert(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], prompt: str, *,

@@ -22,7 +22,9 @@ on the experiment's list of conditions. Files::
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,8 +33,12 @@ import pyarrow as pa
 from pipeline.core.conf_schema import Config, PolicyConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_write_json, read_json, read_parquet, write_parquet
+from pipeline.core.parallel import stage_workers
 from pipeline.memory import load_store, write_store
+from pipeline.policy.demo_workers import DemoWorkers
 from pipeline.policy.demos import (
+    HOUSES_PER_JOB,
+    RULE_TASKS_PER_JOB,
     RenderedTurn,
     SceneMemory,
     build_scene_memory,
@@ -67,11 +73,14 @@ class DemoSet:
         memory: the scene grounding and episodic store the demonstrations' prompts were
             built from (the quality evaluation's ``memory`` prompts use them too).
         summary: ``{"demos": ..., "rule_agent_episodes": ...}`` for ``training.json``.
+        run: how this build ran (``workers``, wall seconds per step): for the stage's
+            metrics only, never written to ``data/demos`` (empty when read back).
     """
 
     turns: list[RenderedTurn]
     memory: SceneMemory
     summary: dict
+    run: dict = field(default_factory=dict)
 
 
 def rule_agent_summary(policy_cfg: PolicyConfig, episodes: Sequence[Mapping[str, Any]]) -> dict:
@@ -80,22 +89,49 @@ def rule_agent_summary(policy_cfg: PolicyConfig, episodes: Sequence[Mapping[str,
             "success_rate": round(sum(e["is_correct"] for e in episodes) / max(1, len(episodes)), 6)}
 
 
+def demo_workers(cfg: Config, manifest: Sequence[Mapping[str, Any]]) -> int:
+    """The processes :func:`build_demo_set` uses: ``workers`` (:mod:`pipeline.core.parallel`), at
+    most one per job of its largest step (the train quests, the chunks of generated houses)."""
+    pol = cfg.model.policy
+    n_train = sum(r["split"] == "train" for r in manifest)
+    n_houses = max(0, pol.generated_houses) + max(0, pol.generated_drills)
+    return stage_workers(cfg, limit=max(n_train, math.ceil(n_train / RULE_TASKS_PER_JOB),
+                                        math.ceil(n_houses / HOUSES_PER_JOB)))
+
+
 def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
                    memory_progress: Callable[[int], None] | None = None,
                    demo_progress: Callable[[int], None] | None = None) -> DemoSet:
     """Rule agent episodes -> grounding and store -> expert demonstrations -> rendered turns.
+
+    The episodes and demonstrations are played in :func:`demo_workers` processes
+    (:class:`pipeline.policy.demo_workers.DemoWorkers`): the same bytes for any number.
 
     Raises:
         ConfigError: the manifest has no train quests.
     """
     if not any(r["split"] == "train" for r in manifest):
         raise ConfigError("the games manifest has no train quests to demonstrate (env.train_quests_per_scene=0?)")
-    memory = build_scene_memory(cfg, root, manifest, scenes, progress=memory_progress)
-    demos = play_demos(cfg, root, manifest, scenes, memory, progress=demo_progress)
+    n = demo_workers(cfg, manifest)
+    wall: dict[str, float] = {}
+    t = time.perf_counter()
+    with DemoWorkers(cfg, root, manifest, scenes, workers=n) as pool:
+        wall["start_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        memory = build_scene_memory(cfg, root, manifest, scenes, progress=memory_progress, workers=pool)
+        wall["memory_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        demos = play_demos(cfg, root, manifest, scenes, memory, progress=demo_progress, workers=pool)
+        wall["demos_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+    wall["stop_s"] = time.perf_counter() - t
+    t = time.perf_counter()
     turns = render_demos(cfg, demos)
+    wall["render_s"] = time.perf_counter() - t
     summary = {"demos": demo_stats(demos, turns),
                "rule_agent_episodes": rule_agent_summary(cfg.model.policy, memory.episodes)}
-    return DemoSet(turns=turns, memory=memory, summary=summary)
+    return DemoSet(turns=turns, memory=memory, summary=summary,
+                   run={"workers": n, "wall_s": {k: round(v, 3) for k, v in wall.items()}})
 
 
 def turns_table(turns: Sequence[RenderedTurn]) -> pa.Table:

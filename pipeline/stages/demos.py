@@ -12,9 +12,14 @@ from the games and the policy's own config: the experiment's list of conditions 
 read, so adding a condition does not change the demonstrations or the model the
 ``policy`` stage trains on them.
 
+The rule agent's episodes and the demonstrations are played in ``workers`` processes
+(:mod:`pipeline.core.parallel`; :class:`pipeline.policy.demo_workers.DemoWorkers`): jobs
+fixed by the config, each item seeded by its identity, merged in job order, so any count
+writes the same bytes.
+
 Writes ``data/demos/`` (:mod:`pipeline.policy.demoset`: ``turns.parquet``,
-``grounding.json``, ``store/``, ``summary.json``) and ``metrics/demos.json`` (the summary
-and wall times). Skipped (a marker ``data/demos/SKIPPED.json``) exactly when the
+``grounding.json``, ``store/``, ``summary.json``) and ``metrics/demos.json`` (the summary,
+the worker count and wall times: those in the metrics only). Skipped (a marker ``data/demos/SKIPPED.json``) exactly when the
 ``policy`` stage is (:func:`pipeline.policy.training.skip_reason`).
 """
 
@@ -61,10 +66,12 @@ def demos(cfg: Config, root: Path, _args: object) -> None:
     with atomic_dir(out_dir) as tmp:
         write_demo_set(demo_set, tmp)
     wall = round(time.perf_counter() - t0, 3)
-    atomic_write_json(metrics_path, {"built": True, **demo_set.summary, "wall_time_s": wall})
+    # the worker count and wall times go to the metrics only: data/demos is the same bytes on any count
+    atomic_write_json(metrics_path, {"built": True, **demo_set.summary, "workers": demo_set.run["workers"],
+                                     "wall_time_s": wall, "wall_s": demo_set.run["wall_s"]})
     d = demo_set.summary["demos"]
     print(f"demos: {d['episodes']} demonstrations, {d['turns']} turns ({d['train_turns']} learned) "
-          f"-> {cfg.paths.demos}")
+          f"-> {cfg.paths.demos} ({wall:.0f} s on {demo_set.run['workers']} workers)")
 
 
 def main(argv: list[str] | None = None) -> int:
