@@ -184,3 +184,14 @@ def test_reprocheck_compares_the_workspace_with_the_lock_and_says_so(repo: Path)
     (repo / "out.txt").unlink()
     p = _run(repo, *check, ok=False)
     assert p.returncode == 1 and "out.txt: not produced" in p.stdout
+
+
+def test_a_workers_override_never_asks_for_another_golden_file():
+    """`make reprocheck` checks the one golden file at workers=1 and workers=3: the process
+    count is the override that by contract changes no byte; every other override still counts."""
+    from pipeline.tools.reprocheck import byte_overrides
+
+    assert byte_overrides(["experiment=tiny", "workers=3"]) == ["experiment=tiny"]
+    assert byte_overrides(["+workers=1", "experiment=tiny"]) == ["experiment=tiny"]
+    assert byte_overrides(["experiment=tiny", "agent.batch_size=3"]) == ["experiment=tiny", "agent.batch_size=3"]
+    assert byte_overrides(["model.policy.micro_batches=4"]) == ["model.policy.micro_batches=4"]

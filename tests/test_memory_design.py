@@ -340,3 +340,41 @@ def test_the_design_study_summarises_each_point_at_its_largest_k():
     assert {(r["k"], r["condition"], r["split"]) for r in rows} >= {(4, "C2", "all"), (4, "C2", "seen")}
     assert summary_csv(rows).splitlines() == ["point,k,C0,C1,C2,C2_placebo,c1_minus_c0,c2_minus_c1",
                                               "quiet,4,0.1,0.5,0.8,,+0.4000,+0.3000"]
+
+
+def test_a_token_measured_block_length_reaches_the_curve_workers(monkeypatch):
+    """A memory block measured in a model's tokens is a closure over its tokenizer, which a spawn
+    pool cannot pickle (the curve stage failed on workers > 1 with the default model): it travels
+    as its unit and each worker loads the same tokenizer again; a caller's own measure in
+    another unit is refused by the worker's render job, naming both units."""
+    import pickle
+
+    from pipeline.conditions.length import BlockLength
+    from pipeline.core.config import ConfigError
+    from pipeline.session import experience
+
+    words = {"a b c": 3}
+    tokens = BlockLength(lambda text: words.get(text, 0), "tokens (Tok, 3 entries)")
+    from types import SimpleNamespace
+
+    ctx = {"cfg": None, "root": None, "play_cfg": SimpleNamespace(numerics=None, agent=None, model=None),
+           "length": tokens}
+    with pytest.raises((pickle.PicklingError, AttributeError)):
+        pickle.dumps(ctx)
+    shipped = pickle.loads(pickle.dumps(experience._shippable(ctx)))
+    assert shipped["length"] is None and shipped["length_unit"] == tokens.unit
+    assert experience._shippable({**ctx, "length": BlockLength()})["length"] == BlockLength()
+
+    monkeypatch.setattr(experience, "pin", lambda *a, **k: None)
+    monkeypatch.setattr(experience, "plays_with_model", lambda agent: False)
+    monkeypatch.setattr(experience, "_WORKER_CONTEXT", {})
+    monkeypatch.setattr(experience, "block_length_for", lambda cfg, root: tokens)
+    monkeypatch.setattr(experience, "_render_at", lambda c, k: [[c["length"].measure("a b c")]])
+    experience._init_worker(shipped)
+    assert experience._render_job(0) == [[3]]
+
+    monkeypatch.setattr(experience, "_WORKER_CONTEXT", {})
+    monkeypatch.setattr(experience, "block_length_for", lambda cfg, root: BlockLength())
+    experience._init_worker(shipped)
+    with pytest.raises(ConfigError, match=r"measured in characters, the parent in tokens \(Tok"):
+        experience._render_job(0)

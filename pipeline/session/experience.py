@@ -38,7 +38,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from pipeline.agents import plays_with_model
-from pipeline.conditions.length import BlockLength
+from pipeline.conditions.length import BlockLength, block_length_for
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
@@ -239,15 +239,35 @@ def _play_at(ctx: Mapping[str, Any], prompt_rows: list) -> list[dict]:
 _WORKER_CONTEXT: dict[str, Any] = {}
 
 
+def _shippable(ctx: dict) -> dict:
+    """The run's inputs as a spawn worker receives them (pickled). A block length measured in
+    a model's tokens is a closure over its tokenizer, which does not pickle: it travels as its
+    unit's name and the worker loads the same tokenizer again (:func:`_init_worker`)."""
+    length: BlockLength = ctx["length"]
+    if length.measure is len:
+        return ctx
+    return {**ctx, "length": None, "length_unit": length.unit}
+
+
 def _init_worker(ctx: dict) -> None:
     """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
-    loads), keep the run's shared inputs."""
+    loads), keep the run's shared inputs; a token-measured block length is rebuilt from the
+    model directory (its render jobs refuse it unless it is the unit the parent measured in:
+    an initializer that raised would only be restarted by the pool)."""
     play_cfg = ctx["play_cfg"]
     pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
+    if ctx["length"] is None:
+        ctx = {**ctx, "length": block_length_for(ctx["cfg"], ctx["root"])}
     _WORKER_CONTEXT.update(ctx)
 
 
 def _render_job(k: int) -> list[list]:
+    """Raises:
+        ConfigError: the worker's block length is not the parent's unit (a caller's own measure)."""
+    unit = _WORKER_CONTEXT.get("length_unit")
+    if unit is not None and _WORKER_CONTEXT["length"].unit != unit:
+        raise ConfigError(f"curve worker: memory blocks measured in {_WORKER_CONTEXT['length'].unit}, the parent "
+                          f"in {unit}: run with workers=1")
     return _render_at(_WORKER_CONTEXT, k)
 
 
@@ -271,7 +291,7 @@ def _curve_jobs(ctx: dict, ks: list[int], workers: int) -> Iterator[tuple[int, s
                 yield k, cond, prompt_rows, _play_at(ctx, prompt_rows)
         return
     mp = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or model state
-    with mp.Pool(workers, initializer=_init_worker, initargs=(ctx,)) as pool:
+    with mp.Pool(workers, initializer=_init_worker, initargs=(_shippable(ctx),)) as pool:
         rendered = pool.map(_render_job, ks, chunksize=1)
         points = [(k, cond, prompt_rows) for k, by_cond in zip(ks, rendered)
                   for cond, prompt_rows in zip(conditions, by_cond)]
