@@ -41,13 +41,16 @@ def test_the_committed_results_figure_is_the_committed_metrics():
 
 
 def _copy_project(tmp_path: Path) -> Path:
-    """README.md, docs/ and metrics/ of this project in a scratch directory (what --check reads)."""
+    """README.md, docs/, metrics/ and the benchmarks' results of this project in a scratch
+    directory (what --check reads)."""
     root = tmp_path / "project"
     (root / "docs").mkdir(parents=True)
     shutil.copy2(ROOT / "README.md", root / "README.md")
     for doc in (ROOT / "docs").glob("*.md"):
         shutil.copy2(doc, root / "docs" / doc.name)
     shutil.copytree(ROOT / "metrics", root / "metrics")
+    (root / "benchmarks").mkdir()
+    shutil.copy2(ROOT / "benchmarks" / "results.json", root / "benchmarks" / "results.json")
     return root
 
 
@@ -98,3 +101,27 @@ def test_a_block_is_rewritten_from_the_metrics_and_the_rest_kept(tmp_path):
 def test_an_unknown_block_is_an_error_naming_it(tmp_path):
     with pytest.raises(ValueError, match=r"results:nonsense.*known: conditions, comparisons, curve, headline, policy, targets"):
         results.render("<!-- results:nonsense -->\nx\n<!-- /results:nonsense -->\n", _metrics(tmp_path))
+
+
+def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projection(tmp_path):
+    """Run times are figures of the default run too: read from what each stage recorded, and the
+    projection from the committed scaling benchmark, never typed."""
+    from pipeline.tools.results import runtime_table
+
+    m = tmp_path / "metrics"
+    (m / "eval").mkdir(parents=True)
+    (m / "games.json").write_text(json.dumps({"plan_wall_s": 6.0, "compile_wall_s": 54.0, "compile_workers": 2}))
+    (m / "demos.json").write_text(json.dumps({"wall_time_s": 120.0, "workers": 2}))
+    (m / "policy.json").write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 1}}))
+    for c, t in (("C0", 30.0), ("C1", 90.0)):
+        (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": t}))
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "results.json").write_text(json.dumps({"benchmarks": {"scaling": {
+        "meta": {"date": "D", "cores": 2, "load_average": [0.1]},
+        "runs": [{"details": {"projection": {"parallel_fraction": 0.9149,
+                                             "cores": {"16": {"total_s": 480.0}, "2": {"total_s": 1500.0}}}}}]}}}))
+    text = runtime_table(m)
+    assert "| games | 1.0 | 2 |" in text and "| demos | 2.0 | 2 |" in text and "| policy | 10.0 | 1 |" in text
+    assert "| evaluate (2 conditions) | 2.0 | – |" in text and "| curve | – | – |" in text
+    assert "**15.0**" in text  # 60 + 120 + 600 + 120 s
+    assert "25 min on 2 cores, 8 min on 16 cores; parallel fraction of the run's time 0.91." in text

@@ -16,7 +16,9 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
   memory and the grounding are worth to it, the model's positive control and C2 vs C1), as ``compare`` writes them;
 - ``targets``: the design's targets for the reader (docs/memory.md) with the default run's figure
   and met / missed, each computed from ``metrics/compare.json``;
-- ``policy``: the default model's in-context probe (``metrics/policy.json``), before and after training.
+- ``policy``: the default model's in-context probe (``metrics/policy.json``), before and after training;
+- ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), and the
+  scaling benchmark's projection of the cold run to more cores (``benchmarks/results.json``).
 
 Documents: README.md and every docs/*.md (:func:`documents`); a block may appear in any of them.
 """
@@ -193,9 +195,61 @@ def policy_table(metrics: Path) -> str:
               f"{_count(training.get('steps'))} training steps; greedy.")
 
 
+def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
+    """``(stage, wall seconds, processes)`` of each stage as its metrics recorded them (None: not
+    recorded); the conditions' ``evaluate`` / ``evaluate_reader`` / ``render`` summed."""
+    games, demos, policy = _read(metrics / "games.json"), _read(metrics / "demos.json"), _read(metrics / "policy.json")
+    curve, collect = _read(metrics / "curve.json"), _read(metrics / "collect.json")
+    ptimes = policy.get("wall_time_s") if isinstance(policy.get("wall_time_s"), dict) else {}
+
+    def summed(folder: str) -> tuple[float | None, int]:
+        files = sorted((metrics / folder).glob("*.json"))
+        times = [_read(f).get("wall_time_s") for f in files]
+        return (sum(times) if times and all(isinstance(t, (int, float)) for t in times) else None), len(files)
+
+    evaluate, n_eval = summed("eval")
+    reader, n_reader = summed("eval_reader")
+    gtime = (games.get("plan_wall_s") or 0) + (games.get("compile_wall_s") or 0) if "compile_wall_s" in games else None
+    return [("games", gtime, games.get("compile_workers")),
+            ("demos", demos.get("wall_time_s"), demos.get("workers")),
+            ("policy", ptimes.get("total_s"), ptimes.get("train_processes")),
+            ("collect", collect.get("wall_time_s"), 1),
+            ("ground", _read(metrics / "ground.json").get("wall_time_s"), 1),
+            (f"evaluate ({n_eval} conditions)", evaluate, None),
+            (f"evaluate_reader ({n_reader} conditions)", reader, None),
+            ("curve", curve.get("wall_time_s"), curve.get("workers"))]
+
+
+def _fraction(x: Any) -> str:
+    return f"{x:.2f}" if isinstance(x, (int, float)) else "?"
+
+
+def runtime_table(metrics: Path) -> str:
+    """The default run's stage wall times as its metrics recorded them, and the scaling
+    benchmark's projection of the cold run to more cores (``benchmarks/results.json``)."""
+    rows, total = [], 0.0
+    for stage, secs, procs in _stage_times(metrics):
+        rows.append([stage, "–" if secs is None else f"{secs / 60:.1f}", "–" if procs is None else str(procs)])
+        total += secs or 0.0
+    text = markdown_table(["stage", "minutes", "processes"], rows + [["**the stages' sum**", f"**{total / 60:.1f}**", ""]])
+    bench = _read(metrics.parent / "benchmarks" / "results.json").get("benchmarks", {}).get("scaling") or {}
+    runs = bench.get("runs") or [{}]
+    proj = (runs[0].get("details") or {}).get("projection") or {}
+    cores = proj.get("cores") or {}
+    if cores:
+        meta = bench.get("meta") or {}
+        cols = sorted(cores, key=int)
+        text += ("\n\nProjected cold `make repro` (install included) by `python -m benchmarks --only scaling` "
+                 f"({meta.get('date', '?')}, {meta.get('cores', '?')} cores, load {(meta.get('load_average') or ['?'])[0]}): "
+                 + ", ".join(f"{cores[c]['total_s'] / 60:.0f} min on {c} cores" for c in cols)
+                 + f"; parallel fraction of the run's time {_fraction(proj.get('parallel_fraction'))}.")
+    return text
+
+
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
-                                            "policy": policy_table, "targets": targets_table}
+                                            "policy": policy_table, "targets": targets_table,
+                                            "runtime": runtime_table}
 
 
 def render(text: str, metrics: Path) -> str:
