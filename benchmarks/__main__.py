@@ -14,7 +14,7 @@ in the same run (named in the ``vs`` column), and the issue's target where it se
 Above it: date, machine (cores, CPU model) and the load average before and after every
 benchmark (the machine is shared: prefer the ratios).
 
-A full run writes ``benchmarks/results.json`` (the README's performance figures come
+A full run writes ``benchmarks/results.json`` (docs/performance.md's figures and the README's run-time projection come
 from it; it is not a DVC output); ``--only`` updates just those benchmarks in it;
 ``--quick`` writes nothing unless ``--out`` is given. Nothing here is a test assertion.
 
