@@ -117,11 +117,12 @@ def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projec
         (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": t}))
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "results.json").write_text(json.dumps({"benchmarks": {"scaling": {
-        "meta": {"date": "D", "cores": 2, "load_average": [0.1]},
+        "meta": {"date": "D", "cores": 2, "load_average": [0.1], "git": "abc1234"},
         "runs": [{"details": {"projection": {"parallel_fraction": 0.9149,
                                              "cores": {"16": {"total_s": 480.0}, "2": {"total_s": 1500.0}}}}}]}}}))
     text = runtime_table(m)
     assert "| games | 1.0 | 2 |" in text and "| demos | 2.0 | 2 |" in text and "| policy | 10.0 | 1 |" in text
     assert "| evaluate (2 conditions) | 2.0 | – |" in text and "| curve | – | – |" in text
     assert "**15.0**" in text  # 60 + 120 + 600 + 120 s
-    assert "25 min on 2 cores, 8 min on 16 cores; parallel fraction of the run's time 0.91." in text
+    assert "(at commit abc1234, D, 2 cores, load 0.1): 25 min on 2 cores, 8 min on 16 cores" in text
+    assert "parallel fraction of the run's time 0.91." in text

@@ -9,7 +9,7 @@ processes, each single-threaded, and returns their results in job order: any wor
 count gives the same demonstrations, byte for byte (``tests/test_demos_workers.py``)::
 
     with DemoWorkers(cfg, root, manifest, scenes, workers=4) as pool:
-        shared = pool.share(memory)                       # sent to each worker once
+        shared = pool.share(memory)                       # sent to each worker once (its start)
         parts = pool.map(job_fn, [(shared, row) for row in rows], progress=bar.update)
 
 ``job_fn(ctx, job)`` is a module-level function; ``ctx`` (:class:`WorkerContext`) holds
@@ -18,9 +18,6 @@ the config, root, manifest and scenes, and ``ctx.get(shared)`` what :meth:`share
 
 from __future__ import annotations
 
-import os
-import pickle
-import tempfile
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,10 +48,7 @@ class WorkerContext:
     cache: dict[str, Any] = field(default_factory=dict)
 
     def get(self, handle: Shared) -> Any:
-        """The object behind a :class:`Shared` handle (read from its file once per process)."""
-        if handle.key not in self.objects:
-            with open(handle.key, "rb") as f:
-                self.objects[handle.key] = pickle.load(f)
+        """The object behind a :class:`Shared` handle."""
         return self.objects[handle.key]
 
     def cached(self, name: str, make: Callable[[], Any]) -> Any:
@@ -67,13 +61,14 @@ class WorkerContext:
 _CONTEXT: WorkerContext | None = None  # a worker process's context (set by _init_worker)
 
 
-def _init_worker(cfg: Config, root: Path, manifest: list, scenes: dict) -> None:
-    """A worker's start: one thread (the numerics pinned as the stage's, at ``threads=1``)."""
+def _init_worker(cfg: Config, root: Path, manifest: list, scenes: dict, objects: dict[str, Any]) -> None:
+    """A worker's start: one thread (the numerics pinned as the stage's, at ``threads=1``), the
+    stage's inputs and every object shared so far."""
     global _CONTEXT
     from pipeline.core.numerics import pin
 
     pin(OmegaConf.merge(cfg.numerics, {"threads": 1}), load_torch=False)
-    _CONTEXT = WorkerContext(cfg, Path(root), manifest, scenes)
+    _CONTEXT = WorkerContext(cfg, Path(root), manifest, scenes, objects)
 
 
 def _run_job(fn: Callable[[WorkerContext, Any], Any], job: Any) -> Any:
@@ -94,42 +89,44 @@ class DemoWorkers:
         self.workers = max(1, int(workers))
         self.context = WorkerContext(cfg, Path(root), [dict(r) for r in manifest], dict(scenes))
         self._pool: ProcessPoolExecutor | None = None
-        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._pool_objects = -1  # how many shared objects the running pool's workers were started with
         self._shared: dict[int, tuple[Any, Shared]] = {}
 
     def __enter__(self) -> DemoWorkers:
-        if self.workers > 1:
-            import multiprocessing
-
-            self._tmp = tempfile.TemporaryDirectory(prefix="demo_workers_")
-            c = self.context
-            # spawn: a clean interpreter per worker (no inherited TextWorld / thread state)
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker, initargs=(c.cfg, c.root, c.manifest, c.scenes))
         return self
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=exc_type is not None)
-            self._pool = None
-        if self._tmp is not None:
-            self._tmp.cleanup()
-            self._tmp = None
+        self._stop(cancel=exc_type is not None)
         self._shared.clear()
 
+    def _stop(self, cancel: bool = False) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool = None
+
+    def _workers_pool(self) -> ProcessPoolExecutor:
+        """The pool, (re)started when an object was shared since its workers started: shared
+        objects travel as the workers' start-up arguments (multiprocessing's own pickling
+        between this run's processes), never through a file."""
+        if self._pool is None or self._pool_objects != len(self.context.objects):
+            import multiprocessing
+
+            self._stop()
+            c = self.context
+            # spawn: a clean interpreter per worker (no inherited TextWorld / thread state)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
+                                             initializer=_init_worker,
+                                             initargs=(c.cfg, c.root, c.manifest, c.scenes, dict(c.objects)))
+            self._pool_objects = len(c.objects)
+        return self._pool
+
     def share(self, obj: Any) -> Shared:
-        """A handle through which every job reads ``obj`` (pickled once, loaded once per worker)."""
+        """A handle through which every job reads ``obj`` (sent to each worker once, at its start)."""
         hit = self._shared.get(id(obj))
         if hit is not None and hit[0] is obj:
             return hit[1]
-        key = f"inline-{len(self._shared)}"
-        if self._tmp is not None:
-            key = os.path.join(self._tmp.name, f"shared_{len(self._shared)}.pkl")
-            with open(key, "wb") as f:
-                pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-        else:
-            self.context.objects[key] = obj
-        handle = Shared(key)
+        handle = Shared(f"shared-{len(self._shared)}")
+        self.context.objects[handle.key] = obj
         self._shared[id(obj)] = (obj, handle)  # the object is kept: its id is not reused meanwhile
         return handle
 
@@ -137,7 +134,7 @@ class DemoWorkers:
             progress: Callable[[int], None] | None = None, count: Callable[[Any], int] = len) -> list:
         """``[fn(ctx, job) for job in jobs]``, the jobs spread over the workers; ``progress(count(result))``
         as each job finishes (in the order they finish)."""
-        if self._pool is None:
+        if self.workers <= 1:
             out = []
             for job in jobs:
                 res = fn(self.context, job)
@@ -145,7 +142,8 @@ class DemoWorkers:
                 if progress is not None:
                     progress(count(res))
             return out
-        futures = [self._pool.submit(_run_job, fn, job) for job in jobs]
+        pool = self._workers_pool()
+        futures = [pool.submit(_run_job, fn, job) for job in jobs]
         pending = set(futures)
         try:
             while pending:

@@ -240,7 +240,8 @@ def runtime_table(metrics: Path) -> str:
         meta = bench.get("meta") or {}
         cols = sorted(cores, key=int)
         text += ("\n\nProjected cold `make repro` (install included) by `python -m benchmarks --only scaling` "
-                 f"({meta.get('date', '?')}, {meta.get('cores', '?')} cores, load {(meta.get('load_average') or ['?'])[0]}): "
+                 f"(at commit {meta.get('git', '?')}, {meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
+                 f"load {(meta.get('load_average') or ['?'])[0]}): "
                  + ", ".join(f"{cores[c]['total_s'] / 60:.0f} min on {c} cores" for c in cols)
                  + f"; parallel fraction of the run's time {_fraction(proj.get('parallel_fraction'))}.")
     return text

@@ -45,8 +45,8 @@ def _no_temp_files(folder: Path) -> list[str]:
                                  "SIGKILL inside a batch"])
 def test_sigkill_part_way_then_rerun_finishes_the_rest_byte_identical(project, tmp_path, how):
     sequential = how.startswith("external")
-    if sequential:  # episodes finish one by one: a kill after the first file lands before the second
-        project.configure("agent.batched=false")
+    if sequential:  # episodes finish one by one (one process): a kill after the first file lands before the second
+        project.configure("agent.batched=false", "workers=1")
     project.run("collect")
     reference = _outputs(project)
     all_ids = _train_ids(project)
@@ -106,7 +106,7 @@ def test_sigkill_in_the_middle_of_a_write_keeps_the_previous_files(project, tmp_
 
 
 def test_ctrl_c_stops_cleanly_and_says_what_was_kept(project, tmp_path):
-    project.configure("agent.batched=false")
+    project.configure("agent.batched=false", "workers=1")  # one process: episodes finish one by one
     all_ids = _train_ids(project)
     proc = project.start("collect", env={"REL_STEP_DELAY": "0.05"})
     rc, _, err = kill_when(proc, lambda: len(project.checkpoint_files()) >= 1, signal.SIGINT)

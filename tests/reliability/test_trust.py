@@ -86,7 +86,7 @@ def test_a_wedged_worker_process_fails_the_collection_instead_of_hanging_it(tiny
     from pipeline.session.collection import _play_in_workers
     from pipeline.session.rollout import tasks_from_manifest
 
-    cfg = OmegaConf.merge(tiny_cfg, {"agent": {"workers": 2, "batched": False, "worker_stall_s": 3}})
+    cfg = OmegaConf.merge(tiny_cfg, {"workers": 2, "agent": {"batched": False, "worker_stall_s": 3}})
     tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=cfg.seed)
     stopped: list[int] = []
 
