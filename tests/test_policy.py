@@ -249,9 +249,10 @@ def test_demo_kind_reads_each_kind_back_from_its_id():
     from pipeline.policy.demos import DemoKind, demo_kind
 
     ids = {"demo_scene_00_q01_03": DemoKind.quest, "drill_scene_00_q01_02": DemoKind.drill,
-           "gen_gen_00004": DemoKind.house, "drill_gen_00001_07": DemoKind.house_drill}
+           "gen_gen_00004": DemoKind.house, "drill_gen_00001_07": DemoKind.house_drill,
+           "dagger_00_gen_00007": DemoKind.dagger}
     assert {i: demo_kind(i) for i in ids} == ids
-    assert {k.prefix for k in DemoKind} == {"demo_", "drill_", "gen_", "drill_gen_"}
+    assert {k.prefix for k in DemoKind} == {"demo_", "drill_", "gen_", "drill_gen_", "dagger_"}
     with pytest.raises(ValueError, match="ep_train_s0_q1_0"):
         demo_kind("ep_train_s0_q1_0")
 

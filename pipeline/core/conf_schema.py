@@ -558,6 +558,23 @@ class PolicyConfig:
     """Warm-up steps."""
     weight_decay: float = checked(0.0, positive(zero=True))
     """AdamW weight decay of the matrices."""
+    dagger_rounds: int = checked(0, at_least(0, " (0: none)"))
+    """Rounds of learning from its own mistakes after the demonstrations (``pipeline.policy.dagger``): the model
+    plays ``dagger_houses`` generated houses of the round's own seed stream, the knowledge-limited expert labels
+    every state it reaches, and the model is trained on every round's labels so far plus as many demonstration
+    units (``dagger_replay``) for ``dagger_epochs`` at ``dagger_lr`` (0: none)."""
+    dagger_houses: int = checked(400, at_least(1))
+    """Generated houses (one episode each, a prompt variant in turn) the model plays per DAgger round."""
+    dagger_replay: float = checked(1.0, positive(zero=True))
+    """Demonstration units replayed per DAgger unit in a round's training (drawn per round from the seed)."""
+    dagger_epochs: int = checked(1, at_least(1))
+    """Passes over a round's training units."""
+    dagger_lr: float = checked(0.001, positive())
+    """Peak learning rate of a DAgger round's training (warm-up ``warmup_steps``, cosine decay to 10%)."""
+    episode_probe_houses: int = checked(48, at_least(0, " (0: no probe)"))
+    """Held-out generated houses of the whole-episode probe (``pipeline.policy.dagger.EpisodeProbe``): each
+    played under a C0-, C1- and C2_oracle-like prompt, greedy, after the demonstrations and after each DAgger
+    round (``metrics/policy.json["episode_probe"]``; 0: none)."""
     evaluate: bool = False
     """Measure the trained model on the eval quests against react / rag (metrics/policy.json; off by default:
     the ``evaluate`` stages measure it, and the in-context probe checks it while it trains)."""

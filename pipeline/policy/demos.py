@@ -124,6 +124,7 @@ class DemoKind(StrEnum):
     drill = "drill"  # drill_<scene>_<quest>_<kk>: a train quest's plan drill, its first turn (plan_drills)
     house = "house"  # gen_<house>: an expert episode in a generated house (generated_demos)
     house_drill = "house_drill"  # drill_gen_<unit>_<kk>: a generated house's plan drill (generated_demos)
+    dagger = "dagger"  # dagger_<round>_<house>: the policy's own episode, the expert's labels (pipeline.policy.dagger)
 
     @property
     def prefix(self) -> str:
@@ -137,7 +138,7 @@ class DemoKind(StrEnum):
 
 
 _DEMO_PREFIXES = {DemoKind.quest: "demo_", DemoKind.drill: "drill_", DemoKind.house: "gen_",
-                  DemoKind.house_drill: "drill_gen_"}
+                  DemoKind.house_drill: "drill_gen_", DemoKind.dagger: "dagger_"}
 
 
 def demo_kind(demo_id: str) -> DemoKind:

@@ -31,6 +31,7 @@ from pipeline.core.conf_schema import Config, GroundingGenerator, PolicyConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_dir, atomic_write_json, write_parquet
 from pipeline.llm.backends import TransformersBackend, is_local
+from pipeline.policy.dagger import run_rounds
 from pipeline.policy.demos import RenderedTurn, demo_rows, training_unit
 from pipeline.policy.demoset import DemoSet
 from pipeline.policy.model import (
@@ -165,6 +166,16 @@ def demos_table(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> pa.Tab
                     schema=DEMOS_SCHEMA)
 
 
+def _episode_probe(episode_probe: Any, tok: Tokenized, timings: dict[str, float]) -> dict | None:
+    """The whole-episode probe's figures now (None without one); its time joins ``timings``."""
+    if episode_probe is None:
+        return None
+    t = time.perf_counter()
+    out = episode_probe.score(tok.model, tok.tokenizer)
+    timings["episode_probe_s"] = timings.get("episode_probe_s", 0.0) + time.perf_counter() - t
+    return out
+
+
 INCONTEXT_CSV = "policy_incontext.csv"
 INCONTEXT_COLUMNS = ("step", "oracle_first_step", "oracle_plan_copied", "plain_first_step")
 
@@ -178,7 +189,8 @@ def incontext_csv(curve: list[dict]) -> str:
 
 def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
                  train_progress: Callable[[int], Callable[[int, float], None]] | None = None,
-                 probe: Any = None) -> dict:
+                 probe: Any = None, episode_probe: Any = None, games: tuple[Sequence[Any], Any] | None = None,
+                 dagger_progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Tokenizer -> model -> training on ``demo_set``, saved into ``out_dir`` (swapped in whole).
 
     Args:
@@ -188,12 +200,18 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         train_progress: called with the number of training steps; returns the per-step
             callback ``(n, loss)`` given to :func:`pipeline.policy.model.train`.
         probe: an :class:`pipeline.policy.incontext.InContextProbe`, scored before training,
-            every ``policy.incontext_every`` steps and after the last one.
+            every ``policy.incontext_every`` steps and after the last one (and after each DAgger round).
+        episode_probe: a :class:`pipeline.policy.dagger.EpisodeProbe`, played after the
+            demonstrations and after each DAgger round.
+        games: ``(manifest, scenes)``, needed by ``policy.dagger_rounds`` > 0 (the rounds'
+            houses avoid the eval scenes' layouts and objectives).
+        dagger_progress: ``(what, done, total)`` of the DAgger rounds' episodes and steps.
 
     Returns:
         ``{"memory", "summary", "curve", "incontext", "timings"}``: the scene memory (for
-        the quality evaluation), the deterministic summary, the loss curve, the probe's
-        scores by step (``[]`` without a probe) and wall times (with ``train_processes``,
+        the quality evaluation), the deterministic summary (with ``episode_probe`` and
+        ``dagger``: the whole-episode probe's figures and each round's), the loss curve (the
+        rounds' steps numbered on), the probe's scores by step (``[]`` without a probe) and wall times (with ``train_processes``,
         the processes the data-parallel training used: :func:`pipeline.policy.model.train_processes`).
     """
     pol = cfg.model.policy
@@ -236,9 +254,32 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
                       progress=on_step, processes=processes)
         if probe is not None:
             measure(len(curve))
+        timings["train_s"] = time.perf_counter() - t - probe_s
+        episodes = _episode_probe(episode_probe, tok, timings)
+        dagger = None
+        if pol.dagger_rounds > 0:
+            if games is None:
+                raise ValueError("policy.dagger_rounds > 0 needs games=(manifest, scenes)")
+            t = time.perf_counter()
+            probe_before = probe_s + timings.get("episode_probe_s", 0.0)
+
+            def after_round(r: int, step: int) -> dict:
+                out = {}
+                if probe is not None:
+                    measure(step)
+                    out["incontext"] = {k: v for k, v in incontext[-1].items() if k != "step"}
+                if episode_probe is not None:
+                    out["episode_probe"] = _episode_probe(episode_probe, tok, timings)
+                return out
+
+            dagger = run_rounds(cfg, tok.model, tok.tokenizer, tok.units, demo_set.memory, games[0], games[1],
+                                start_step=len(curve), processes=processes, after_round=after_round,
+                                progress=dagger_progress)
+            curve = curve + dagger.curve
+            timings["dagger_s"] = time.perf_counter() - t - (probe_s + timings.get("episode_probe_s", 0.0)
+                                                                - probe_before)
     finally:
         torch.set_num_threads(stage_threads)
-    timings["train_s"] = time.perf_counter() - t - probe_s
     timings["incontext_s"] = probe_s
     timings["train_processes"] = processes  # metrics only (never training.json): the bytes do not depend on it
 
@@ -246,9 +287,18 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
     if incontext:
         summary["incontext"] = {**{k: v for k, v in incontext[-1].items() if k != "step"},
                                 "before_training": {k: v for k, v in incontext[0].items() if k != "step"}}
+    if episodes is not None:
+        last = dagger.rounds[-1].get("episode_probe", episodes) if dagger is not None and dagger.rounds else episodes
+        summary["episode_probe"] = {**last, "after_demonstrations": episodes}
+    turns, prompts = list(demo_set.turns), list(tok.prompts)
+    if dagger is not None:
+        summary["dagger"] = {"rounds": dagger.rounds, "steps": len(dagger.curve),
+                             "labelled_turns": len(dagger.turns)}
+        turns += dagger.turns
+        prompts += dagger.prompts
     with atomic_dir(out_dir) as tmp:
         save_policy(tmp / MODEL_DIR, tok.model, tok.tokenizer)
-        write_parquet(demos_table(demo_set.turns, tok.prompts), tmp / DEMOS_FILE, sort_by=["demo_id", "turn_index"],
+        write_parquet(demos_table(turns, prompts), tmp / DEMOS_FILE, sort_by=["demo_id", "turn_index"],
                       schema_version="1")
         atomic_write_json(tmp / SUMMARY_FILE, summary)
     return {"memory": demo_set.memory, "summary": summary, "curve": curve, "incontext": incontext,

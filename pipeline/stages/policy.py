@@ -45,6 +45,7 @@ from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
 from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
+from pipeline.policy.dagger import EpisodeProbe
 from pipeline.policy.incontext import InContextProbe
 from pipeline.policy.training import (INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, incontext_csv,
                                       loss_csv, model_dir, skip_reason)
@@ -76,6 +77,17 @@ def train_bar(bar: tqdm) -> Callable[[int], Callable[[int, float], None]]:
     return start
 
 
+def dagger_bar(bar: tqdm) -> Callable[[str, int, int], None]:
+    """``build_policy``'s ``dagger_progress`` over the training bar: a round's episodes, then its steps."""
+    def progress(what: str, done: int, total: int) -> None:
+        if bar.desc != f"policy: {what}":
+            bar.set_description(f"policy: {what}", refresh=False)
+            bar.reset(total=total)
+        bar.n = done
+        bar.refresh()
+    return progress
+
+
 def summary_line(metrics: dict) -> str:
     """The one line the stage prints."""
     q = metrics.get("quality")
@@ -86,6 +98,12 @@ def summary_line(metrics: dict) -> str:
         line += (f"; in-context first step (held-out houses) oracle/plain {ic['oracle_first_step']:.2f}/"
                  f"{ic.get('plain_first_step', float('nan')):.2f}, oracle plan copied "
                  f"{ic.get('oracle_plan_copied', float('nan')):.2f}")
+    ep = metrics.get("episode_probe")
+    if ep and "plain_success" in ep:
+        line += (f"; whole episodes (held-out houses) plain/grounded/oracle {ep['plain_success']:.2f}/"
+                 f"{ep.get('grounded_success', float('nan')):.2f}/{ep.get('oracle_success', float('nan')):.2f}")
+    if metrics.get("dagger"):
+        line += f" after {len(metrics['dagger']['rounds'])} DAgger rounds"
     if q:
         line += (f"; greedy JSON valid {q['greedy_json_valid_rate']:.2f}, success plain/memory "
                  f"{q['greedy_success_plain']:.2f}/{q['greedy_success_memory']:.2f} "
@@ -102,8 +120,12 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=cfg.seed)
     load_s = time.perf_counter() - t0
     probe = InContextProbe.build(cfg, manifest, scenes, demo_set.memory, n=cfg.model.policy.incontext_tasks)
+    episode_probe = EpisodeProbe.build(cfg, manifest, scenes, demo_set.memory,
+                                       n=cfg.model.policy.episode_probe_houses) \
+        if cfg.model.policy.episode_probe_houses > 0 else None
     with tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
-        built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar), probe=probe)
+        built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar), probe=probe,
+                             episode_probe=episode_probe, games=(manifest, scenes), dagger_progress=dagger_bar(bar))
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv(built["curve"]))
     atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv(built["incontext"]))
     metrics: dict[str, Any] = {"trained": True, "model_dir": model_dir(cfg), **built["summary"]}

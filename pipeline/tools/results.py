@@ -17,6 +17,8 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - ``targets``: the design's targets for the reader (docs/memory.md) with the default run's figure
   and met / missed, each computed from ``metrics/compare.json``;
 - ``policy``: the default model's in-context probe (``metrics/policy.json``), before and after training;
+- ``episodes``: the default model's whole-episode probe (``metrics/policy.json``): success in held-out generated
+  houses under plain, grounded and oracle prompts after the demonstrations and after each DAgger round;
 - ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), and the
   scaling benchmark's projection of the cold run to more cores (``benchmarks/results.json``).
 
@@ -195,6 +197,30 @@ def policy_table(metrics: Path) -> str:
               f"{_count(training.get('steps'))} training steps; greedy.")
 
 
+def episodes_table(metrics: Path) -> str:
+    """The whole-episode probe: success (and turns) per prompt kind, after the demonstrations and each round."""
+    policy = _read(metrics / "policy.json")
+    probe = policy.get("episode_probe") or {}
+    if not probe:
+        return "_no whole-episode probe in metrics/policy.json_"
+    stages = [("after the demonstrations", probe.get("after_demonstrations") or {})]
+    for r in (policy.get("dagger") or {}).get("rounds") or []:
+        stages.append((f"after DAgger round {r['round'] + 1} ({_count(r.get('labelled_turns'))} labelled turns)",
+                       r.get("episode_probe") or {}))
+
+    def cell(d: Mapping[str, Any], kind: str) -> str:
+        if f"{kind}_success" not in d:
+            return "—"
+        return f"{format_value(d[f'{kind}_success'])} ({d.get(f'{kind}_turns', 0):.1f} turns)"
+
+    kinds = ("plain", "grounded", "oracle")
+    first = stages[0][1]
+    return (markdown_table(["", "plain (C0-like)", "own grounding (C1-like)", "verified plan (C2_oracle-like)"],
+                           [[name, *(cell(d, k) for k in kinds)] for name, d in stages])
+            + f"\n\n{first.get('houses', '?')} held-out generated houses, each under each prompt (grounded: the "
+              f"{first.get('grounded_episodes', '?')} whose rule agent drew feedback); whole episodes, greedy.")
+
+
 def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
     """``(stage, wall seconds, processes)`` of each stage as its metrics recorded them (None: not
     recorded); the conditions' ``evaluate`` / ``evaluate_reader`` / ``render`` summed."""
@@ -249,7 +275,8 @@ def runtime_table(metrics: Path) -> str:
 
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
-                                            "policy": policy_table, "targets": targets_table,
+                                            "policy": policy_table, "episodes": episodes_table,
+                                            "targets": targets_table,
                                             "runtime": runtime_table}
 
 

@@ -1,0 +1,183 @@
+"""Learning from its own mistakes (``pipeline.policy.dagger``): the policy plays generated houses,
+the knowledge-limited expert labels every state it reaches, the model trains on the labels; and
+the whole-episode probe on held-out houses.
+
+Real code on the session's tiny games and a tiny untrained model (it plays badly, which is the
+point: its states are not the expert's).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.test_policy import TINY_POLICY
+
+
+@pytest.fixture(scope="module")
+def cfg(tiny_cfg):
+    return OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm", "batch_size": 3},
+                                      "model": {"name_or_path": "data/policy/model", "train_policy": True,
+                                                "policy": {**TINY_POLICY, "evaluate": False}}})
+
+
+@pytest.fixture(scope="module")
+def memory(cfg, tiny_games):
+    from pipeline.policy.demos import build_scene_memory
+
+    return build_scene_memory(cfg, tiny_games.root, tiny_games.rows, tiny_games.scenes)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(cfg, tiny_games, memory):
+    """A tiny untrained model whose tokenizer knows the houses' words."""
+    import torch
+
+    from pipeline.policy.dagger import dagger_tasks
+    from pipeline.policy.model import build_model, train_tokenizer
+
+    torch.set_num_threads(1)
+    tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
+    tok = train_tokenizer([t.prompt for t in tasks] + ['{"action": "go_to", "target": "north"}'], vocab_size=400)
+    return build_model(tok, OmegaConf.create(TINY_POLICY), seed=0), tok
+
+
+class Recording:
+    """The backend, recording every conversation it is asked to answer."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.seen: list[list[dict]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.backend, name)
+
+    def generate(self, messages, **kw):
+        self.seen += messages
+        return self.backend.generate(messages, **kw)
+
+
+def test_dagger_houses_are_their_own_stream_and_never_an_eval_layout(cfg, tiny_games, memory):
+    """A round's houses are not the demonstrations', the probe's or another round's, and no
+    eval scene's layout or eval objective; each task's prompt variant is one of the house's."""
+    from pipeline.envs.household.generate import layout_key
+    from pipeline.policy.dagger import dagger_houses, dagger_tasks
+    from pipeline.policy.demos import training_houses
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    r0 = dagger_houses(cfg, rows, scenes, 0, 6)
+    r1 = dagger_houses(cfg, rows, scenes, 1, 6)
+    layouts = lambda hs: {layout_key(h.spec) for h in hs}  # noqa: E731
+    demo = training_houses(cfg, rows, scenes).houses(6)
+    held = training_houses(cfg, rows, scenes, heldout=True).houses(6)
+    assert len(layouts(r0)) == 6
+    assert not layouts(r0) & layouts(r1) and not layouts(r0) & layouts(demo) and not layouts(r0) & layouts(held)
+    eval_scenes = {r["scene_id"] for r in rows if r["split"] != "train"}
+    assert not layouts(r0) & {layout_key(scenes[s]) for s in eval_scenes}
+    eval_objectives = {r["objective"] for r in rows if r["split"] != "train"}
+    tasks = dagger_tasks(cfg, rows, scenes, memory, 0, 6)
+    assert [t.house.scene_id for t in tasks] == [h.scene_id for h in r0]
+    assert all(t.row["objective"] not in eval_objectives for t in tasks)
+    assert all(t.task_id.startswith("dagger_00_") for t in tasks)
+    assert len({t.kind for t in tasks}) > 1  # the variants are taken in turn
+
+
+def test_the_expert_labels_every_state_the_model_reached_with_the_models_own_prompt(cfg, tiny_games, memory,
+                                                                                   tiny_model):
+    """Every turn the model played has one label; its messages are exactly what the model was
+    given that turn (its own memory and history); its answer is an admissible action of that
+    state, the expert's; the labels are a pure function of the model and the config."""
+    from pipeline.agents.llm import parse_action
+    from pipeline.prompts import extract_json_object
+    from pipeline.policy.dagger import dagger_tasks, model_backend, play_houses, rollout_config
+    from pipeline.policy.demos import DemoKind, demo_kind, training_unit
+
+    model, tok = tiny_model
+    rcfg = rollout_config(cfg)
+    tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
+    backend = Recording(model_backend(rcfg, model, tok))
+    rolls = play_houses(rcfg, backend, tasks, label=True)
+    labels = [t for r in rolls for t in r.labels]
+    assert [len(r.labels) for r in rolls] == [r.turns for r in rolls] and all(r.turns > 0 for r in rolls)
+    assert sorted(json.dumps(t.messages) for t in labels) == sorted(json.dumps(m) for m in backend.seen)
+    assert any(r.agreed < r.turns for r in rolls)  # an untrained model leaves the expert's path
+    for r in rolls:
+        assert [t.turn_index for t in r.labels] == list(range(r.turns))
+        assert {demo_kind(t.demo_id) for t in r.labels} == {DemoKind.dagger}
+        assert {training_unit(t.demo_id) for t in r.labels} == {r.task.task_id}  # one unit per episode
+    env_obs = []
+    from pipeline.policy.demos import house_env
+    for r in rolls[:1]:  # the first state's label is an admissible action there
+        env = house_env(cfg, r.task.house)
+        env_obs.append(env.reset())
+        env.close()
+        action, parsed, error = parse_action(json.dumps(extract_json_object(r.labels[0].response)), env_obs[0])
+        assert error is None and action is not None and parsed is not None
+    again = play_houses(rcfg, model_backend(rcfg, model, tok), tasks, label=True)
+    assert [[(t.response, t.messages) for t in r.labels] for r in again] == \
+        [[(t.response, t.messages) for t in r.labels] for r in rolls]
+
+
+def test_episode_probe_plays_plain_grounded_and_oracle_prompts_of_held_out_houses(cfg, tiny_games, memory,
+                                                                                  tiny_model):
+    """Three prompts per held-out house (grounded only where the house has grounding): the
+    oracle's states the verified plan, the plain one nothing; the probe's houses are the
+    first-turn probe's; the score is greedy, so the same model scores the same."""
+    from pipeline.policy.dagger import EpisodeProbe
+    from pipeline.policy.demos import training_houses
+
+    model, tok = tiny_model
+    probe = EpisodeProbe.build(cfg, tiny_games.rows, tiny_games.scenes, memory, n=3)
+    kinds = {}
+    for t in probe.tasks:
+        kinds.setdefault(t.house.scene_id, []).append(t.kind)
+    assert len(kinds) == 3 and all(k[0] == "plain" and k[-1] == "oracle" for k in kinds.values())
+    held = training_houses(cfg, tiny_games.rows, tiny_games.scenes, heldout=True).houses(3)
+    assert list(kinds) == [h.scene_id for h in held]  # the first-turn probe's houses and quests
+    assert [t.row["objective"] for t in probe.tasks if t.kind == "plain"] == [h.row(0)["objective"] for h in held]
+    for t in probe.tasks:
+        assert t.variant.bare == (t.kind == "plain")
+        assert ("solve this exact task" in t.prompt) == (t.kind == "oracle")
+        if t.kind == "grounded":
+            assert t.variant.grounding and t.variant.grounding in t.prompt and not t.variant.block
+    score = probe.score(model, tok)
+    assert score["houses"] == 3 and score["plain_episodes"] == 3 and score["oracle_episodes"] == 3
+    assert all(0.0 <= score[f"{k}_success"] <= 1.0 for k in ("plain", "oracle"))
+    assert probe.score(model, tok) == score
+
+
+def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_games, tmp_path):
+    """With ``dagger_rounds`` the stage's core trains on, after the demonstrations: the loss curve
+    goes on, demos.parquet holds the labelled turns, training.json each round's figures."""
+    import pyarrow.parquet as pq
+    import torch
+
+    from pipeline.policy.dagger import EpisodeProbe
+    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
+    from pipeline.policy.training import build_policy
+
+    torch.set_num_threads(1)
+    small = OmegaConf.merge(cfg, {"model": {"policy": {"demos_per_quest": 2, "dagger_rounds": 2, "dagger_houses": 3,
+                                                       "dagger_replay": 1.0}}})
+    write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
+    demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
+    probe = EpisodeProbe.build(small, tiny_games.rows, tiny_games.scenes, demo_set.memory, n=2)
+    built = build_policy(small, demo_set, tmp_path / "policy", episode_probe=probe,
+                         games=(tiny_games.rows, tiny_games.scenes))
+    s = json.loads((tmp_path / "policy" / "training.json").read_text())
+    rounds = s["dagger"]["rounds"]
+    assert [r["round"] for r in rounds] == [0, 1]
+    assert rounds[0]["units"] == 3 and rounds[1]["units"] == 6  # every round's labels so far
+    assert all(r["replayed_units"] == min(r["units"], s["training"]["episodes"]) for r in rounds)
+    assert s["dagger"]["steps"] == sum(r["steps"] for r in rounds) > 0
+    curve = built["curve"]
+    assert [c["step"] for c in curve] == list(range(len(curve)))
+    assert s["episode_probe"]["after_demonstrations"]["houses"] == 2
+    assert s["episode_probe"] == {**rounds[-1]["episode_probe"], "after_demonstrations":
+                                  s["episode_probe"]["after_demonstrations"]}
+    ids = pq.read_table(tmp_path / "policy" / "demos.parquet").column("demo_id").to_pylist()
+    assert sum(i.startswith("dagger_") for i in ids) == s["dagger"]["labelled_turns"] > 0
+    with pytest.raises(ValueError, match="games"):
+        build_policy(small, demo_set, tmp_path / "again")
