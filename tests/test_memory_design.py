@@ -342,39 +342,32 @@ def test_the_design_study_summarises_each_point_at_its_largest_k():
                                               "quiet,4,0.1,0.5,0.8,,+0.4000,+0.3000"]
 
 
-def test_a_token_measured_block_length_reaches_the_curve_workers(monkeypatch):
-    """A memory block measured in a model's tokens is a closure over its tokenizer, which a spawn
-    pool cannot pickle (the curve stage failed on workers > 1 with the default model): it travels
-    as its unit and each worker loads the same tokenizer again; a caller's own measure in
-    another unit is refused by the worker's render job, naming both units."""
+def test_a_token_measured_block_length_reaches_the_curve_workers(tmp_path, monkeypatch):
+    """A memory block measured in a model's tokens once held a closure over its tokenizer, which
+    a spawn pool cannot pickle (the curve stage failed on workers > 1 with the default model):
+    a BlockLength pickles as its model directory, and the process that receives it loads that
+    tokenizer at its first measure (once) and counts the same tokens."""
     import pickle
 
-    from pipeline.conditions.length import BlockLength
-    from pipeline.core.config import ConfigError
-    from pipeline.session import experience
+    from pipeline.conditions import length as L
+    from pipeline.llm.tiny import train_tokenizer
 
-    words = {"a b c": 3}
-    tokens = BlockLength(lambda text: words.get(text, 0), "tokens (Tok, 3 entries)")
-    from types import SimpleNamespace
+    texts = ["open the fridge", "take the apple from the fridge", "go north"] * 20
+    train_tokenizer(texts, vocab_size=300).save_pretrained(tmp_path / "model")
+    cfg = SimpleNamespace(agent=SimpleNamespace(name="llm"),
+                          model=SimpleNamespace(backend="transformers", name_or_path="model"))
+    tokens = L.block_length_for(cfg, tmp_path)
+    assert tokens.unit.startswith("tokens") and tokens.model_dir == str(tmp_path / "model")
+    text = "take the apple, then close the fridge"
+    assert tokens.measure(text) != len(text)
 
-    ctx = {"cfg": None, "root": None, "play_cfg": SimpleNamespace(numerics=None, agent=None, model=None),
-           "length": tokens}
-    with pytest.raises((pickle.PicklingError, AttributeError)):
-        pickle.dumps(ctx)
-    shipped = pickle.loads(pickle.dumps(experience._shippable(ctx)))
-    assert shipped["length"] is None and shipped["length_unit"] == tokens.unit
-    assert experience._shippable({**ctx, "length": BlockLength()})["length"] == BlockLength()
-
-    monkeypatch.setattr(experience, "pin", lambda *a, **k: None)
-    monkeypatch.setattr(experience, "plays_with_model", lambda agent: False)
-    monkeypatch.setattr(experience, "_WORKER_CONTEXT", {})
-    monkeypatch.setattr(experience, "block_length_for", lambda cfg, root: tokens)
-    monkeypatch.setattr(experience, "_render_at", lambda c, k: [[c["length"].measure("a b c")]])
-    experience._init_worker(shipped)
-    assert experience._render_job(0) == [[3]]
-
-    monkeypatch.setattr(experience, "_WORKER_CONTEXT", {})
-    monkeypatch.setattr(experience, "block_length_for", lambda cfg, root: BlockLength())
-    experience._init_worker(shipped)
-    with pytest.raises(ConfigError, match=r"measured in characters, the parent in tokens \(Tok"):
-        experience._render_job(0)
+    loads: list[str] = []
+    monkeypatch.setattr(L, "_tokenizer", L.functools.lru_cache(maxsize=None)(
+        lambda d: loads.append(d) or L._load_tokenizer(d)))
+    shipped = pickle.loads(pickle.dumps(tokens))
+    assert shipped == tokens and shipped.tokenizer is None  # sent as its directory
+    assert shipped.measure(text) == tokens.measure(text) and shipped.measure("") == 0
+    shipped.measure("go north")
+    assert loads == [str(tmp_path / "model")]  # loaded once, at the first measure
+    chars = pickle.loads(pickle.dumps(L.BlockLength()))
+    assert chars == L.BlockLength() and chars.measure(text) == len(text)

@@ -511,13 +511,13 @@ class PolicyConfig:
     """Demonstrations in generated houses (one quest each, never an eval layout or objective; 0: none)."""
     generated_drills: int = 9600
     """First turns under the oracle advisory in further generated houses, eight to a training step (0: none;
-    9600: the scaling study's choice, ``oracle_plan_copied`` 0.48 vs 0.21 at 2400: README, The default policy)."""
+    9600: the scaling study's choice, ``oracle_plan_copied`` 0.48 vs 0.21 at 2400: docs/policy.md)."""
     generated_grounding: float = checked(0.5, PROBABILITY)
     """Share of the generated houses and drills whose prompt also carries the house's own grounding: what the
     user taught the rule agent (``rule_agent``, ``rule_epsilon``) on *another* quest of that house, through the
     ``ground`` + ``merge`` library, as the eval prompts of seen scenes carry their train quests' grounding (0: none,
     the previous default, under which an oracle plan was copied exactly in 100%/44% of short/long held-out-scene
-    eval tasks but 19%/6% with a grounding section: README, The default policy)."""
+    eval tasks but 19%/6% with a grounding section: docs/policy.md)."""
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
     incontext_every: int = 400
@@ -539,11 +539,11 @@ class PolicyConfig:
     max_positions: int = checked(2048, at_least(1))
     """Context length the model declares (prompts are a few hundred tokens)."""
     epochs: int = checked(4, at_least(1))
-    """Passes over the demonstrations (4: the in-context probe's plan copy rises to ~0.19 from 0.08 at 2; README)."""
+    """Passes over the demonstrations (4: the in-context probe's plan copy rises to ~0.19 from 0.08 at 2; docs/policy.md)."""
     threads: int = checked(2, at_least(1, " (fixed by config: the bytes depend on it)"))
     """torch threads while it trains (and the probe runs): fixed by config, never by the machine, since the
     float reduction order depends on it (the same bytes on any core count); the rest of the stage keeps
-    ``numerics.threads``. 2: a step 1.8x faster than 1 on two idle cores (README)."""
+    ``numerics.threads``. 2: a step 1.8x faster than 1 on two idle cores (docs/policy.md)."""
     episodes_per_batch: int = checked(1, at_least(1))
     """Demonstration episodes per optimizer step (all their turns)."""
     micro_batches: int = checked(1, at_least(1))

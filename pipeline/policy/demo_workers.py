@@ -5,8 +5,9 @@ demonstrations, a chunk of generated houses by index, a chunk of the rule agent'
 every item draws its randomness from its own seed (``crc_rng``/``task_seed`` of its
 identity), so a job computes the same thing in any process. :class:`DemoWorkers` runs the
 jobs in one process (``workers=1``: in this one, as before) or in ``n`` fresh ``spawn``
-processes, each single-threaded, and returns their results in job order: any worker
-count gives the same demonstrations, byte for byte (``tests/test_demos_workers.py``)::
+processes (:class:`pipeline.core.parallel.OrderedPool`), each single-threaded, and returns
+their results in job order: any worker count gives the same demonstrations, byte for byte
+(``tests/test_demos_workers.py``)::
 
     with DemoWorkers(cfg, root, manifest, scenes, workers=4) as pool:
         shared = pool.share(memory)                       # sent to each worker once (its start)
@@ -18,7 +19,6 @@ the config, root, manifest and scenes, and ``ctx.get(shared)`` what :meth:`share
 
 from __future__ import annotations
 
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -26,6 +26,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import Config
+from pipeline.core.parallel import OrderedPool
 
 
 @dataclass(frozen=True)
@@ -58,22 +59,13 @@ class WorkerContext:
         return self.cache[name]
 
 
-_CONTEXT: WorkerContext | None = None  # a worker process's context (set by _init_worker)
-
-
-def _init_worker(cfg: Config, root: Path, manifest: list, scenes: dict, objects: dict[str, Any]) -> None:
-    """A worker's start: one thread (the numerics pinned as the stage's, at ``threads=1``), the
-    stage's inputs and every object shared so far."""
-    global _CONTEXT
+def _init_worker(cfg: Config, root: Path, manifest: list, scenes: dict, objects: dict[str, Any]) -> WorkerContext:
+    """A worker's start: one thread (the numerics pinned as the stage's, at ``threads=1``); its
+    context holds the stage's inputs and every object shared so far."""
     from pipeline.core.numerics import pin
 
     pin(OmegaConf.merge(cfg.numerics, {"threads": 1}), load_torch=False)
-    _CONTEXT = WorkerContext(cfg, Path(root), manifest, scenes, objects)
-
-
-def _run_job(fn: Callable[[WorkerContext, Any], Any], job: Any) -> Any:
-    assert _CONTEXT is not None, "a DemoWorkers job ran outside a worker"
-    return fn(_CONTEXT, job)
+    return WorkerContext(cfg, Path(root), manifest, scenes, objects)
 
 
 class DemoWorkers:
@@ -88,7 +80,7 @@ class DemoWorkers:
                  workers: int = 1):
         self.workers = max(1, int(workers))
         self.context = WorkerContext(cfg, Path(root), [dict(r) for r in manifest], dict(scenes))
-        self._pool: ProcessPoolExecutor | None = None
+        self._pool: OrderedPool | None = None
         self._pool_objects = -1  # how many shared objects the running pool's workers were started with
         self._shared: dict[int, tuple[Any, Shared]] = {}
 
@@ -101,22 +93,19 @@ class DemoWorkers:
 
     def _stop(self, cancel: bool = False) -> None:
         if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=cancel)
+            self._pool.close(cancel=cancel)
             self._pool = None
 
-    def _workers_pool(self) -> ProcessPoolExecutor:
+    def _workers_pool(self) -> OrderedPool:
         """The pool, (re)started when an object was shared since its workers started: shared
         objects travel as the workers' start-up arguments (multiprocessing's own pickling
-        between this run's processes), never through a file."""
+        between this run's processes), never through a file. With one worker, this process's
+        context (nothing to send)."""
         if self._pool is None or self._pool_objects != len(self.context.objects):
-            import multiprocessing
-
             self._stop()
             c = self.context
-            # spawn: a clean interpreter per worker (no inherited TextWorld / thread state)
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                             initializer=_init_worker,
-                                             initargs=(c.cfg, c.root, c.manifest, c.scenes, dict(c.objects)))
+            self._pool = OrderedPool(self.workers, initializer=_init_worker, context=c,
+                                     initargs=(c.cfg, c.root, c.manifest, c.scenes, dict(c.objects)))
             self._pool_objects = len(c.objects)
         return self._pool
 
@@ -134,26 +123,5 @@ class DemoWorkers:
             progress: Callable[[int], None] | None = None, count: Callable[[Any], int] = len) -> list:
         """``[fn(ctx, job) for job in jobs]``, the jobs spread over the workers; ``progress(count(result))``
         as each job finishes (in the order they finish)."""
-        if self.workers <= 1:
-            out = []
-            for job in jobs:
-                res = fn(self.context, job)
-                out.append(res)
-                if progress is not None:
-                    progress(count(res))
-            return out
-        pool = self._workers_pool()
-        futures = [pool.submit(_run_job, fn, job) for job in jobs]
-        pending = set(futures)
-        try:
-            while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
-                for fut in done:
-                    res = fut.result()  # a job's exception is raised here (a dead worker: BrokenProcessPool)
-                    if progress is not None:
-                        progress(count(res))
-        except BaseException:
-            for fut in pending:
-                fut.cancel()
-            raise
-        return [f.result() for f in futures]
+        tick = None if progress is None else (lambda res: progress(count(res)))
+        return self._workers_pool().map(fn, jobs, progress=tick)

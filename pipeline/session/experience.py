@@ -19,17 +19,17 @@ memory is the other houses' (``k`` each).
 
 The work is a partition fixed by the config: every ``k``'s merge and render (a job a
 ``k``), then every point's play (a job a (``k``, condition) pair, fresh factories each). It
-runs in ``workers`` spawn processes (:mod:`pipeline.core.parallel`), each job whole in one
-of them, the results taken back in job order: the same bytes for any worker count.
+runs in ``workers`` spawn processes (:class:`pipeline.core.parallel.OrderedPool`), each job
+whole in one of them, the results taken back in job order: the same bytes for any worker
+count.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -38,14 +38,14 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from pipeline.agents import plays_with_model
-from pipeline.conditions.length import BlockLength, block_length_for
+from pipeline.conditions.length import BlockLength
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import read_json, read_parquet
 from pipeline.core.numerics import pin
-from pipeline.core.parallel import stage_workers
+from pipeline.core.parallel import OrderedPool, stage_workers
 from pipeline.grounding.scenes import merge_groundings, write_merge_outputs
 from pipeline.llm.backends import is_local
 from pipeline.memory import EpisodicStore
@@ -196,13 +196,12 @@ def experience_curve(cfg: Config, root: Path, *, ks: Sequence[int], conditions: 
     bar = tqdm(total=num_points, desc=f"experience curve ({n} worker{'s' if n != 1 else ''})", unit="point",
                file=sys.stderr, disable=not progress)
     points: list[CurvePoint] = []
-    for k, cond, prompt_rows, records in _curve_jobs(ctx, ks, n):
+    for k, cond, prompt_rows, records in _curve_jobs(ctx, ks, n, progress=lambda _: bar.update(1)):
         held = min(k, max(per_scene.values(), default=0))
         outcomes = tuple(Outcome(t.scene_id, t.quest_id, str(info[(t.scene_id, t.quest_id)].get("scene_split") or ""),
                                  bool(r["episode"]["is_correct"]), int(r["episode"]["num_turns"]))
                          for t, r in zip(tasks, records))
         points.append(CurvePoint(k, held, cond, outcomes, sum(bool(p["injected"]) for p in prompt_rows)))
-        bar.update(1)
     bar.close()
     return points
 
@@ -235,70 +234,33 @@ def _play_at(ctx: Mapping[str, Any], prompt_rows: list) -> list[dict]:
     return [{"episode": r["episode"]} for r in records]
 
 
-# A worker's share of the run (what every job reads), set once per process by _init_worker.
-_WORKER_CONTEXT: dict[str, Any] = {}
-
-
-def _shippable(ctx: dict) -> dict:
-    """The run's inputs as a spawn worker receives them (pickled). A block length measured in
-    a model's tokens is a closure over its tokenizer, which does not pickle: it travels as its
-    unit's name and the worker loads the same tokenizer again (:func:`_init_worker`)."""
-    length: BlockLength = ctx["length"]
-    if length.measure is len:
-        return ctx
-    return {**ctx, "length": None, "length_unit": length.unit}
-
-
-def _init_worker(ctx: dict) -> None:
+def _init_worker(ctx: dict) -> dict:
     """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
-    loads), keep the run's shared inputs; a token-measured block length is rebuilt from the
-    model directory (its render jobs refuse it unless it is the unit the parent measured in:
-    an initializer that raised would only be restarted by the pool)."""
+    loads); the run's shared inputs are its jobs' context (a block length measured in a
+    model's tokens loads that tokenizer at its first use)."""
     play_cfg = ctx["play_cfg"]
     pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
-    if ctx["length"] is None:
-        ctx = {**ctx, "length": block_length_for(ctx["cfg"], ctx["root"])}
-    _WORKER_CONTEXT.update(ctx)
+    return ctx
 
 
-def _render_job(k: int) -> list[list]:
-    """Raises:
-        ConfigError: the worker's block length is not the parent's unit (a caller's own measure)."""
-    unit = _WORKER_CONTEXT.get("length_unit")
-    if unit is not None and _WORKER_CONTEXT["length"].unit != unit:
-        raise ConfigError(f"curve worker: memory blocks measured in {_WORKER_CONTEXT['length'].unit}, the parent "
-                          f"in {unit}: run with workers=1")
-    return _render_at(_WORKER_CONTEXT, k)
-
-
-def _play_job(prompt_rows: list) -> list[dict]:
-    return _play_at(_WORKER_CONTEXT, prompt_rows)
-
-
-def _curve_jobs(ctx: dict, ks: list[int], workers: int) -> Iterator[tuple[int, str, list, list[dict]]]:
-    """``(k, condition, prompt rows, records)`` of every point, ``k`` major, in that order.
+def _curve_jobs(ctx: dict, ks: list[int], workers: int,
+                progress: Callable[[Any], None] | None = None) -> list[tuple[int, str, list, list[dict]]]:
+    """``(k, condition, prompt rows, records)`` of every point, ``k`` major, in that order;
+    ``progress(records)`` as each point's play finishes.
 
     Two phases of a partition fixed by the config: every ``k``'s merge and render (a job a
     ``k``), then every point's play (a job a (``k``, condition)). With one worker they run
-    here; else in ``workers`` spawn processes, each job whole in whichever is free and
-    taken back in job order. A job reads only the run's inputs (fresh factories per point),
-    so where it runs changes no byte.
+    here; else in ``workers`` spawn processes (:class:`pipeline.core.parallel.OrderedPool`),
+    each job whole in whichever is free and taken back in job order. A job reads only the
+    run's inputs (fresh factories per point), so where it runs changes no byte.
     """
     conditions = ctx["conditions"]
-    if workers <= 1:
-        for k in ks:
-            for cond, prompt_rows in zip(conditions, _render_at(ctx, k)):
-                yield k, cond, prompt_rows, _play_at(ctx, prompt_rows)
-        return
-    mp = multiprocessing.get_context("spawn")  # a clean interpreter: no inherited threads or model state
-    with mp.Pool(workers, initializer=_init_worker, initargs=(_shippable(ctx),)) as pool:
-        rendered = pool.map(_render_job, ks, chunksize=1)
+    with OrderedPool(workers, initializer=_init_worker, initargs=(ctx,), context=ctx) as pool:
+        rendered = pool.map(_render_at, ks)
         points = [(k, cond, prompt_rows) for k, by_cond in zip(ks, rendered)
                   for cond, prompt_rows in zip(conditions, by_cond)]
-        for (k, cond, prompt_rows), records in zip(points, pool.imap(_play_job, [p[2] for p in points], chunksize=1)):
-            yield k, cond, prompt_rows, records
-        pool.close()
-        pool.join()
+        played = pool.map(_play_at, [p[2] for p in points], progress=progress)
+    return [(k, cond, prompt_rows, records) for (k, cond, prompt_rows), records in zip(points, played)]
 
 
 def load_experience(root: Path, cfg: Config) -> tuple[list[dict], dict]:

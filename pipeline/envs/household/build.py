@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import multiprocessing
 import sys
 import time
 from pathlib import Path
@@ -22,12 +21,16 @@ from tqdm import tqdm
 
 from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_write_json, write_parquet
-from pipeline.core.parallel import stage_workers
+from pipeline.core.parallel import OrderedPool, stage_workers
 from pipeline.core.schemas import SCHEMA_VERSION, manifest_table
 from pipeline.envs.common import GamesResult
 from pipeline.envs.household.games import compile_quest_game, plan_games
 
 log = logging.getLogger(__name__)
+
+
+def _compile_job(_: None, job: dict[str, Any]) -> dict[str, Any]:
+    return compile_quest_game(job)
 
 
 def compile_games(scenes: dict[str, dict[str, Any]], rows: list[dict[str, Any]], root: Path,
@@ -42,18 +45,8 @@ def compile_games(scenes: dict[str, dict[str, Any]], rows: list[dict[str, Any]],
     """
     jobs = [{"spec": scenes[r["scene_id"]], "row": r, "out": str(root / r["game_file"])} for r in rows]
     bar = tqdm(total=len(jobs), desc="compiling games", unit="game", disable=not progress, file=sys.stderr)
-    results = []
-    if workers <= 1 or len(jobs) <= 1:
-        for job in jobs:
-            results.append(compile_quest_game(job))
-            bar.update()
-    else:
-        # spawn: a clean interpreter per worker (no inherited Jericho / thread state).
-        ctx = multiprocessing.get_context("spawn")
-        with ctx.Pool(min(workers, len(jobs))) as pool:
-            for res in pool.imap_unordered(compile_quest_game, jobs):
-                results.append(res)
-                bar.update()
+    with OrderedPool(1 if len(jobs) <= 1 else min(workers, len(jobs))) as pool:
+        results = pool.map(_compile_job, jobs, progress=lambda _: bar.update())
     bar.close()
     results.sort(key=lambda r: (r["scene_id"], r["quest_id"]))
     bad = [r for r in results if r["error"]]
