@@ -20,6 +20,7 @@ TINY_POLICY = {
     "vocab_size": 400, "hidden_size": 48, "intermediate_size": 96, "n_layer": 2, "n_head": 2, "max_positions": 1024,
     "epochs": 1, "episodes_per_batch": 2, "lr": 0.005, "warmup_steps": 3, "weight_decay": 0.0,
     "evaluate": True, "generated_houses": 0, "generated_drills": 0,
+    "dagger_rounds": 0, "episode_probe_houses": 0,  # tests/test_dagger.py turns them on
 }
 
 
