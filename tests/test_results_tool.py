@@ -126,3 +126,24 @@ def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projec
     assert "**15.0**" in text  # 60 + 120 + 600 + 120 s
     assert "(at commit abc1234, D, 2 cores, load 0.1): 25 min on 2 cores, 8 min on 16 cores" in text
     assert "parallel fraction of the run's time 0.91." in text
+
+
+def test_the_episodes_block_has_a_row_after_the_demonstrations_and_each_dagger_round(tmp_path):
+    """The whole-episode probe's block: one row per stage of training, a cell per prompt kind
+    ('—' where a kind was not played), written from metrics/policy.json."""
+    from pipeline.tools.results import episodes_table
+
+    m = tmp_path / "metrics"
+    m.mkdir()
+    first = {"plain_success": 0.083333, "plain_turns": 18.4, "oracle_success": 0.52, "oracle_turns": 11.7,
+             "houses": 48, "grounded_episodes": 26}
+    last = {**first, "plain_success": 0.229167, "grounded_success": 0.115385, "grounded_turns": 16.3}
+    (m / "policy.json").write_text(json.dumps({"episode_probe": {**last, "after_demonstrations": first},
+                                               "dagger": {"rounds": [{"round": 0, "labelled_turns": 6795,
+                                                                      "episode_probe": last}]}}))
+    lines = episodes_table(m).splitlines()
+    assert lines[2] == "| after the demonstrations | 0.08 (18.4 turns) | — | 0.52 (11.7 turns) |"
+    assert lines[3] == "| after DAgger round 1 (6,795 labelled turns) | 0.23 (18.4 turns) | 0.12 (16.3 turns) | 0.52 (11.7 turns) |"
+    assert "48 held-out generated houses" in lines[-1] and "the 26 whose" in lines[-1]
+    (m / "policy.json").write_text("{}")
+    assert episodes_table(m) == "_no whole-episode probe in metrics/policy.json_"

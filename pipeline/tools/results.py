@@ -275,9 +275,8 @@ def runtime_table(metrics: Path) -> str:
 
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
-                                            "policy": policy_table, "episodes": episodes_table,
-                                            "targets": targets_table,
-                                            "runtime": runtime_table}
+                                            "policy": policy_table, "targets": targets_table,
+                                            "runtime": runtime_table, "episodes": episodes_table}
 
 
 def render(text: str, metrics: Path) -> str:
