@@ -36,7 +36,8 @@ OVERRIDES = [
     "model.policy.n_head=2", "model.policy.max_positions=1024", "model.policy.epochs=1",
     "model.policy.episodes_per_batch=2", "model.policy.lr=0.005", "model.policy.warmup_steps=3",
     "model.policy.evaluate=false", "model.policy.generated_houses=4", "model.policy.generated_drills=4",
-    "model.policy.incontext_tasks=2",
+    "model.policy.incontext_tasks=2", "model.policy.dagger_rounds=1", "model.policy.dagger_houses=2",
+    "model.policy.episode_probe_houses=1",
 ]
 RUN = ("from pipeline.stages import collect, policy\n"
        "assert policy.main() == 0 and collect.main() == 0\n")
