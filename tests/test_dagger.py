@@ -92,7 +92,7 @@ def test_the_expert_labels_every_state_the_model_reached_with_the_models_own_pro
     from pipeline.agents.llm import parse_action
     from pipeline.prompts import extract_json_object
     from pipeline.policy.dagger import dagger_tasks, model_backend, play_houses, rollout_config
-    from pipeline.policy.demos import DemoKind, demo_kind, training_unit
+    from pipeline.policy.demos import DemoKind, demo_kind, house_env, training_unit
 
     model, tok = tiny_model
     rcfg = rollout_config(cfg)
@@ -107,14 +107,11 @@ def test_the_expert_labels_every_state_the_model_reached_with_the_models_own_pro
         assert [t.turn_index for t in r.labels] == list(range(r.turns))
         assert {demo_kind(t.demo_id) for t in r.labels} == {DemoKind.dagger}
         assert {training_unit(t.demo_id) for t in r.labels} == {r.task.task_id}  # one unit per episode
-    env_obs = []
-    from pipeline.policy.demos import house_env
-    for r in rolls[:1]:  # the first state's label is an admissible action there
-        env = house_env(cfg, r.task.house)
-        env_obs.append(env.reset())
-        env.close()
-        action, parsed, error = parse_action(json.dumps(extract_json_object(r.labels[0].response)), env_obs[0])
-        assert error is None and action is not None and parsed is not None
+    env = house_env(cfg, rolls[0].task.house)  # the first state's label is an admissible action there
+    first = env.reset()
+    env.close()
+    action, parsed, error = parse_action(json.dumps(extract_json_object(rolls[0].labels[0].response)), first)
+    assert error is None and action is not None and parsed is not None
     again = play_houses(rcfg, model_backend(rcfg, model, tok), tasks, label=True)
     assert [[(t.response, t.messages) for t in r.labels] for r in again] == \
         [[(t.response, t.messages) for t in r.labels] for r in rolls]
