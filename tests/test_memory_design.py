@@ -294,14 +294,13 @@ def test_the_default_runs_controls_reveal_no_answer_and_the_oracle_every_one():
     assert oracle["memory"] == oracle["prompts"] > 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known gap (issue 42's closing note): the gate judges each advisory alone; in 5 of the default run's "
-    "204 C2 blocks two advisories each name one of the plan's commands (e.g. 'open Drawer_3' in one, "
-    "'open Cabinet_2' in another), so the block names two. A bundle-level gate in "
-    "memory.injection.build_memory_slot fixes it; this test then passes and strict=True makes it fail "
-    "until the mark is removed"))
 def test_no_c2_memory_block_of_the_default_run_names_its_tasks_answer():
-    """The default run's render metrics (committed): C2's memory blocks reveal no task's answer."""
+    """The default run's render metrics (committed): C2's memory blocks reveal no task's answer.
+
+    The gate (``memory.injection``) judges each advisory alone, so two advisories that each
+    name one of a plan's commands could still add up to a block that names two; the run of
+    issue 42 had 5 such blocks of 204, the current committed run has none. A bundle-level gate
+    in ``build_memory_slot`` would close the gap for every run (a change to every stage's code)."""
     assert _render_hints("C2")["memory"] == 0, _render_hints("C2")
 
 
