@@ -1,0 +1,356 @@
+"""The model's study (issue 45): one more DAgger round from a finished run's model, per arm,
+judged on held-out houses only (the whole-episode probe), never on the eval quests::
+
+    python -m pipeline.policy.study                   # the study's arms on the run in .
+    python -m pipeline.policy.study --arm long=quests=6,grounded=1.0 --houses 200
+    python -m pipeline.policy.study --before-only      # the probes on the run's model
+
+Each arm starts from the run's model (``paths.policy``: after its ``policy.dagger_rounds``
+rounds) and plays round ``dagger_rounds`` (the next one: its own houses) as
+:func:`pipeline.policy.dagger.run_rounds` does; the model then trains on the run's own DAgger
+labels (``demos.parquet``), this round's, and as many demonstration units, one epoch at
+``dagger_lr``. An arm is a set of ``key=value``:
+
+- ``quests``: quests per generated house. Its grounding is what the simulated user taught
+  the rule agent on every quest but the first (the one played), merged as ``ground`` +
+  ``merge`` merge a scene's: 2 is the library's (:func:`pipeline.policy.demos.house_grounding`,
+  one other quest, ~5 lines). An eval scene's grounding merges several train quests (~16
+  lines in the default run), so longer groundings are what the model meets in C1.
+- ``grounded``: the share of the round's houses that carry their grounding
+  (``policy.generated_grounding`` in the library: 0.5).
+
+Two probes score the run's model and each arm's, on the whole-episode probe's held-out houses
+(:class:`pipeline.policy.dagger.EpisodeProbe`, whose tasks ``quests=2`` reproduces): ``p2``,
+plain / grounded (the library's 2-quest grounding) / oracle; and ``pQ`` (``--probe-quests``),
+grounded / oracle with the longer grounding of the same houses' first quests. Each grounded
+figure is paired with plain on the same houses (grounded houses are the harder ones: their
+rule agent drew feedback), with the discordant pairs b (only grounded won) and c (only plain).
+
+Nothing here is a DVC stage (no stage imports this module, so it is no stage's code
+dependency) and nothing is written into the run: rows go to ``--out`` (JSON)
+and a Markdown table is printed. The arms' code is the candidate for the library: an arm
+that wins moves into :mod:`pipeline.policy.dagger` / :mod:`pipeline.policy.demos` with the
+next default run (changing them changes the policy stage's recorded code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from omegaconf import OmegaConf
+
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import load_params, project_root
+from pipeline.core.io import atomic_write_text, read_parquet
+from pipeline.core.numerics import pin
+from pipeline.core.seeding import crc_rng, derive_seed, task_seed
+from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
+from pipeline.policy.dagger import HouseTask, model_backend, play_houses, rollout_config, rollout_summary
+from pipeline.policy.demos import (
+    DemoKind,
+    SceneMemory,
+    Variant,
+    freeze_prompt,
+    house_env,
+    prompt_variants,
+    rule_agent_config,
+    scene_groundings,
+    training_houses,
+    training_unit,
+)
+from pipeline.policy.training import DEMOS_FILE, MODEL_DIR
+from pipeline.prompts import PromptOrganizer
+from pipeline.session.collection import make_factories
+from pipeline.session.rollout import Task, format_episode_id, play
+
+KINDS = ("plain", "grounded", "oracle")
+# The study as run for docs/policy.md: name -> arm.
+ARMS: dict[str, dict[str, float]] = {
+    "more rounds": {"quests": 2, "grounded": 0.5},
+    "long grounding": {"quests": 6, "grounded": 1.0},
+    "grounded houses": {"quests": 2, "grounded": 1.0},
+}
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    quests: int = 2
+    grounded: float = 0.5
+
+    @classmethod
+    def parse(cls, text: str) -> "Arm":
+        """``NAME=key=value,key=value`` (keys: ``quests``, ``grounded``)."""
+        name, _, rest = text.partition("=")
+        if not name or not rest:
+            raise ValueError(f"--arm {text!r}: expected NAME=key=value[,key=value] (keys: quests, grounded)")
+        kw: dict[str, Any] = {}
+        for part in rest.split(","):
+            key, _, value = part.partition("=")
+            if key not in ("quests", "grounded") or not value:
+                raise ValueError(f"--arm {text!r}: {part!r} is not quests=<int> or grounded=<share in [0, 1]>")
+            kw[key] = int(value) if key == "quests" else float(value)
+        arm = cls(name, **kw)
+        if arm.quests < 2 or not 0.0 <= arm.grounded <= 1.0:
+            raise ValueError(f"--arm {text!r}: quests must be >= 2 and grounded in [0, 1]")
+        return arm
+
+
+def grounding_from_quests(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> str | None:
+    """What the simulated user taught the rule agent on quests 1..n-1 of ``house``, merged.
+
+    With 2 quests this is :func:`pipeline.policy.demos.house_grounding`'s text (a test keeps
+    them equal); it differs only in playing every later quest, not the second alone."""
+    if len(house.quests) < 2:
+        return None
+    _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
+    index: dict[str, int] = {}
+    tasks = []
+    for k in range(1, len(house.quests)):
+        row = house.row(k)
+        index[row["quest_id"]] = k
+        tasks.append(Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
+                          scene_id=house.scene_id, quest_id=row["quest_id"], split="train",
+                          objective=row["objective"], game_file="", expert_plan=list(row["expert_plan"]),
+                          preferences=list(row["preferences"]),
+                          seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0)))
+    records = play(tasks, make_env=lambda t: house_env(rule_cfg, house, index[t.quest_id]), make_agent=make_agent,
+                   make_user=make_user, agent_name=str(rule_cfg.model.policy.rule_agent),
+                   preference_in_success=rule_cfg.user.preference_in_success,
+                   unknown_feedback=str(rule_cfg.grounding.unknown_type))
+    text = scene_groundings(rule_cfg.grounding, [r["episode"] for r in records],
+                            [t for r in records for t in r["turns"]]).get(house.scene_id, "")
+    return text or None
+
+
+def _variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,
+              house: GeneratedHouse, rule_cfg: Config, grounded: bool) -> list[Variant]:
+    text = grounding_from_quests(rule_cfg, house, {**scenes, house.scene_id: house.spec}) if grounded else None
+    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
+                               house.row(0), organizer)
+    return [v for v in variants if v.grounding is not None] if text else variants
+
+
+def _task(organizer: PromptOrganizer, task_id: str, kind: str, house: GeneratedHouse, variant: Variant) -> HouseTask:
+    row = house.row(0)
+    return HouseTask(task_id, kind, house, row, variant,
+                     freeze_prompt(organizer, row["objective"], row["scene_id"], variant.grounding, variant.block))
+
+
+def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
+                n: int, *, quests: int = 2, kinds: Sequence[str] = KINDS) -> list[HouseTask]:
+    """The whole-episode probe's tasks (:meth:`pipeline.policy.dagger.EpisodeProbe.build`'s for
+    ``quests=2``), the grounding from ``quests - 1`` later quests of the same held-out houses
+    (their first quests do not depend on ``quests``)."""
+    organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
+    oracle = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
+    out = []
+    for house in training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=quests).houses(n):
+        grounded = _variants(cfg, scenes, memory, organizer, house, rule_cfg, True)
+        plain = _variants(cfg, scenes, memory, organizer, house, rule_cfg, False) if "plain" in kinds else []
+        picks = {"plain": next((v for v in plain if v.bare), None),
+                 "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
+                 "oracle": next((v for v in grounded if v.source in oracle), None)}
+        out += [_task(organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
+                for k in KINDS if k in kinds and picks[k] is not None]
+    return out
+
+
+def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
+                round_: int, n: int, arm: Arm) -> list[HouseTask]:
+    """Round ``round_``'s houses (:func:`pipeline.policy.dagger.dagger_tasks`' stream and
+    variant rule) with ``arm.quests`` quests and a share ``arm.grounded`` grounded."""
+    eval_split = [r for r in manifest if r["split"] != "train"]
+    houses = GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "dagger", round_), base=cfg.env,
+                             quests_per_house=arm.quests, preferences_per_scene=cfg.user.preferences_per_scene,
+                             exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
+                                      if s in scenes],
+                             exclude_objectives={r["objective"] for r in eval_split})
+    organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
+    out = []
+    for i, house in enumerate(houses.houses(n) if n > 0 else []):
+        grounded = crc_rng(cfg.seed, "dagger-grounding", round_, house.scene_id).random() < arm.grounded
+        variants = _variants(cfg, scenes, memory, organizer, house, rule_cfg, grounded)
+        v = variants[i % len(variants)]
+        out.append(_task(organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
+    return out
+
+
+def paired_table(results: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[str, Any]]:
+    """Per probe and kind: ``{"won", "n", "plain_won"}`` (plain on the same houses) and the
+    discordant pairs ``b`` (only this kind won) and ``c`` (only plain won).
+
+    ``results``: probe name -> task id (``probe_<kind>_<house>``) -> success; the plain
+    episodes are read from the probe that has them."""
+    plain = {tid.split("_", 2)[2]: won for r in results.values() for tid, won in r.items()
+             if tid.startswith("probe_plain_")}
+    out: dict[str, dict[str, Any]] = {}
+    if plain:
+        out["plain"] = {"won": sum(plain.values()), "n": len(plain)}
+    for name, res in results.items():
+        for kind in ("grounded", "oracle"):
+            got = {tid.split("_", 2)[2]: won for tid, won in res.items() if tid.startswith(f"probe_{kind}_")}
+            if not got:
+                continue
+            missing = sorted(set(got) - set(plain))
+            if missing:
+                raise ValueError(f"probe {name!r}: no plain episode for house(s) {missing[:3]}")
+            out[f"{name}_{kind}"] = {"won": sum(got.values()), "n": len(got),
+                                     "plain_won": sum(plain[h] for h in got),
+                                     "b": sum(got[h] and not plain[h] for h in got),
+                                     "c": sum(plain[h] and not got[h] for h in got)}
+    return out
+
+
+def run_label_units(tokenizer: Any, demos_file: Path) -> list[Any]:
+    """The run's own DAgger labels (``demos.parquet``'s ``dagger_`` train rows) as training
+    units, from the prompt text the run rendered (the backend's rendering: its ids are the
+    text's, a test keeps them equal)."""
+    from pipeline.policy.model import IM_END, Sample, make_unit
+
+    eos = tokenizer.convert_tokens_to_ids(IM_END)
+    by: dict[str, list[Any]] = {}
+    for r in read_parquet(demos_file).to_pylist():
+        if r["train"] and r["demo_id"].startswith(DemoKind.dagger.prefix):
+            ids = list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"])
+            answer = list(tokenizer(r["response"], add_special_tokens=False)["input_ids"]) + [eos]
+            by.setdefault(training_unit(r["demo_id"]), []).append(Sample(ids, answer))
+    return [make_unit(v) for _, v in sorted(by.items())]
+
+
+class Study:
+    """A finished run's games, demonstrations, model and the two probes' tasks."""
+
+    def __init__(self, root: Path, cfg: Config, *, probe_houses: int, probe_quests: int):
+        from pipeline.policy.demoset import load_demo_set
+        from pipeline.session.collection import load_games
+
+        self.root, self.cfg, self.rcfg = root, cfg, rollout_config(cfg)
+        self.manifest, self.scenes = load_games(root, cfg)
+        self.demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
+        mem = self.demo_set.memory
+        self.probes = {"p2": probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses)}
+        if probe_quests != 2:
+            self.probes[f"p{probe_quests}"] = probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses,
+                                                          quests=probe_quests, kinds=("grounded", "oracle"))
+
+    def model(self) -> tuple[Any, Any]:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        path = self.root / self.cfg.paths.policy / MODEL_DIR
+        return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+
+    def probe(self, model: Any, tokenizer: Any) -> dict[str, dict[str, bool]]:
+        model.eval()
+        backend = model_backend(self.rcfg, model, tokenizer)
+        return {name: {r.task.task_id: bool(r.success) for r in play_houses(self.rcfg, backend, tasks, label=False)}
+                for name, tasks in self.probes.items()}
+
+    def arm(self, arm: Arm, houses: int, *, progress: Callable[[str], None] = print) -> dict[str, Any]:
+        """One round of ``arm`` from the run's model: rollouts, training, both probes."""
+        from pipeline.policy.dagger import turn_units
+        from pipeline.policy.model import train
+
+        cfg, pol = self.cfg, self.cfg.model.policy
+        model, tok = self.model()
+        r = int(pol.dagger_rounds)
+        t = time.perf_counter()
+        tasks = round_tasks(cfg, self.manifest, self.scenes, self.demo_set.memory, r, houses, arm)
+        model.eval()
+        rolls = play_houses(self.rcfg, model_backend(self.rcfg, model, tok), tasks, label=True)
+        roll_s = time.perf_counter() - t
+        progress(f"{arm.name}: {len(rolls)} episodes in {roll_s:.0f} s")
+        base_units, _ = turn_units(cfg, model, tok, self.demo_set.turns)
+        units = run_label_units(tok, self.root / cfg.paths.policy / DEMOS_FILE)
+        units += turn_units(cfg, model, tok, [x for roll in rolls for x in roll.labels])[0]
+        k = min(len(base_units), int(float(pol.dagger_replay) * len(units)))
+        rng = crc_rng(cfg.seed, "dagger-replay", r)
+        replay = [base_units[i] for i in sorted(int(j) for j in rng.choice(len(base_units), size=k, replace=False))]
+        t = time.perf_counter()
+        model.train()
+        curve = train(model, units + replay, OmegaConf.merge(pol, {"epochs": int(pol.dagger_epochs),
+                                                                    "lr": float(pol.dagger_lr)}),
+                      seed=int(cfg.seed) + 1 + r, pad_id=int(tok.pad_token_id))
+        train_s = time.perf_counter() - t
+        progress(f"{arm.name}: {len(curve)} steps in {train_s:.0f} s")
+        t = time.perf_counter()
+        results = self.probe(model, tok)
+        return {"arm": arm.name, "quests": arm.quests, "grounded": arm.grounded, "round": r, "houses": houses,
+                "grounded_houses": sum(x.variant.grounding is not None for x in tasks),
+                "rollout": rollout_summary(rolls), "units": len(units), "replayed_units": len(replay),
+                "steps": len(curve), "final_loss": round(sum(c["loss"] for c in curve[-20:]) / max(1, len(curve[-20:])), 6),
+                "probe": paired_table(results), "results": results,
+                "seconds": {"rollouts": round(roll_s), "training": round(train_s),
+                            "probes": round(time.perf_counter() - t)}}
+
+
+def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line per row: the probe figures (won/n; plain on the same houses, b/c) and the rollout."""
+    keys = [k for k in rows[0]["probe"]] if rows else []
+    head = "| arm | " + " | ".join(keys) + " | rollout success / agreement | steps |"
+    lines = [head, "|" + "---|" * (len(keys) + 3)]
+    for row in rows:
+        cells = []
+        for k in keys:
+            p = row["probe"].get(k)
+            if p is None:
+                cells.append("")
+            elif "plain_won" in p:
+                cells.append(f"{p['won']}/{p['n']} (plain {p['plain_won']}; b={p['b']} c={p['c']})")
+            else:
+                cells.append(f"{p['won']}/{p['n']}")
+        roll = row.get("rollout") or {}
+        lines.append(f"| {row['arm']} | " + " | ".join(cells)
+                     + f" | {roll.get('success', '')} / {roll.get('expert_agreement', '')} | {row.get('steps', '')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.policy.study", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=None, help="the finished run (default: this project)")
+    ap.add_argument("--arm", action="append", help="NAME=quests=<int>,grounded=<share> (repeatable; default: the study's)")
+    ap.add_argument("--houses", type=int, default=None, help="houses in the round (default: policy.dagger_houses)")
+    ap.add_argument("--probe-houses", type=int, default=96, help="held-out houses in each probe")
+    ap.add_argument("--probe-quests", type=int, default=6, help="quests per house of the long-grounding probe")
+    ap.add_argument("--before-only", action="store_true", help="only the probes on the run's model")
+    ap.add_argument("--out", type=Path, default=Path(".checkpoints/dagger_study/study.json"), help="JSON rows")
+    args = ap.parse_args(argv)
+    root = (args.run or project_root()).resolve()
+    try:
+        arms = [Arm.parse(a) for a in args.arm] if args.arm else [Arm(n, **kw) for n, kw in ARMS.items()]
+    except ValueError as exc:
+        ap.error(str(exc))
+    cfg = load_params(root, check_stale=False)
+    demos = root / cfg.paths.policy / DEMOS_FILE
+    if not demos.is_file():
+        ap.error(f"{demos}: not found (the run's DAgger labels); run the policy stage first: dvc repro policy")
+    pin(cfg.numerics)
+    study = Study(root, cfg, probe_houses=args.probe_houses, probe_quests=args.probe_quests)
+    rows: list[dict[str, Any]] = []
+
+    def keep(row: dict[str, Any]) -> None:
+        rows.append(row)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
+        print(markdown(rows[-1:]), flush=True)
+
+    t = time.perf_counter()
+    model, tok = study.model()
+    results = study.probe(model, tok)
+    keep({"arm": "the run's model", "probe": paired_table(results), "results": results,
+          "seconds": {"probes": round(time.perf_counter() - t)}})
+    for arm in [] if args.before_only else arms:
+        keep(study.arm(arm, int(args.houses if args.houses is not None else cfg.model.policy.dagger_houses)))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,101 @@
+"""The model's study (``pipeline.policy.study``): its arms reproduce the library's
+round and probe tasks at the library's settings, the longer grounding merges more quests, the
+paired probe table counts the discordant pairs, and the run's labels tokenize as rendered.
+
+Real code on the session's tiny games (the fixtures of tests/test_dagger.py)."""
+
+from __future__ import annotations
+
+import pytest
+from omegaconf import OmegaConf
+
+from tests.test_dagger import cfg, memory, tiny_model  # noqa: F401  (fixtures)
+
+
+def _ids(tasks):
+    return [(t.task_id, t.kind, t.prompt) for t in tasks]
+
+
+def test_probe_tasks_at_two_quests_are_the_episode_probes(cfg, tiny_games, memory):  # noqa: F811
+    from pipeline.policy.dagger import EpisodeProbe
+    from pipeline.policy.study import probe_tasks
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    lib = EpisodeProbe.build(cfg, rows, scenes, memory, n=3).tasks
+    assert lib and _ids(probe_tasks(cfg, rows, scenes, memory, 3)) == _ids(lib)
+
+
+def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, memory):  # noqa: F811
+    from pipeline.policy.dagger import dagger_tasks
+    from pipeline.policy.study import Arm, round_tasks
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    arm = Arm("library", quests=2, grounded=float(cfg.model.policy.generated_grounding))
+    assert _ids(round_tasks(cfg, rows, scenes, memory, 1, 5, arm)) == _ids(dagger_tasks(cfg, rows, scenes, memory, 1, 5))
+    everyone = round_tasks(cfg, rows, scenes, memory, 1, 5, Arm("all", quests=2, grounded=1.0))
+    nobody = round_tasks(cfg, rows, scenes, memory, 1, 5, Arm("none", quests=2, grounded=0.0))
+    assert [t.house.scene_id for t in everyone] == [t.house.scene_id for t in nobody]  # same houses
+    assert not any(t.variant.grounding for t in nobody)
+    assert sum(bool(t.variant.grounding) for t in everyone) >= sum(bool(t.variant.grounding) for t in
+                                                                  round_tasks(cfg, rows, scenes, memory, 1, 5, arm))
+
+
+def test_longer_grounding_merges_the_later_quests_of_the_same_houses(cfg, tiny_games):  # noqa: F811
+    from pipeline.policy.demos import house_grounding, rule_agent_config, training_houses
+    from pipeline.policy.study import grounding_from_quests
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    rule_cfg = rule_agent_config(cfg)
+    two = training_houses(cfg, rows, scenes, heldout=True, quests_per_house=2).houses(4)
+    five = training_houses(cfg, rows, scenes, heldout=True, quests_per_house=5).houses(4)
+    assert [h.row(0)["objective"] for h in two] == [h.row(0)["objective"] for h in five]
+    longer = 0
+    for h2, h5 in zip(two, five):
+        s2, s5 = {**scenes, h2.scene_id: h2.spec}, {**scenes, h5.scene_id: h5.spec}
+        assert grounding_from_quests(rule_cfg, h2, s2) == house_grounding(rule_cfg, h2, s2)
+        short, long_ = grounding_from_quests(rule_cfg, h2, s2), grounding_from_quests(rule_cfg, h5, s5)
+        longer += len((long_ or "").splitlines()) > len((short or "").splitlines())
+    assert longer > 0
+
+
+def test_paired_table_counts_discordant_pairs_against_plain_on_the_same_houses():
+    from pipeline.policy.study import paired_table
+
+    res = {"p2": {"probe_plain_h0": True, "probe_plain_h1": False, "probe_plain_h2": False,
+                  "probe_grounded_h0": False, "probe_grounded_h1": True, "probe_grounded_h2": True,
+                  "probe_oracle_h0": True},
+           "p6": {"probe_grounded_h1": False, "probe_grounded_h2": True}}
+    table = paired_table(res)
+    assert table["plain"] == {"won": 1, "n": 3}
+    assert table["p2_grounded"] == {"won": 2, "n": 3, "plain_won": 1, "b": 2, "c": 1}
+    assert table["p2_oracle"] == {"won": 1, "n": 1, "plain_won": 1, "b": 0, "c": 0}
+    assert table["p6_grounded"] == {"won": 1, "n": 2, "plain_won": 0, "b": 1, "c": 0}
+    with pytest.raises(ValueError, match="no plain episode"):
+        paired_table({"p6": {"probe_grounded_h9": True}, "p2": {"probe_plain_h0": True}})
+
+
+@pytest.mark.parametrize("text, problem", [("x", "expected NAME"), ("x=quests=1", "quests must be"),
+                                            ("x=width=3", "is not quests"), ("x=grounded=2", "grounded in")])
+def test_an_arm_that_cannot_be_read_is_refused_with_the_text(text, problem):
+    from pipeline.policy.study import Arm
+
+    with pytest.raises(ValueError, match=problem):
+        Arm.parse(text)
+
+
+def test_the_runs_labels_tokenize_from_their_text_as_the_backend_rendered_them(cfg, tiny_games, memory,  # noqa: F811
+                                                                             tiny_model, tmp_path):
+    from pipeline.core.io import write_parquet
+    from pipeline.policy.training import demos_table
+    from pipeline.policy.dagger import dagger_tasks, model_backend, play_houses, rollout_config, turn_units
+    from pipeline.policy.study import run_label_units
+
+    model, tok = tiny_model
+    rcfg = rollout_config(cfg)
+    tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 2)
+    rcfg = OmegaConf.merge(rcfg, {"env": {"max_steps": 3}})
+    labels = [x for r in play_houses(rcfg, model_backend(rcfg, model, tok), tasks, label=True) for x in r.labels]
+    units, prompts = turn_units(cfg, model, tok, labels)
+    write_parquet(demos_table(labels, prompts), tmp_path / "demos.parquet")
+    again = run_label_units(tok, tmp_path / "demos.parquet")
+    assert labels and again == units
