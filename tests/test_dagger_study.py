@@ -30,14 +30,14 @@ def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, 
     from pipeline.policy.study import Arm, round_tasks
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
-    arm = Arm("library", quests=2, grounded=float(cfg.model.policy.generated_grounding))
-    assert _ids(round_tasks(cfg, rows, scenes, memory, 1, 5, arm)) == _ids(dagger_tasks(cfg, rows, scenes, memory, 1, 5))
+    library = round_tasks(cfg, rows, scenes, memory, 1, 5,
+                          Arm("library", quests=2, grounded=float(cfg.model.policy.generated_grounding)))
+    assert _ids(library) == _ids(dagger_tasks(cfg, rows, scenes, memory, 1, 5))
     everyone = round_tasks(cfg, rows, scenes, memory, 1, 5, Arm("all", quests=2, grounded=1.0))
     nobody = round_tasks(cfg, rows, scenes, memory, 1, 5, Arm("none", quests=2, grounded=0.0))
     assert [t.house.scene_id for t in everyone] == [t.house.scene_id for t in nobody]  # same houses
     assert not any(t.variant.grounding for t in nobody)
-    assert sum(bool(t.variant.grounding) for t in everyone) >= sum(bool(t.variant.grounding) for t in
-                                                                  round_tasks(cfg, rows, scenes, memory, 1, 5, arm))
+    assert sum(bool(t.variant.grounding) for t in everyone) >= sum(bool(t.variant.grounding) for t in library)
 
 
 def test_longer_grounding_merges_the_later_quests_of_the_same_houses(cfg, tiny_games):  # noqa: F811

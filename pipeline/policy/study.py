@@ -51,12 +51,19 @@ from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
 from pipeline.core.seeding import crc_rng, derive_seed, task_seed
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
-from pipeline.policy.dagger import HouseTask, model_backend, play_houses, rollout_config, rollout_summary
+from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
+    HouseTask,
+    _task,
+    model_backend,
+    play_houses,
+    rollout_config,
+    rollout_summary,
+    turn_units,
+)
 from pipeline.policy.demos import (
     DemoKind,
     SceneMemory,
     Variant,
-    freeze_prompt,
     house_env,
     prompt_variants,
     rule_agent_config,
@@ -137,12 +144,6 @@ def _variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organ
     return [v for v in variants if v.grounding is not None] if text else variants
 
 
-def _task(organizer: PromptOrganizer, task_id: str, kind: str, house: GeneratedHouse, variant: Variant) -> HouseTask:
-    row = house.row(0)
-    return HouseTask(task_id, kind, house, row, variant,
-                     freeze_prompt(organizer, row["objective"], row["scene_id"], variant.grounding, variant.block))
-
-
 def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
                 n: int, *, quests: int = 2, kinds: Sequence[str] = KINDS) -> list[HouseTask]:
     """The whole-episode probe's tasks (:meth:`pipeline.policy.dagger.EpisodeProbe.build`'s for
@@ -157,7 +158,7 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
         picks = {"plain": next((v for v in plain if v.bare), None),
                  "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
                  "oracle": next((v for v in grounded if v.source in oracle), None)}
-        out += [_task(organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
+        out += [_task(cfg, organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
                 for k in KINDS if k in kinds and picks[k] is not None]
     return out
 
@@ -178,7 +179,7 @@ def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
         grounded = crc_rng(cfg.seed, "dagger-grounding", round_, house.scene_id).random() < arm.grounded
         variants = _variants(cfg, scenes, memory, organizer, house, rule_cfg, grounded)
         v = variants[i % len(variants)]
-        out.append(_task(organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
+        out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
     return out
 
 
@@ -234,11 +235,20 @@ class Study:
         self.root, self.cfg, self.rcfg = root, cfg, rollout_config(cfg)
         self.manifest, self.scenes = load_games(root, cfg)
         self.demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
+        self._units: tuple[list[Any], list[Any]] | None = None
         mem = self.demo_set.memory
         self.probes = {"p2": probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses)}
         if probe_quests != 2:
             self.probes[f"p{probe_quests}"] = probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses,
                                                           quests=probe_quests, kinds=("grounded", "oracle"))
+
+    def units(self, model: Any, tokenizer: Any) -> tuple[list[Any], list[Any]]:
+        """The demonstration units and the run's own DAgger label units, tokenized once: every
+        arm's tokenizer is the run's, and the rendering does not read the weights."""
+        if self._units is None:
+            self._units = (turn_units(self.cfg, model, tokenizer, self.demo_set.turns)[0],
+                           run_label_units(tokenizer, self.root / self.cfg.paths.policy / DEMOS_FILE))
+        return self._units
 
     def model(self) -> tuple[Any, Any]:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -254,7 +264,6 @@ class Study:
 
     def arm(self, arm: Arm, houses: int, *, progress: Callable[[str], None] = print) -> dict[str, Any]:
         """One round of ``arm`` from the run's model: rollouts, training, both probes."""
-        from pipeline.policy.dagger import turn_units
         from pipeline.policy.model import train
 
         cfg, pol = self.cfg, self.cfg.model.policy
@@ -266,9 +275,8 @@ class Study:
         rolls = play_houses(self.rcfg, model_backend(self.rcfg, model, tok), tasks, label=True)
         roll_s = time.perf_counter() - t
         progress(f"{arm.name}: {len(rolls)} episodes in {roll_s:.0f} s")
-        base_units, _ = turn_units(cfg, model, tok, self.demo_set.turns)
-        units = run_label_units(tok, self.root / cfg.paths.policy / DEMOS_FILE)
-        units += turn_units(cfg, model, tok, [x for roll in rolls for x in roll.labels])[0]
+        base_units, run_labels = self.units(model, tok)
+        units = run_labels + turn_units(cfg, model, tok, [x for roll in rolls for x in roll.labels])[0]
         k = min(len(base_units), int(float(pol.dagger_replay) * len(units)))
         rng = crc_rng(cfg.seed, "dagger-replay", r)
         replay = [base_units[i] for i in sorted(int(j) for j in rng.choice(len(base_units), size=k, replace=False))]
