@@ -903,6 +903,9 @@ def main(argv: list[str] | None = None) -> int:
                         "this process may use)")
     parser.add_argument("--stages", nargs="+", metavar="STAGE", help="scaling: only these stages (games demos "
                         "policy collect evaluate evaluate_reader curve)")
+    parser.add_argument("--experiment", choices=["tiny", "slice"], default="tiny",
+                        help="scaling: measure on experiment=tiny (minutes; its fractions are a floor) or on a "
+                        "slice of the default config (about 45 minutes on 2 cores; benchmarks/bench_scaling.py)")
     parser.add_argument("--skip-run", action="store_true", help="scaling: measure nothing; project from metrics/ "
                         "and the parallel fractions of the last scaling run in results.json (or --previous)")
     parser.add_argument("--previous", type=Path, help="scaling --skip-run: the results JSON to read the fractions from")
@@ -928,7 +931,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[DEVICE_ENV] = args.device
     os.environ["PIPELINE_BENCH_SCALING"] = json.dumps({
         "counts": [int(c) for c in args.counts.split(",")] if args.counts else None, "stages": args.stages,
-        "skip_run": args.skip_run, "previous": str(args.previous) if args.previous else None,
+        "experiment": args.experiment, "skip_run": args.skip_run, "previous": str(args.previous) if args.previous else None,
         "install_s": args.install_s, "other_s": args.other_s})
     meta = machine_info()
     meta["quick"] = args.quick

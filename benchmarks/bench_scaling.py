@@ -2,6 +2,7 @@
 the default run's cold time on 2, 8 and 16 cores.
 
     python -m benchmarks --only scaling                        # measure (tiny DAG) + project
+    python -m benchmarks --only scaling --experiment slice     # measure on a slice of the default (~45 min on 2 cores)
     python -m benchmarks --only scaling --counts 1,2 --stages games collect
     python -m benchmarks --only scaling --skip-run             # project only: metrics/ + results.json
     python -m benchmarks --only scaling --install-s 150
@@ -19,6 +20,12 @@ listed in the table and the JSON, and the benchmarks exit 1.
 
 Per stage: wall at each count, speed-up S(n) = t(1)/t(n) and the parallel fraction by Amdahl's
 law, p = (1 - 1/S) / (1 - 1/n) (from the largest count; clamped to [0, 1] for the projection).
+``experiment=tiny`` is too small to show most stages' scaling (its eval split is one batch, so
+``evaluate`` starts no worker; a spawned worker's imports outweigh its work), so its fractions
+are a floor. ``--experiment slice`` measures instead on :data:`SLICE_OVERRIDES`: the default
+config with two thirds of its scenes (``evaluate`` in two batches of the default's size), a
+quarter of its generated houses and a policy trained for minutes, sized so that every parallel
+stage has at least two parts of real work.
 On a shared machine wall times measure the neighbours too (a warning row says so when the
 one-worker runs got under 0.8 of a core), so a second fraction comes from where the CPU went:
 an ``atexit`` probe (a ``sitecustomize`` on the stage's ``PYTHONPATH``) records the stage
@@ -31,7 +38,11 @@ recorded in the metrics where they say, else the counts of that run's ``params.y
 rescaled by Amdahl to 2, 8 and 16 cores with each stage's measured p (or the documented
 assumption of :data:`ASSUMED_FRACTION` where a stage was not measured), plus the serial
 remainder (``--other-s``: DVC, process start-up, the small serial stages) and the install
-(``--install-s``). The overall parallel fraction is that of the cold run's one-core CPU time.
+(``--install-s``). A stage never uses more processes than its work has parts
+(:func:`default_run_parts`: ``evaluate``'s 56-task batches, ``curve``'s points, one training
+process while ``model.policy.micro_batches`` is 1, one for the online ``collect`` loop), so a
+stage's projected speed-up stops at its part count. The overall parallel fraction is that of
+the cold run's one-core CPU time.
 The arithmetic is the small pure functions below (tested in ``tests/test_bench_scaling.py``).
 """
 
@@ -51,7 +62,7 @@ if str(ROOT) not in sys.path:
 
 OPTIONS_ENV = "PIPELINE_BENCH_SCALING"  # the parent's --counts/--stages/--skip-run/... as JSON, for the child
 
-# The measured stages: short name -> the DVC target in the tiny scratch project.
+# The measured stages: short name -> the DVC target in the scratch project.
 STAGES: dict[str, str] = {
     "games": "games",
     "demos": "demos",
@@ -62,6 +73,22 @@ STAGES: dict[str, str] = {
     "curve": "curve",
 }
 QUICK_STAGES = ("games", "collect")
+
+# A slice of the default config for measuring (``--experiment slice``): the default's world and
+# model, 8 of its 12 scenes with 14 eval quests each (112 eval tasks: two batches of the default's
+# 56, so each worker's share of ``evaluate`` is a whole default batch, as in the default run; with
+# smaller batches a worker's start-up, ~10 s of imports and model load, hides the scaling), a
+# quarter of its generated houses and drills (the demos stage's jobs), and a policy trained one
+# epoch with one small DAgger round (it trains in one process whatever the worker count while
+# micro_batches is 1; its other parts here are what it costs to measure).
+SLICE_OVERRIDES: tuple[str, ...] = (
+    "env.num_scenes=8", "env.heldout_scenes=2", "env.eval_quests_per_scene=14",
+    "model.policy.generated_houses=150", "model.policy.generated_drills=2400", "model.policy.epochs=1",
+    "model.policy.incontext_tasks=8", "model.policy.incontext_every=1000", "model.policy.dagger_rounds=1",
+    "model.policy.dagger_houses=32", "model.policy.episode_probe_houses=6",
+)
+# What each --experiment composes (before ``workers=N``).
+EXPERIMENTS: dict[str, tuple[str, ...]] = {"tiny": ("experiment=tiny",), "slice": SLICE_OVERRIDES}
 
 # The worker (process or thread) count each stage of the committed default run (dvc.lock of
 # 531c330, run at 0233cc1, before the one `workers` setting) ran with: games'
@@ -107,25 +134,43 @@ def amdahl_factor(p: float, n: float) -> float:
     return (1.0 - p) + p / n
 
 
-def rescale_time(t: float, p: float, n_from: float, n_to: float) -> float:
-    """A time measured on ``n_from`` workers, moved to ``n_to`` by Amdahl with fraction ``p``."""
+def rescale_time(t: float, p: float, n_from: float, n_to: float, parts: int | None = None) -> float:
+    """A time measured on ``n_from`` workers, moved to ``n_to`` by Amdahl with fraction ``p``; a
+    stage whose work has ``parts`` independent parts uses at most that many workers."""
+    if parts is not None:
+        if parts < 1:
+            raise ValueError(f"parts must be >= 1, not {parts}")
+        n_from, n_to = min(n_from, parts), min(n_to, parts)
     return t * amdahl_factor(p, n_to) / amdahl_factor(p, n_from)
 
 
-def project_run(stages: Mapping[str, tuple[float, int, float]], cores: int, *, serial_s: float = 0.0) -> dict[str, Any]:
-    """The run's time on ``cores``: ``stages`` is ``{name: (wall_s, workers it ran with, p)}``
-    (stages run one after another, as ``dvc repro`` runs them); ``serial_s`` (install, DVC,
-    serial stages) is added unchanged. Returns ``{"total_s", "stages": {name: s}}``."""
-    per = {name: rescale_time(t, p, n0, cores) for name, (t, n0, p) in stages.items()}
+def _unpack(stage: tuple) -> tuple[float, int, float, int | None]:
+    """``(wall_s, workers, p)`` or ``(wall_s, workers, p, parts)``."""
+    return (*stage, None) if len(stage) == 3 else tuple(stage)  # type: ignore[return-value]
+
+
+def project_run(stages: Mapping[str, tuple], cores: int, *, serial_s: float = 0.0) -> dict[str, Any]:
+    """The run's time on ``cores``: ``stages`` is ``{name: (wall_s, workers it ran with, p[, parts])}``
+    (stages run one after another, as ``dvc repro`` runs them; ``parts`` caps the workers a
+    stage can use); ``serial_s`` (install, DVC, serial stages) is added unchanged. Returns
+    ``{"total_s", "stages": {name: s}}``."""
+    per = {}
+    for name, stage in stages.items():
+        t, n0, p, parts = _unpack(stage)
+        per[name] = rescale_time(t, p, n0, cores, parts)
     return {"total_s": serial_s + sum(per.values()), "stages": per}
 
 
-def overall_parallel_fraction(stages: Mapping[str, tuple[float, int, float]], *, serial_s: float = 0.0) -> float:
+def overall_parallel_fraction(stages: Mapping[str, tuple], *, serial_s: float = 0.0) -> float:
     """The parallel share of the run's one-core time (its CPU time): sum(p_i t1_i) / (sum t1_i + serial),
-    t1_i being stage i's time moved to one worker."""
-    t1 = {name: rescale_time(t, p, n0, 1) for name, (t, n0, p) in stages.items()}
+    t1_i being stage i's time moved to one worker; a stage of one part has nothing parallel."""
+    t1, par = {}, 0.0
+    for name, stage in stages.items():
+        t, n0, p, parts = _unpack(stage)
+        t1[name] = rescale_time(t, p, n0, 1, parts)
+        par += (0.0 if parts == 1 else p) * t1[name]
     total = serial_s + sum(t1.values())
-    return sum(stages[name][2] * t for name, t in t1.items()) / total if total > 0 else 0.0
+    return par / total if total > 0 else 0.0
 
 
 def stage_scaling(times: Mapping[int, float]) -> dict[str, Any]:
@@ -186,21 +231,67 @@ def default_run_times(root: Path) -> dict[str, dict[str, Any]]:
     return out
 
 
+def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
+    """``{stage: {"parts", "why"}}``: how many workers each stage of the default run could use
+    at most, from its metrics and ``params.yaml`` (the same rules the stages apply:
+    :func:`pipeline.session.collection.worker_count`, ``curve_workers``, ``demo_workers``,
+    ``train_processes``). A stage missing here is taken as having parts to spare."""
+    import math
+
+    import yaml
+
+    from pipeline.policy.demos import HOUSES_PER_JOB, RULE_TASKS_PER_JOB
+
+    m = root / "metrics"
+
+    def load(path: Path) -> dict:
+        return json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+
+    params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) if (root / "params.yaml").exists() else {}
+    agent = params.get("agent") or {}
+    pol = (params.get("model") or {}).get("policy") or {}
+    size = int(agent.get("batch_size", 56)) if agent.get("batched", True) else 1
+    out: dict[str, dict[str, Any]] = {}
+    games = load(m / "games.json")
+    if games.get("num_games"):
+        out["games"] = {"parts": int(games["num_games"]), "why": "one game per part"}
+    if games.get("num_train") is not None and pol:
+        n_train = int(games["num_train"])
+        houses = max(0, int(pol.get("generated_houses", 0))) + max(0, int(pol.get("generated_drills", 0)))
+        out["demos"] = {"parts": max(1, math.ceil(n_train / RULE_TASKS_PER_JOB), math.ceil(houses / HOUSES_PER_JOB)),
+                        "why": f"jobs of {HOUSES_PER_JOB} generated houses (its largest step)"}
+    if pol:
+        out["policy"] = {"parts": max(1, int(pol.get("micro_batches", 1))),
+                         "why": "training processes <= model.policy.micro_batches; threads fixed by config"}
+    if (params.get("grounding") or {}).get("online", False):
+        out["collect"] = {"parts": 1, "why": "the online loop: each episode's feedback grounds the next"}
+    for name, folder in (("evaluate", "eval"), ("evaluate_reader", "eval_reader")):
+        tasks = [load(f).get("num_tasks") for f in sorted((m / folder).glob("*.json"))]
+        if tasks and all(tasks):
+            out[name] = {"parts": max(1, math.ceil(max(tasks) / size)), "why": f"batches of agent.batch_size={size}"}
+    points = load(m / "curve.json").get("points")
+    if points:
+        out["curve"] = {"parts": len(points), "why": "one curve point per part"}
+    return out
+
+
 def projection(root: Path, fractions: Mapping[str, float], *, install_s: float, other_s: float,
                cores: Iterable[int] = PROJECT_CORES) -> dict[str, Any]:
     """The default run's cold time on each of ``cores``, from its metrics and the fractions
-    (measured, else :data:`ASSUMED_FRACTION`)."""
+    (measured, else :data:`ASSUMED_FRACTION`), each stage capped at its part count."""
     runs = default_run_times(root)
+    parts = default_run_parts(root)
     stages, used = {}, {}
     for name, r in runs.items():
         measured = fractions.get(name)
         p = clamp_fraction(measured) if measured is not None else ASSUMED_FRACTION[name]
-        used[name] = {"p": round(p, 3), "from": "measured" if measured is not None else "assumed",
+        cap = (parts.get(name) or {}).get("parts")
+        used[name] = {"p": round(p, 3), "from": "measured" if measured is not None else "assumed", "parts": cap,
                       **{k: (round(v, 1) if isinstance(v, float) else v) for k, v in r.items()}}
-        stages[name] = (r["wall_s"], r["workers"], p)
+        stages[name] = (r["wall_s"], r["workers"], p, cap)
     serial = install_s + other_s
     proj = {c: project_run(stages, c, serial_s=serial) for c in cores}
-    as_recorded = serial + sum(t for t, _, _ in stages.values())
+    as_recorded = serial + sum(st[0] for st in stages.values())
     return {"stages": used, "install_s": install_s, "other_s": other_s, "as_recorded_s": round(as_recorded, 1),
             "cores": {str(c): {"total_s": round(v["total_s"], 1),
                                "stages_s": {k: round(s, 1) for k, s in v["stages"].items()}} for c, v in proj.items()},
@@ -266,27 +357,31 @@ def _run(cmd: list[str], repo: Path, env: dict[str, str], timeout: float = 3000,
     return res
 
 
-def prepare(repo: Path) -> dict[str, Any]:
-    """The scratch copy with the tiny DAG run once (reused when ``repo`` already holds one)."""
+def prepare(repo: Path, overrides: Iterable[str] = EXPERIMENTS["tiny"], *, targets: Iterable[str] = ()) -> dict[str, Any]:
+    """The scratch copy composed with ``overrides`` and the DAG run once (``targets`` only, when
+    given, and what they need); reused when ``repo`` already holds an up-to-date run."""
     from benchmarks.common import make_scratch_repo, venv_env
 
     env = venv_env()
     if (repo / "dvc.lock").exists() and (repo / "data").is_dir():
-        st = subprocess.run([sys.executable, "-m", "dvc", "status", "-q"], cwd=repo, env=env, capture_output=True)
+        st = subprocess.run([sys.executable, "-m", "dvc", "status", "-q", *targets], cwd=repo, env=env,
+                            capture_output=True)
         if st.returncode == 0:
             return {"path": str(repo), "reused": True}
     info = make_scratch_repo(repo)
-    _run([sys.executable, "-m", "pipeline.core.config", "compose", "experiment=tiny"], repo, env)
-    res = _run([sys.executable, "-m", "dvc", "repro"], repo, env)
-    return {**info, "reused": False, "tiny_dag_s": round(res["wall_s"], 1), "tiny_dag_cpu_s": round(res["cpu_s"], 1)}
+    _run([sys.executable, "-m", "pipeline.core.config", "compose", *overrides], repo, env)
+    res = _run([sys.executable, "-m", "dvc", "repro", *targets], repo, env)
+    return {**info, "reused": False, "dag_s": round(res["wall_s"], 1), "dag_cpu_s": round(res["cpu_s"], 1)}
 
 
-def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict[str, Any]:
+def measure(repo: Path, stages: list[str], counts: list[int], log=print,
+            overrides: Iterable[str] = EXPERIMENTS["tiny"]) -> dict[str, Any]:
     """Each stage at each count: ``{stage: {"times": {n: s}, "total": {n: s}, "cpu": {n: s},
     "hashes": {n: {...}}}}`` and the mismatches."""
     from benchmarks.common import load_average, venv_env
     from pipeline.tools.reprocheck import cached_outputs
 
+    overrides = list(overrides)
     env = venv_env()
     py = sys.executable
     keep = cached_outputs(repo)
@@ -302,7 +397,7 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
         rec: dict[str, Any] = {"target": target, "times": {}, "total": {}, "cpu": {}, "load": {}, "hashes": {},
                                "self_cpu": {}, "children_cpu": {}}
         for n in counts:
-            _run([py, "-m", "pipeline.core.config", "compose", "experiment=tiny", f"workers={n}"], repo, env)
+            _run([py, "-m", "pipeline.core.config", "compose", *overrides, f"workers={n}"], repo, env)
             start: list[float] = []
 
             def on_line(t: float, line: str) -> None:
@@ -338,7 +433,7 @@ def measure(repo: Path, stages: list[str], counts: list[int], log=print) -> dict
                         if top in rec["self_cpu"] else None)
         out[stage] = rec
     # leave the copy composed as it was run (auto)
-    _run([py, "-m", "pipeline.core.config", "compose", "experiment=tiny"], repo, env)
+    _run([py, "-m", "pipeline.core.config", "compose", *overrides], repo, env)
     return {"stages": out, "mismatches": mismatches}
 
 
@@ -370,6 +465,20 @@ def previous_fractions(path: Path, key: str = "fractions") -> dict[str, float]:
     return {}
 
 
+def previous_experiment(path: Path) -> str | None:
+    """The experiment the last scaling run with fractions in ``path`` measured on (``tiny``
+    for runs that did not say)."""
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for run in reversed(runs):
+        det = run.get("details") or {}
+        if det.get("fractions"):
+            return det.get("experiment") or "tiny"
+    return None
+
+
 def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> dict[str, Any]:
     from benchmarks.__main__ import RESULTS, _r, bench_dir, row
     from pipeline.core.parallel import available_cores
@@ -381,29 +490,35 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
     unknown = [s for s in stages if s not in STAGES]
     if unknown:
         raise ValueError(f"--stages: unknown {unknown}; expected some of {list(STAGES)}")
+    experiment = opts.get("experiment") or "tiny"
+    if experiment not in EXPERIMENTS:
+        raise ValueError(f"--experiment {experiment!r}: expected one of {list(EXPERIMENTS)}")
     install_s = float(opts.get("install_s", DEFAULT_INSTALL_S))
     other_s = float(opts.get("other_s", DEFAULT_OTHER_S))
     rows: list[dict[str, Any]] = []
-    details: dict[str, Any] = {"available_cores": cores, "counts": counts}
+    details: dict[str, Any] = {"available_cores": cores, "counts": counts, "experiment": experiment}
     fractions: dict[str, float | None] = {}
     cpu_fractions: dict[str, float | None] = {}
     mismatches: list[str] = []
     if opts.get("skip_run"):
+        details["experiment"] = previous_experiment(Path(opts.get("previous") or RESULTS))
         fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS)))
         cpu_fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS), key="cpu_fractions"))
         details["fractions_from"] = str(opts.get("previous") or RESULTS)
     else:
         if 1 not in counts or len(counts) < 2:
             raise ValueError(f"--counts {counts}: needs 1 and at least one larger count")
-        repo = (scratch or bench_dir()) / "scaling"
-        details["repo"] = prepare(repo)
-        meas = measure(repo, stages, counts, log=lambda s: print(s, file=sys.stderr, flush=True))
+        repo = (scratch or bench_dir()) / ("scaling" if experiment == "tiny" else f"scaling_{experiment}")
+        overrides = EXPERIMENTS[experiment]
+        # the slice runs only what the measured stages need (not every condition's evaluation)
+        details["repo"] = prepare(repo, overrides, targets=() if experiment == "tiny" else [STAGES[s] for s in stages])
+        meas = measure(repo, stages, counts, log=lambda s: print(s, file=sys.stderr, flush=True), overrides=overrides)
         mismatches = meas["mismatches"]
         for stage, rec in meas["stages"].items():
             t1 = rec["times"][1]
             for n in counts:
                 t = rec["times"][n]
-                rows.append(row(f"{rec['target']} (tiny) workers={n}", _r(t, 1), "s",
+                rows.append(row(f"{rec['target']} ({experiment}) workers={n}", _r(t, 1), "s",
                                 ratio=None if n == 1 else _r(t1 / t, 2), vs=None if n == 1 else "speed-up vs workers=1",
                                 note=f"dvc repro {rec['total'][n]} s, CPU {rec['cpu'][n]} s, load "
                                 f"{rec['load'][n][0]} -> {rec['load'][n][1]}"))
@@ -411,7 +526,7 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
             fractions[stage] = p
             cpu_fractions[stage] = rec.get("p_cpu")
             same = not any(m.startswith(rec["target"] + ":") for m in mismatches)
-            rows.append(row(f"{rec['target']} (tiny) parallel fraction p", _r(p, 3), "", target="outputs identical",
+            rows.append(row(f"{rec['target']} ({experiment}) parallel fraction p", _r(p, 3), "", target="outputs identical",
                             met=same, note=f"Amdahl from workers={rec['p_from']}; CPU split at workers={max(counts)}: "
                             + (f"{rec['p_cpu']:.3f} (stage {rec['self_cpu'][max(counts)]} s, its workers "
                                f"{rec['children_cpu'][max(counts)]} s"

@@ -9,11 +9,15 @@ from pathlib import Path
 import pytest
 
 from benchmarks.bench_scaling import (
+    EXPERIMENTS,
+    SLICE_OVERRIDES,
     amdahl_factor,
     default_counts,
+    default_run_parts,
     default_run_times,
     overall_parallel_fraction,
     parallel_fraction,
+    previous_experiment,
     previous_fractions,
     project_run,
     projection,
@@ -118,3 +122,73 @@ def test_cpu_split_fraction():
     assert cpu_split_fraction(10.0, 90.0) == pytest.approx(0.9)  # the stage waited while its workers computed
     assert cpu_split_fraction(20.0, 0.0) == 0.0  # no worker process
     assert cpu_split_fraction(0.0, 0.0) is None
+
+
+def test_a_stage_uses_no_more_workers_than_its_work_has_parts():
+    # fully parallel, 100 s on 2 workers: 50 s on 4 parts whether 4 or 16 cores
+    assert rescale_time(100.0, 1.0, 2, 16, parts=4) == pytest.approx(50.0)
+    assert rescale_time(100.0, 1.0, 2, 4, parts=4) == pytest.approx(50.0)
+    # one part (one training process): the time stays what it was on any count
+    assert rescale_time(100.0, 0.9, 2, 16, parts=1) == pytest.approx(100.0)
+    assert rescale_time(100.0, 1.0, 2, 1, parts=1) == pytest.approx(100.0)
+    with pytest.raises(ValueError, match="parts must be >= 1"):
+        rescale_time(100.0, 1.0, 2, 4, parts=0)
+    r = project_run({"eval": (100.0, 2, 1.0, 4), "train": (300.0, 2, 0.9, 1), "games": (40.0, 2, 1.0)}, 16)
+    assert r["stages"] == pytest.approx({"eval": 50.0, "train": 300.0, "games": 5.0})
+    # a one-part stage adds its time to the serial side whatever its p says
+    assert overall_parallel_fraction({"train": (300.0, 2, 0.9, 1), "eval": (100.0, 1, 1.0, 4)}) == pytest.approx(0.25)
+
+
+def _default_like(root: Path) -> None:
+    _metrics(root)
+    m = root / "metrics"
+    g = json.loads((m / "games.json").read_text())
+    (m / "games.json").write_text(json.dumps({**g, "num_games": 276, "num_train": 72}))
+    for c in ("C0", "C1"):
+        (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": 100.0, "num_tasks": 204}))
+    (m / "curve.json").write_text(json.dumps({"wall_time_s": 80.0, "workers": 2, "points": [{}] * 20}))
+    (root / "params.yaml").write_text(
+        "grounding: {online: true}\nagent: {batch_size: 56, batched: true}\n"
+        "model: {policy: {generated_houses: 600, generated_drills: 9600, micro_batches: 1}}\n")
+
+
+def test_default_run_parts_follow_the_stages_rules(tmp_path: Path):
+    _default_like(tmp_path)
+    parts = {k: v["parts"] for k, v in default_run_parts(tmp_path).items()}
+    # 204 tasks in batches of 56 -> 4; 10,200 houses in jobs of 16 -> 638; one process while
+    # micro_batches is 1; the online collect loop is one
+    assert parts == {"games": 276, "demos": 638, "policy": 1, "collect": 1, "evaluate": 4, "curve": 20}
+    p = projection(tmp_path, {"evaluate": 1.0, "curve": 1.0}, install_s=0.0, other_s=0.0, cores=(2, 4, 16))
+    ev = {c: p["cores"][c]["stages_s"]["evaluate"] for c in ("2", "4", "16")}
+    assert ev == pytest.approx({"2": 200.0, "4": 100.0, "16": 100.0})  # 4 batches: no gain past 4 cores
+    assert p["cores"]["16"]["stages_s"]["curve"] == pytest.approx(80.0 * 2 / 16)
+    assert p["cores"]["16"]["stages_s"]["policy"] == pytest.approx(300.0)
+    assert p["stages"]["evaluate"]["parts"] == 4
+
+
+def test_the_slice_gives_every_measured_stage_two_equal_parts():
+    from omegaconf import OmegaConf
+
+    from pipeline.core.config import compose_text, project_root, validate
+
+    assert EXPERIMENTS["slice"] == SLICE_OVERRIDES and EXPERIMENTS["tiny"] == ("experiment=tiny",)
+    cfg = validate(OmegaConf.create(compose_text(project_root(), SLICE_OVERRIDES)))
+    default = validate(OmegaConf.create(compose_text(project_root())))
+    eval_tasks = cfg.env.eval_quests_per_scene * cfg.env.num_scenes
+    assert eval_tasks == 2 * cfg.agent.batch_size  # evaluate: two equal batches
+    assert cfg.env.num_scenes < default.env.num_scenes and cfg.model.policy.generated_houses < \
+        default.model.policy.generated_houses
+    # the default's model and world otherwise
+    assert cfg.model.policy.hidden_size == default.model.policy.hidden_size and cfg.env.name == default.env.name
+    assert cfg.model.policy.micro_batches == default.model.policy.micro_batches
+
+
+def test_previous_experiment(tmp_path: Path):
+    f = tmp_path / "results.json"
+    assert previous_experiment(f) is None
+    runs = [{"details": {"fractions": {"games": 0.5}}}, {"details": {"fractions": {"games": 0.9}, "experiment": "slice"}},
+            {"details": {}}]
+    f.write_text(json.dumps({"benchmarks": {"scaling": {"runs": runs}}}))
+    assert previous_experiment(f) == "slice"
+    f.write_text(json.dumps({"benchmarks": {"scaling": {"runs": runs[:1]}}}))
+    assert previous_experiment(f) == "tiny"

@@ -124,8 +124,17 @@ def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projec
     assert "| games | 1.0 | 2 |" in text and "| demos | 2.0 | 2 |" in text and "| policy | 10.0 | 1 |" in text
     assert "| evaluate (2 conditions) | 2.0 | – |" in text and "| curve | – | – |" in text
     assert "**15.0**" in text  # 60 + 120 + 600 + 120 s
-    assert "(at commit abc1234, D, 2 cores, load 0.1): 25 min on 2 cores, 8 min on 16 cores" in text
+    assert ("`python -m benchmarks --only scaling` (parallel fractions measured on `experiment=tiny`, a floor; "
+            "at commit abc1234, D, 2 cores, load 0.1): 25 min on 2 cores, 8 min on 16 cores") in text
     assert "parallel fraction of the run's time 0.91." in text
+    # measured on the slice of the default, each stage capped at its parts: the text says so
+    doc = json.loads((tmp_path / "benchmarks" / "results.json").read_text())
+    det = doc["benchmarks"]["scaling"]["runs"][0]["details"]
+    det["experiment"] = "slice"
+    det["projection"]["stages"] = {"evaluate": {"parts": 4}}
+    (tmp_path / "benchmarks" / "results.json").write_text(json.dumps(doc))
+    assert ("`python -m benchmarks --only scaling --experiment slice` (parallel fractions measured on a slice of "
+            "the default config; no stage on more cores than its work has parts; at commit abc1234") in runtime_table(m)
 
 
 def test_the_episodes_block_has_a_row_after_the_demonstrations_and_each_dagger_round(tmp_path):

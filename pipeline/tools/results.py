@@ -260,13 +260,20 @@ def runtime_table(metrics: Path) -> str:
     text = markdown_table(["stage", "minutes", "processes"], rows + [["**the stages' sum**", f"**{total / 60:.1f}**", ""]])
     bench = _read(metrics.parent / "benchmarks" / "results.json").get("benchmarks", {}).get("scaling") or {}
     runs = bench.get("runs") or [{}]
-    proj = (runs[0].get("details") or {}).get("projection") or {}
+    details = runs[0].get("details") or {}
+    proj = details.get("projection") or {}
     cores = proj.get("cores") or {}
     if cores:
         meta = bench.get("meta") or {}
         cols = sorted(cores, key=int)
-        text += ("\n\nProjected cold `make repro` (install included) by `python -m benchmarks --only scaling` "
-                 f"(at commit {meta.get('git', '?')}, {meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
+        slice_ = details.get("experiment") == "slice"
+        capped = any((s or {}).get("parts") for s in (proj.get("stages") or {}).values())
+        text += ("\n\nProjected cold `make repro` (install included) by `python -m benchmarks --only scaling"
+                 + (" --experiment slice" if slice_ else "") + "` ("
+                 + ("parallel fractions measured on a slice of the default config" if slice_
+                    else "parallel fractions measured on `experiment=tiny`, a floor")
+                 + ("; no stage on more cores than its work has parts" if capped else "")
+                 + f"; at commit {meta.get('git', '?')}, {meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
                  f"load {(meta.get('load_average') or ['?'])[0]}): "
                  + ", ".join(f"{cores[c]['total_s'] / 60:.0f} min on {c} cores" for c in cols)
                  + f"; parallel fraction of the run's time {_fraction(proj.get('parallel_fraction'))}.")
