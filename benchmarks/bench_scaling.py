@@ -233,14 +233,18 @@ def default_run_times(root: Path) -> dict[str, dict[str, Any]]:
 
 def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
     """``{stage: {"parts", "why"}}``: how many workers each stage of the default run could use
-    at most, from its metrics and ``params.yaml`` (the same rules the stages apply:
-    :func:`pipeline.session.collection.worker_count`, ``curve_workers``, ``demo_workers``,
-    ``train_processes``). A stage missing here is taken as having parts to spare."""
-    import math
+    at most, from its metrics and ``params.yaml``, by the stages' own rules asked with an
+    unbounded ``workers`` (:func:`pipeline.policy.demoset.demo_workers`,
+    :func:`pipeline.policy.model.train_processes`, the batches of
+    :func:`pipeline.session.rollout.batches` that ``worker_count`` counts, one process per
+    curve point). A stage missing here is taken as having parts to spare."""
+    from types import SimpleNamespace
 
     import yaml
 
-    from pipeline.policy.demos import HOUSES_PER_JOB, RULE_TASKS_PER_JOB
+    from pipeline.policy.demoset import demo_workers
+    from pipeline.policy.model import train_processes
+    from pipeline.session.rollout import batches
 
     m = root / "metrics"
 
@@ -251,24 +255,26 @@ def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
     agent = params.get("agent") or {}
     pol = (params.get("model") or {}).get("policy") or {}
     size = int(agent.get("batch_size", 56)) if agent.get("batched", True) else 1
+    unbounded = sys.maxsize  # `workers` as large as it goes: each rule returns its own limit
     out: dict[str, dict[str, Any]] = {}
     games = load(m / "games.json")
     if games.get("num_games"):
         out["games"] = {"parts": int(games["num_games"]), "why": "one game per part"}
     if games.get("num_train") is not None and pol:
-        n_train = int(games["num_train"])
-        houses = max(0, int(pol.get("generated_houses", 0))) + max(0, int(pol.get("generated_drills", 0)))
-        out["demos"] = {"parts": max(1, math.ceil(n_train / RULE_TASKS_PER_JOB), math.ceil(houses / HOUSES_PER_JOB)),
-                        "why": f"jobs of {HOUSES_PER_JOB} generated houses (its largest step)"}
+        cfg = SimpleNamespace(workers=unbounded, model=SimpleNamespace(policy=SimpleNamespace(
+            generated_houses=int(pol.get("generated_houses", 0)), generated_drills=int(pol.get("generated_drills", 0)))))
+        out["demos"] = {"parts": demo_workers(cfg, [{"split": "train"}] * int(games["num_train"])),
+                        "why": "demo_workers: its largest step's jobs"}
     if pol:
-        out["policy"] = {"parts": max(1, int(pol.get("micro_batches", 1))),
+        policy = SimpleNamespace(micro_batches=int(pol.get("micro_batches", 1)), threads=int(pol.get("threads", 1)))
+        out["policy"] = {"parts": train_processes(unbounded, policy),
                          "why": "training processes <= model.policy.micro_batches; threads fixed by config"}
     if (params.get("grounding") or {}).get("online", False):
         out["collect"] = {"parts": 1, "why": "the online loop: each episode's feedback grounds the next"}
     for name, folder in (("evaluate", "eval"), ("evaluate_reader", "eval_reader")):
         tasks = [load(f).get("num_tasks") for f in sorted((m / folder).glob("*.json"))]
         if tasks and all(tasks):
-            out[name] = {"parts": max(1, math.ceil(max(tasks) / size)), "why": f"batches of agent.batch_size={size}"}
+            out[name] = {"parts": len(batches(list(range(max(tasks))), size)), "why": f"batches of agent.batch_size={size}"}
     points = load(m / "curve.json").get("points")
     if points:
         out["curve"] = {"parts": len(points), "why": "one curve point per part"}
