@@ -7,6 +7,7 @@ one-line stage that reads ``params.yaml`` the way every stage does.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -195,3 +196,65 @@ def test_a_workers_override_never_asks_for_another_golden_file():
     assert byte_overrides(["+workers=1", "experiment=tiny"]) == ["experiment=tiny"]
     assert byte_overrides(["experiment=tiny", "agent.batch_size=3"]) == ["experiment=tiny", "agent.batch_size=3"]
     assert byte_overrides(["model.policy.micro_batches=4"]) == ["model.policy.micro_batches=4"]
+
+
+def test_cpu_level_reads_the_flags_that_separate_the_x86_64_levels():
+    from pipeline.core.cpu import cpu_level
+
+    v3 = "fpu sse4_2 popcnt ssse3 avx avx2 fma bmi1 bmi2 f16c movbe"
+    assert cpu_level(v3) == "x86-64-v3"
+    assert cpu_level(v3 + " avx512f avx512bw avx512cd avx512dq avx512vl") == "x86-64-v4"
+    assert cpu_level(v3 + " avx512f") == "x86-64-v3"  # AVX-512 Foundation alone is not level 4
+    assert cpu_level("fpu sse4_2 popcnt ssse3") == "x86-64-v2"
+    assert cpu_level("fpu sse2") == "x86-64"
+
+
+def test_a_golden_file_keeps_one_record_per_cpu_level(tmp_path):
+    """The pinned numerics reproduce bytes within an x86-64 level, not across levels: each level
+    is compared with its own record, the outputs every level agrees on are stored once, and a
+    level with no record is an error that says how to record it."""
+    from pipeline.tools.reprocheck import ReproCheckError, expected_outputs, record_outputs
+
+    golden = tmp_path / "golden.json"
+    v4 = {"data/games": "g", "data/policy": "p4", "data/eval/C0": "e4"}
+    doc, moved = record_outputs(None, "x86-64-v4", v4, ["experiment=tiny"], {"cpu": "A", "revision": "r1"})
+    assert moved == [] and doc["outputs"] == v4 and doc["by_cpu_level"] == {"x86-64-v4": {}}
+    v3 = {"data/games": "g", "data/policy": "p3", "data/eval/C0": "e4"}
+    doc, moved = record_outputs(doc, "x86-64-v3", v3, ["experiment=tiny"], {"cpu": "B", "revision": "r2"})
+    assert moved == []
+    assert doc["outputs"] == {"data/games": "g", "data/eval/C0": "e4"}
+    assert doc["by_cpu_level"] == {"x86-64-v3": {"data/policy": "p3"}, "x86-64-v4": {"data/policy": "p4"}}
+    assert doc["recorded_on"] == {"x86-64-v3": {"cpu": "B", "revision": "r2"}, "x86-64-v4": {"cpu": "A", "revision": "r1"}}
+    assert expected_outputs(doc, "x86-64-v4", golden) == v4
+    assert expected_outputs(doc, "x86-64-v3", golden) == v3
+    with pytest.raises(ReproCheckError, match=r"no record for this CPU's level x86-64-v2 \(recorded: x86-64-v3, x86-64-v4\)"):
+        expected_outputs(doc, "x86-64-v2", golden)
+
+    # A code change that moves a shared output, rerecorded on one level: the other level's record
+    # is kept but named stale; its own outputs stay its own.
+    changed = {**v3, "data/games": "g2"}
+    doc2, moved = record_outputs(doc, "x86-64-v3", changed, ["experiment=tiny"], {"cpu": "B", "revision": "r3"})
+    assert moved == ["data/games"]
+    assert expected_outputs(doc2, "x86-64-v3", golden) == changed
+    assert expected_outputs(doc2, "x86-64-v4", golden) == v4
+
+    # Other overrides, or the older single-record form: this level's record replaces the file.
+    doc3, moved = record_outputs(doc, "x86-64-v3", v3, ["experiment=tiny", "seed=2"], {"cpu": "B", "revision": "r4"})
+    assert moved == [] and doc3["by_cpu_level"] == {"x86-64-v3": {}} and doc3["outputs"] == v3
+    old = {"overrides": ["experiment=tiny"], "outputs": v4}
+    assert expected_outputs(old, "x86-64-v3", golden) == v4  # the older form: one record for every level
+    doc4, _ = record_outputs(old, "x86-64-v3", v3, ["experiment=tiny"], {"cpu": "B", "revision": "r5"})
+    assert list(doc4["by_cpu_level"]) == ["x86-64-v3"]
+
+
+def test_reprocheck_stops_before_the_run_when_this_cpu_level_has_no_record(tmp_path, capsys):
+    from pipeline.core.cpu import cpu_level
+    from pipeline.tools.reprocheck import main
+
+    golden = tmp_path / "golden.json"
+    golden.write_text(json.dumps({"overrides": ["experiment=tiny"], "outputs": {"data/games": "g"},
+                                  "by_cpu_level": {"some-other-level": {}}}))
+    assert main(["--scratch", "experiment=tiny", "--golden", str(golden)]) == 2
+    err = capsys.readouterr().err
+    assert f"no record for this CPU's level {cpu_level()} (recorded: some-other-level)" in err
+    assert "--update" in err

@@ -12,8 +12,21 @@ after the lock was written (a resumed or hand-run stage, an edit) is caught, and
 (``data/...``: DVC-cached, not the ``cache: false`` metrics, plots and stamps, which carry
 wall-clock times) whose hash differs in either. ``--scratch`` copies the project's code and config into a temporary git + DVC
 repository, composes ``params.yaml`` with the given overrides, runs ``dvc repro`` there
-and compares the result with a committed golden file (``--update`` rewrites it): CI runs
-it on a small config so every change that moves an artifact byte is seen.
+and compares the result with a committed golden file (``--update`` records this machine's
+result in it): CI runs it on a small config so every change that moves an artifact byte is seen.
+
+A golden file holds one record per x86-64 level (:func:`pipeline.core.cpu.cpu_level`):
+the pinned numerics give the same bytes on CPUs of one level but not across levels (an
+AVX-512 and an AVX2-only AMD EPYC train different weights; ``docs/reproducibility.md``)::
+
+    {"overrides": [...], "outputs": {path: md5, ...},            # the same on every level
+     "by_cpu_level": {"x86-64-v4": {path: md5, ...}, ...},      # where a level differs
+     "recorded_on": {"x86-64-v4": {"cpu": ..., "revision": ...}, ...}}
+
+A machine is compared with its own level's record, and a level with none is an error (exit 2)
+that says how to record it. ``--update`` replaces this level's record and keeps the others,
+warning when an output every level agreed on has moved (the code changed, so the other
+levels' records are stale until rerecorded on such a machine).
 
 Exit code 0: every output reproduced; 1: some differ (listed); 2: could not run.
 """
@@ -35,6 +48,8 @@ import yaml
 
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
+from pipeline.core.cpu import cpu_level
+from pipeline.core.numerics import cpu_model
 from pipeline.tools import git_revision
 
 # What a scratch project needs to run the DAG (data and caches are never copied).
@@ -106,6 +121,16 @@ def committed_lock(root: Path, rev: str) -> str:
     return p.stdout
 
 
+def head_revision(root: Path) -> str:
+    """The checkout's commit (short), ``+dirty`` when the tree has changes; ``unknown`` outside git."""
+    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    if p.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                           capture_output=True, text=True).stdout.strip()
+    return p.stdout.strip() + ("+dirty" if dirty else "")
+
+
 def check_workspace(root: Path, rev: str) -> dict[str, list[str]]:
     """``{what was compared: lines that differ}``: the workspace's outputs vs its ``dvc.lock``,
     then that lock vs the one committed at ``rev``."""
@@ -124,6 +149,46 @@ def byte_overrides(overrides: Iterable[str]) -> list[str]:
     by contract never does, so one golden file serves every count: ``make reprocheck`` runs
     the tiny DAG at 1 and at 3)."""
     return [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "workers"]
+
+
+def expected_outputs(doc: dict[str, Any], level: str, golden: Path) -> dict[str, str]:
+    """The golden ``{output: md5}`` for a machine of ``level``: the outputs every recorded level
+    agrees on and the level's own. A file without per-level records (the older form) holds one
+    record for every level."""
+    by = doc.get("by_cpu_level")
+    if by is None:
+        return dict(doc["outputs"])
+    if level not in by:
+        raise ReproCheckError(
+            f"{golden} has no record for this CPU's level {level} (recorded: {', '.join(sorted(by)) or 'none'}): "
+            "the pinned numerics reproduce bytes within a level, not across levels (docs/reproducibility.md). "
+            "Record this level with --update on this machine, from a commit whose other levels' records hold")
+    return {**doc["outputs"], **by[level]}
+
+
+def record_outputs(doc: dict[str, Any] | None, level: str, actual: dict[str, str], overrides: list[str],
+                   provenance: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+    """``doc`` with this level's record replaced by ``actual``; the other levels' kept (dropped when
+    ``doc`` was written for other overrides or in the older form). Also returns the outputs that
+    every level agreed on before and that moved here (non-empty: the kept records are stale);
+    a first record of a second level moves none (what it differs in is its own)."""
+    levels: dict[str, dict[str, str]] = {}
+    moved: list[str] = []
+    if doc and byte_overrides(doc.get("overrides", [])) == overrides and "by_cpu_level" in doc:
+        levels = {lv: {**doc["outputs"], **outs} for lv, outs in doc["by_cpu_level"].items()}
+        if level in levels or len(levels) > 1:  # a shared output is known shared only then
+            moved = sorted(k for k, v in doc["outputs"].items() if actual.get(k) != v)
+    recorded = dict(doc.get("recorded_on", {})) if levels else {}
+    levels[level] = dict(actual)
+    recorded[level] = provenance
+    names = sorted({k for outs in levels.values() for k in outs})
+    common = {k: levels[level][k] for k in names
+              if k in levels[level] and all(outs.get(k) == levels[level][k] for outs in levels.values())}
+    by = {lv: {k: v for k, v in sorted(outs.items()) if k not in common} for lv, outs in sorted(levels.items())}
+    kept = [lv for lv in by if lv != level]
+    new = {"overrides": overrides, "outputs": common, "by_cpu_level": by,
+           "recorded_on": {lv: recorded.get(lv, {}) for lv in by}}
+    return new, (moved if kept else [])
 
 
 def scratch_repro(src: Path, overrides: list[str], work: Path) -> dict[str, str]:
@@ -174,14 +239,22 @@ def main(argv: list[str] | None = None) -> int:
                 raise ReproCheckError("--scratch needs --golden FILE")
             golden = Path(args.golden) if Path(args.golden).is_absolute() else root / args.golden
             wanted = byte_overrides(args.scratch)
-            if not args.update:  # before the run: a wrong golden file is said at once
+            level = cpu_level()
+            doc = None
+            if not args.update or golden.exists():  # before the run: a wrong golden file is said at once
                 try:
                     doc = json.loads(golden.read_text())
-                    expected, overrides = doc["outputs"], doc["overrides"]
-                except (OSError, ValueError, KeyError, TypeError) as exc:
-                    raise ReproCheckError(f"{golden}: expected {{\"overrides\": [...], \"outputs\": "
-                                          f"{{path: md5}}}} ({exc}); write it with --update") from exc
-                if byte_overrides(overrides) != wanted:
+                    overrides = doc["overrides"]
+                    expected = expected_outputs(doc, level, golden) if not args.update else {}
+                except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                    if args.update:  # an unreadable file is replaced by this level's record
+                        print(f"warning: {golden} is not a golden file ({exc}): writing a new one", file=sys.stderr)
+                        doc, overrides = None, wanted
+                    else:
+                        raise ReproCheckError(f"{golden}: expected {{\"overrides\": [...], \"outputs\": "
+                                              f"{{path: md5}}, \"by_cpu_level\": {{level: {{path: md5}}}}}} ({exc}); "
+                                              "write it with --update") from exc
+                if byte_overrides(overrides) != wanted and not args.update:
                     raise ReproCheckError(f"{golden} was written for overrides {overrides}, not {wanted} "
                                           f"(a workers=N override aside)")
             work = Path(tempfile.mkdtemp(prefix="reprocheck_"))
@@ -193,11 +266,18 @@ def main(argv: list[str] | None = None) -> int:
                     shutil.rmtree(work, ignore_errors=True)
             took = time.perf_counter() - t0
             if args.update:
-                doc: dict[str, Any] = {"overrides": wanted, "outputs": actual}
-                atomic_write_text(golden, json.dumps(doc, indent=2) + "\n")
-                print(f"wrote {golden}: {len(actual)} outputs ({took:.0f} s)")
+                new, moved = record_outputs(doc, level, actual, wanted,
+                                            {"cpu": cpu_model(), "revision": head_revision(root)})
+                atomic_write_text(golden, json.dumps(new, indent=2) + "\n")
+                kept = [lv for lv in new["by_cpu_level"] if lv != level]
+                print(f"wrote {golden}: {len(actual)} outputs for {level} ({took:.0f} s), "
+                      f"{len(new['by_cpu_level'][level])} of them this level's own; kept {', '.join(kept) or 'no other level'}")
+                if moved:
+                    print(f"warning: {len(moved)} output(s) that every level agreed on moved here ({', '.join(moved)}): "
+                          f"the records of {', '.join(kept)} are stale; rerecord them on such machines", file=sys.stderr)
                 return 0
-            what = f"scratch `dvc repro` ({' '.join(args.scratch) or 'default config'}, {took:.0f} s) vs {golden.name}"
+            what = (f"scratch `dvc repro` ({' '.join(args.scratch) or 'default config'}, {took:.0f} s) vs "
+                    f"{golden.name} ({level})")
             results = {what: compare(expected, actual)}
     except ReproCheckError as exc:
         print(f"error: {exc}", file=sys.stderr)
