@@ -237,7 +237,8 @@ def _numpy_simd() -> list[str]:
         from numpy._core._multiarray_umath import __cpu_features__ as feats  # NumPy 2
     except ImportError:  # pragma: no cover - NumPy 1
         from numpy.core._multiarray_umath import __cpu_features__ as feats
-    return sorted(k for k, v in feats.items() if v and k.startswith(("AVX512", "AVX2", "FMA3")))
+    # NumPy 2 dispatches by level (X86_V3, X86_V4), and NPY_DISABLE_CPU_FEATURES turns a level off
+    return sorted(k for k, v in feats.items() if v and k.startswith(("X86_V", "AVX512")))
 
 
 def compare(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
