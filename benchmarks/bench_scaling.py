@@ -456,33 +456,27 @@ def options() -> dict[str, Any]:
     return json.loads(os.environ.get(OPTIONS_ENV) or "{}")
 
 
+def _last_scaling_details(path: Path, key: str) -> dict[str, Any] | None:
+    """The details of the last scaling run in ``path`` (results.json) that recorded ``key``."""
+    try:
+        runs = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]["runs"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return next((det for run in reversed(runs) if (det := run.get("details") or {}).get(key)), None)
+
+
 def previous_fractions(path: Path, key: str = "fractions") -> dict[str, float]:
     """The measured parallel fractions (``key``: Amdahl's from wall times, or ``cpu_fractions``)
     of the last scaling run in ``path`` (results.json)."""
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-        runs = doc["benchmarks"]["scaling"]["runs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    for run in reversed(runs):
-        fr = (run.get("details") or {}).get(key)
-        if fr:
-            return {k: float(v) for k, v in fr.items() if v is not None}
-    return {}
+    det = _last_scaling_details(path, key)
+    return {k: float(v) for k, v in det[key].items() if v is not None} if det else {}
 
 
 def previous_experiment(path: Path) -> str | None:
     """The experiment the last scaling run with fractions in ``path`` measured on (``tiny``
     for runs that did not say)."""
-    try:
-        runs = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]["runs"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    for run in reversed(runs):
-        det = run.get("details") or {}
-        if det.get("fractions"):
-            return det.get("experiment") or "tiny"
-    return None
+    det = _last_scaling_details(path, "fractions")
+    return (det.get("experiment") or "tiny") if det else None
 
 
 def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> dict[str, Any]:

@@ -33,12 +33,12 @@ OLD_TRAIN_SHA256 = {"x86-64-v4": "a4738d9edef1e0715797fd22052fd2ab2baeba822d9219
                     "x86-64-v3": "5e1951ccae83d391f2b0ea77d991102b9579513cb0cdd590b340dd6e6c6b3d0e"}
 
 SCRIPT = r'''
-import hashlib, json, os, signal, sys
+import json, os, signal, sys
 from pipeline.core.conf_schema import NumericsConfig
 from pipeline.core.numerics import pin
 pin(NumericsConfig())  # before torch loads
 import multiprocessing
-from pipeline.policy.fingerprint import tiny_setup as setup
+from pipeline.policy.fingerprint import tiny_setup as setup, train_sha256
 from pipeline.policy.model import build_model, train
 
 
@@ -46,12 +46,7 @@ def run(policy, progress=None, **kw):
     tok, pol, units = setup(**policy)
     model = build_model(tok, pol, seed=0)
     curve = train(model, units, pol, seed=0, pad_id=int(tok.pad_token_id), progress=progress, **kw)
-    h = hashlib.sha256()
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
-    h.update(json.dumps(curve, sort_keys=True).encode())
-    return {"sha256": h.hexdigest(), "steps": len(curve), "losses": [c["loss"] for c in curve],
+    return {"sha256": train_sha256(model, curve), "steps": len(curve), "losses": [c["loss"] for c in curve],
             "tokens": [c["tokens"] for c in curve]}
 
 

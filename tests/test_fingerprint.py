@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-AMBIENT = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_ENABLE_INSTRUCTIONS",
-           "ONEDNN_MAX_CPU_ISA", "MKL_DYNAMIC", "OMP_DYNAMIC")
+from tests.test_data_parallel import AMBIENT, OLD_TRAIN_SHA256, ROOT, _has_avx2
 
 
 def _cli(*args: str, extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
@@ -27,7 +25,7 @@ def _cli(*args: str, extra: dict[str, str] | None = None) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def two_runs(tmp_path_factory) -> tuple[Path, Path]:
-    if " avx2 " not in f" {Path('/proc/cpuinfo').read_text().replace(chr(10), ' ')} ":
+    if not _has_avx2():
         pytest.skip("the pinned numerics (numerics.cpu_capability=avx2) need an AVX2 CPU")
     d = tmp_path_factory.mktemp("fingerprint")
     # the second run stands in for another machine's ambient settings, which the pin overrides
@@ -50,8 +48,6 @@ def test_a_fingerprint_is_the_same_on_a_rerun_and_covers_the_stack(two_runs):
 
 
 def test_the_model_probes_train_what_the_data_parallel_test_pins(two_runs):
-    from tests.test_data_parallel import OLD_TRAIN_SHA256
-
     a = json.loads(two_runs[0].read_text())
     if a["cpu_level"] not in OLD_TRAIN_SHA256:
         pytest.skip(f"no hash recorded for {a['cpu_level']}")

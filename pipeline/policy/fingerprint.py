@@ -45,6 +45,22 @@ def _digest(*arrays: Any) -> str:
     return h.hexdigest()[:16]
 
 
+def _weights(model: Any) -> str:
+    """The digest of a model's weights, by parameter name."""
+    return _digest(*(t for _, t in sorted(model.state_dict().items())))
+
+
+def train_sha256(model: Any, curve: list[dict]) -> str:
+    """sha256 of a trained model's weights (by name) and its loss curve (JSON): the hash
+    ``model.train.final`` and ``tests/test_data_parallel.py`` pin."""
+    h = hashlib.sha256()
+    for name, t in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    h.update(json.dumps(curve, sort_keys=True).encode())
+    return h.hexdigest()
+
+
 def _dyadic(rng: Any, *shape: int, scale: int = 2 ** 12) -> Any:
     """Floats k / 2**12 with |k| < 2**12: exact in float32 whatever the machine."""
     import numpy as np
@@ -165,7 +181,7 @@ def _model(out: dict[str, str]) -> None:
     vocab = json.dumps(tok.get_vocab(), sort_keys=True).encode()
     out["tokenizer"] = _digest(vocab)
     model = build_model(tok, pol, seed=0)
-    out["model.init"] = _digest(*(t for _, t in sorted(model.state_dict().items())))
+    out["model.init"] = _weights(model)
     pad = int(tok.pad_token_id)
     idx = batches(units, pol.episodes_per_batch, crc_rng(0, ints=(0x501,)))[0]
     batch = collate([units[i] for i in idx], pad)
@@ -200,15 +216,10 @@ def _model(out: dict[str, str]) -> None:
 
     def progress(_n: int, _loss: float) -> None:
         step[0] += 1
-        out[f"model.train.step{step[0]:02d}"] = _digest(*(t for _, t in sorted(model.state_dict().items())))
+        out[f"model.train.step{step[0]:02d}"] = _weights(model)
 
     curve = train(model, units, pol, seed=0, pad_id=pad, progress=progress)
-    h = hashlib.sha256()  # tests/test_data_parallel.py's hash of the same run
-    for name, t in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
-    h.update(json.dumps(curve, sort_keys=True).encode())
-    out["model.train.final"] = h.hexdigest()
+    out["model.train.final"] = train_sha256(model, curve)
 
 
 def fingerprint() -> dict[str, Any]:
@@ -227,9 +238,9 @@ def fingerprint() -> dict[str, Any]:
     _libm_and_numpy(probes)
     _ops(probes)
     _model(probes)
-    simd = _numpy_simd()
     return {"version": VERSION, "cpu": cpu_model(), "cpu_level": cpu_level(), "numerics": ran,
-            "libc": "-".join(platform.libc_ver()), "numpy": np.__version__, "numpy_simd": simd, "probes": probes}
+            "libc": "-".join(platform.libc_ver()), "numpy": np.__version__, "numpy_simd": _numpy_simd(),
+            "probes": probes}
 
 
 def _numpy_simd() -> list[str]:

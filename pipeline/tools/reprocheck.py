@@ -181,9 +181,7 @@ def record_outputs(doc: dict[str, Any] | None, level: str, actual: dict[str, str
     recorded = dict(doc.get("recorded_on", {})) if levels else {}
     levels[level] = dict(actual)
     recorded[level] = provenance
-    names = sorted({k for outs in levels.values() for k in outs})
-    common = {k: levels[level][k] for k in names
-              if k in levels[level] and all(outs.get(k) == levels[level][k] for outs in levels.values())}
+    common = {k: v for k, v in sorted(actual.items()) if all(outs.get(k) == v for outs in levels.values())}
     by = {lv: {k: v for k, v in sorted(outs.items()) if k not in common} for lv, outs in sorted(levels.items())}
     kept = [lv for lv in by if lv != level]
     new = {"overrides": overrides, "outputs": common, "by_cpu_level": by,
