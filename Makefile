@@ -23,7 +23,7 @@ repro: install
 # Two pytest-xdist workers (a fixed count, not the machine's), whole files to a worker so a file's
 # fixtures are built once; session fixtures (the tiny games, the tiny model) are built once per worker.
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder  # longest files first: tests/conftest.py
 
 # Does this machine reproduce the committed bytes? The DAG on experiment=tiny in a scratch copy vs
 # .ci/repro_tiny.json (what CI runs after the tests; docs/reproducibility.md), in one process per

@@ -43,6 +43,37 @@ TINY_OVERRIDES = [
 ]
 
 
+# The test files that take longest, longest first (seconds of one file on one worker, `--durations=0` on the
+# 2-core AMD EPYC, 2026-11-28). `make test` hands whole files to its two xdist workers (--dist loadfile) in
+# collection order (--no-loadscope-reorder: xdist's own order puts the files with fewest tests last, which
+# left test_e2e.py's one 4-minute test running alone at the end). Longest first is the classic greedy
+# schedule. It orders only: a stale list costs minutes, never a result (tests/test_suite_order.py checks
+# that every name still exists).
+LONGEST_FIRST = (
+    "tests/test_e2e.py",                      # 220 s
+    "tests/reliability/test_resume.py",       # 210 s
+    "tests/test_numerics.py",                 # 143 s
+    "tests/reliability/test_faulty_server.py",  # 121 s
+    "tests/test_exp_workflow.py",             # 110 s
+    "tests/test_smollm2.py",                  # 108 s
+    "tests/test_scienceworld.py",             # 98 s
+    "tests/test_dagger.py",                   # 68 s
+    "tests/test_policy.py",                   # 65 s
+    "tests/test_data_parallel.py",            # 58 s
+    "tests/reliability/test_workers.py",      # 55 s
+    "tests/test_policy_independence.py",      # 52 s
+    "tests/reliability/test_fuzz.py",         # 47 s
+    "tests/test_config.py",                   # 41 s
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Collect the files of :data:`LONGEST_FIRST` first, in its order (a stable sort: the other files and
+    the tests within a file keep pytest's order)."""
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
 @pytest.fixture(scope="session")
 def tiny_cfg():
     """The real conf/ composed via DVC's compose + overrides, validated (a typed DictConfig)."""

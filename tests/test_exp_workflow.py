@@ -56,9 +56,10 @@ def _run(repo: Path, *cmd: str, ok: bool = True) -> subprocess.CompletedProcess:
     return p
 
 
-@pytest.fixture()
-def repo(tmp_path: Path) -> Path:
-    repo = tmp_path / "repo"
+@pytest.fixture(scope="module")
+def baseline_repo(tmp_path_factory) -> Path:
+    """The scratch git + DVC repo with its baseline committed, built once per module (~8 s)."""
+    repo = tmp_path_factory.mktemp("exp_workflow") / "repo"
     repo.mkdir()
     shutil.copytree(ROOT / "conf", repo / "conf")
     shutil.copytree(ROOT / "hydra_plugins", repo / "hydra_plugins", ignore=shutil.ignore_patterns("__pycache__"))
@@ -72,6 +73,12 @@ def repo(tmp_path: Path) -> Path:
     _run(repo, "git", "add", "-A")
     _run(repo, "git", "commit", "-qm", "baseline")
     return repo
+
+
+@pytest.fixture()
+def repo(baseline_repo: Path, tmp_path: Path) -> Path:
+    """A test's own copy of the baseline repo (git history, DVC cache and lock included)."""
+    return Path(shutil.copytree(baseline_repo, tmp_path / "repo", symlinks=True))
 
 
 def test_exp_apply_then_repro_reproduces_the_experiment(repo: Path):

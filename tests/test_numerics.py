@@ -38,6 +38,7 @@ OVERRIDES = [
     "model.policy.evaluate=false", "model.policy.generated_houses=4", "model.policy.generated_drills=4",
     "model.policy.incontext_tasks=2", "model.policy.dagger_rounds=1", "model.policy.dagger_houses=2",
     "model.policy.episode_probe_houses=1",
+    "sampling.max_new_tokens=32",  # a barely trained model's free decoding runs to the cap: a third of 96
 ]
 RUN = ("from pipeline.stages import collect, policy\n"
        "assert policy.main() == 0 and collect.main() == 0\n")
