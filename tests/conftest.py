@@ -43,6 +43,19 @@ TINY_OVERRIDES = [
 ]
 
 
+# A barely trained policy's free decoding never closes its JSON action, so every turn runs to
+# sampling.max_new_tokens: tests of what is played, labelled and hashed (not of the actions' quality)
+# cap a turn at a third of the default 96.
+SHORT_TURN_TOKENS = 32
+# A policy trained and played in seconds, on top of a tiny world (tests/test_numerics.py, tests/test_e2e.py).
+SMALL_POLICY_OVERRIDES = [
+    "model.policy.hidden_size=48", "model.policy.intermediate_size=96", "model.policy.n_head=2",
+    "model.policy.epochs=1", "model.policy.generated_houses=4", "model.policy.generated_drills=4",
+    "model.policy.incontext_tasks=2", "model.policy.dagger_houses=2", "model.policy.episode_probe_houses=1",
+    f"sampling.max_new_tokens={SHORT_TURN_TOKENS}",
+]
+
+
 # The test files that take longest, longest first (seconds of one file on one worker, `--durations=0` on the
 # 2-core AMD EPYC, 2026-11-28). `make test` hands whole files to its two xdist workers (--dist loadfile) in
 # collection order (--no-loadscope-reorder: xdist's own order puts the files with fewest tests last, which

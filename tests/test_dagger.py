@@ -13,18 +13,16 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
+from tests.conftest import SHORT_TURN_TOKENS
 from tests.test_policy import TINY_POLICY
 
 
 @pytest.fixture(scope="module")
 def cfg(tiny_cfg):
-    # an untrained or barely trained model's free decoding runs to the token cap: 32 tokens a turn instead
-    # of 96 (these tests are of what is played and labelled, not of the actions' quality) makes the
-    # rollouts and probes a third as long
     return OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm", "batch_size": 3},
                                       "model": {"name_or_path": "data/policy/model", "train_policy": True,
                                                 "policy": {**TINY_POLICY, "evaluate": False}},
-                                      "sampling": {"max_new_tokens": 32}})
+                                      "sampling": {"max_new_tokens": SHORT_TURN_TOKENS}})
 
 
 @pytest.fixture(scope="module")

@@ -11,21 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import SMALL_POLICY_OVERRIDES
+
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config")
 # Every stage kind of the chain, at the smallest size that still runs each: two conditions (the
-# report's one comparison) instead of six, a policy of test_numerics' size instead of tiny's, and 32
-# tokens a turn instead of 96 (a barely trained model's free decoding runs to the cap), three points of
-# the learning curve instead of five (k=4 still past the tiny scene's two visits: clipped).
-# The whole `experiment=tiny` chain, all six conditions, is what CI's `make reprocheck` runs
-# (twice, against .ci/repro_tiny.json), so here it would be a third copy of the same 6 minutes.
-SMALL = [
-    "condition=[C1,C2]", "experiment.comparisons=[[C2,C1]]", "sampling.max_new_tokens=32",
-    "experiment.curve.ks=[0,1,4]",
-    "model.policy.hidden_size=48", "model.policy.intermediate_size=96", "model.policy.n_head=2",
-    "model.policy.epochs=1", "model.policy.generated_houses=4", "model.policy.generated_drills=4",
-    "model.policy.incontext_tasks=2", "model.policy.dagger_houses=2", "model.policy.episode_probe_houses=1",
-]
+# report's one comparison) instead of six, the tests' small policy (tests/conftest.py) instead of
+# tiny's, and three points of the learning curve instead of five (k=4 still past the tiny scene's two
+# visits: clipped). The whole `experiment=tiny` chain, all six conditions, is what CI's
+# `make reprocheck` runs (twice, against .ci/repro_tiny.json), so here it would be a third copy of
+# the same 6 minutes.
+SMALL = ["condition=[C1,C2]", "experiment.comparisons=[[C2,C1]]", "experiment.curve.ks=[0,1,4]",
+         *SMALL_POLICY_OVERRIDES]
 
 
 def _run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:

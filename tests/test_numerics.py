@@ -23,6 +23,7 @@ from omegaconf import OmegaConf
 
 from pipeline.core.config import ConfigError, validate
 from pipeline.core.numerics import environment
+from tests.conftest import SMALL_POLICY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,13 +33,9 @@ OVERRIDES = [
     "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=2",
     "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env.max_steps=6", "workers=2",
     "agent.batch_size=4", "model.policy.rule_epsilon=0.6", "model.policy.demos_per_quest=3",
-    "model.policy.vocab_size=400", "model.policy.hidden_size=48", "model.policy.intermediate_size=96",
-    "model.policy.n_head=2", "model.policy.max_positions=1024", "model.policy.epochs=1",
-    "model.policy.episodes_per_batch=2", "model.policy.lr=0.005", "model.policy.warmup_steps=3",
-    "model.policy.evaluate=false", "model.policy.generated_houses=4", "model.policy.generated_drills=4",
-    "model.policy.incontext_tasks=2", "model.policy.dagger_rounds=1", "model.policy.dagger_houses=2",
-    "model.policy.episode_probe_houses=1",
-    "sampling.max_new_tokens=32",  # a barely trained model's free decoding runs to the cap: a third of 96
+    "model.policy.vocab_size=400", "model.policy.max_positions=1024", "model.policy.episodes_per_batch=2",
+    "model.policy.lr=0.005", "model.policy.warmup_steps=3", "model.policy.evaluate=false",
+    "model.policy.dagger_rounds=1", *SMALL_POLICY_OVERRIDES,
 ]
 RUN = ("from pipeline.stages import collect, policy\n"
        "assert policy.main() == 0 and collect.main() == 0\n")
