@@ -748,6 +748,24 @@ def bench_scaling(variant: str, quick: bool) -> dict[str, Any]:
     return run(variant, quick)
 
 
+def bench_rollouts(variant: str, quick: bool) -> dict[str, Any]:
+    """Issue 46: the policy's whole episodes (DAgger, the episode probe) in 1 and 2 worker processes."""
+    from benchmarks.bench_rollouts import run
+
+    r = run(houses=14, batch=7) if quick else run(houses=56, batch=14)
+    one, two = r["turns_per_s"]["1"], r["turns_per_s"]["2"]
+    note = (f"{r['episodes']} DAgger episodes of generated houses in {r['jobs']} batches of {r['batch']}, "
+            f"{r['turns']} turns, expert labels; default policy shapes, untrained, {r['model']['max_new_tokens']} "
+            f"new tokens a turn; the 2-worker time includes the workers' start-up")
+    return {"rows": [
+        row("policy rollouts, 1 worker (in process)", one, "turns/s", note=note),
+        row("policy rollouts, 2 workers", two, "turns/s", ratio=_ratio(two, one), vs="policy rollouts, 1 worker",
+            note=f"Amdahl's parallel fraction {r['parallel_fraction']['2']}"),
+        row("policy rollouts: 1 and 2 workers give the same rollouts and labels", None, "", target="identical",
+            met=bool(r["identical"])),
+    ], "details": r}
+
+
 BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], str]] = {
     "pipeline": (bench_pipeline, [""], [""], "cold default `dvc repro` per stage; warm no-op `dvc repro`, `dvc status`"),
     "startup": (bench_startup, [""], [""], "per-process costs: imports, load_params before/after its stamp"),
@@ -774,6 +792,8 @@ BENCHMARKS: dict[str, tuple[Callable[[str, bool], dict], list[str], list[str], s
     "scaling": (bench_scaling, [""], [""],
                 "issue 46: each parallel stage of experiment=tiny at workers=1, 2, ... (speed-up, Amdahl's parallel "
                 "fraction, outputs byte-identical); the default run's cold time projected to 2, 8, 16 cores"),
+    "rollouts": (bench_rollouts, [""], [""],
+                 "issue 46: the policy's DAgger rollouts at 1 and 2 worker processes (turns/s, speed-up, identical)"),
     "engines": (bench_engines, ["limit", "prefill-1", "prefill-8", "prefill-32", "engines", "cache"],
                 ["limit", "prefill-1", "prefill-2", "engines", "cache"],
                 "issue 18: matmul limit, MFU of prompt encoding at batch 1/8/32, multi-turn engines (naive, "

@@ -70,7 +70,7 @@ LONGEST_FIRST = (
     "tests/test_exp_workflow.py",             # 110 s
     "tests/test_smollm2.py",                  # 108 s
     "tests/test_scienceworld.py",             # 98 s
-    "tests/test_dagger.py",                   # 68 s
+    "tests/test_dagger.py",                   # 94 s
     "tests/test_policy.py",                   # 65 s
     "tests/test_data_parallel.py",            # 58 s
     "tests/reliability/test_workers.py",      # 55 s

@@ -1,6 +1,7 @@
 """Learning from its own mistakes (``pipeline.policy.dagger``): the policy plays generated houses,
 the knowledge-limited expert labels every state it reaches, the model trains on the labels; and
-the whole-episode probe on held-out houses.
+the whole-episode probe on held-out houses; the same episodes played in worker processes
+(``pipeline.policy.rollout_workers``).
 
 Real code on the session's tiny games and a tiny untrained model (it plays badly, which is the
 point: its states are not the expert's).
@@ -145,6 +146,49 @@ def test_episode_probe_plays_plain_grounded_and_oracle_prompts_of_held_out_house
     assert score["houses"] == 3 and score["plain_episodes"] == 3 and score["oracle_episodes"] == 3
     assert all(0.0 <= score[f"{k}_success"] <= 1.0 for k in ("plain", "oracle"))
     assert probe.score(model, tok) == score
+
+
+def _rollout_record(rolls) -> list:
+    """Everything a rollout carries that a caller reads, in order."""
+    return [(r.task.task_id, r.task.kind, r.won, r.success, r.turns, r.agreed,
+             [(t.demo_id, t.turn_index, t.variant, json.dumps(t.messages), t.response, t.train) for t in r.labels])
+            for r in rolls]
+
+
+def test_rollouts_in_one_or_two_worker_processes_are_play_houses_own(cfg, tiny_games, memory, tiny_model):
+    """``pipeline.policy.rollout_workers``: the batches of ``agent.batch_size`` are the partition,
+    so one worker and two give the same rollouts, the expert's labels included, and both equal
+    ``play_houses`` run single-threaded; the caller's thread count and the model's mode are kept."""
+    import torch
+
+    from pipeline.policy.dagger import dagger_tasks, model_backend, play_houses, rollout_config
+    from pipeline.policy.rollout_workers import RolloutWorkers, batches
+
+    model, tok = tiny_model
+    rcfg = rollout_config(cfg)
+    tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 7)
+    assert [len(b) for b in batches(tasks, rcfg.agent.batch_size)] == [3, 3, 1]  # the last batch is partial
+
+    torch.set_num_threads(1)
+    reference = _rollout_record(play_houses(rcfg, model_backend(rcfg, model, tok), tasks, label=True))
+    assert sum(len(r[-1]) for r in reference) > len(tasks)  # labelled, several turns an episode
+
+    model.train()
+    seen: list[int] = []
+    with RolloutWorkers(rcfg, workers=1) as pool:
+        one = _rollout_record(pool.play(model, tok, tasks, label=True, progress=seen.append))
+    assert model.training  # left as it came
+    assert seen == [3, 3, 1]
+    torch.set_num_threads(2)  # the caller's threads do not reach a job
+    try:
+        with RolloutWorkers(rcfg, workers=2) as pool:
+            two = _rollout_record(pool.play(model, tok, tasks, label=True))
+            assert pool.play(model, tok, tasks[:2], label=False)[1].task.task_id == tasks[1].task_id  # served again
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
+    assert one == reference
+    assert two == reference
 
 
 def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_games, tmp_path):

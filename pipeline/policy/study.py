@@ -28,7 +28,9 @@ rule agent drew feedback), with the discordant pairs b (only grounded won) and c
 
 Nothing here is a DVC stage (no stage imports this module, so it is no stage's code
 dependency) and nothing is written into the run: rows go to ``--out`` (JSON)
-and a Markdown table is printed. The arms' code is the candidate for the library: an arm
+and a Markdown table is printed. The episodes (the arm's round, both probes) are played in
+``--workers`` processes (:mod:`pipeline.policy.rollout_workers`: the same rollouts at any count).
+The arms' code is the candidate for the library: an arm
 that wins moves into :mod:`pipeline.policy.dagger` / :mod:`pipeline.policy.demos` with the
 next default run (changing them changes the policy stage's recorded code).
 """
@@ -49,13 +51,12 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
+from pipeline.core.parallel import resolve_workers
 from pipeline.core.seeding import crc_rng, derive_seed, task_seed
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
 from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
     HouseTask,
     _task,
-    model_backend,
-    play_houses,
     rollout_config,
     rollout_summary,
     turn_units,
@@ -71,6 +72,7 @@ from pipeline.policy.demos import (
     training_houses,
     training_unit,
 )
+from pipeline.policy.rollout_workers import RolloutWorkers
 from pipeline.policy.training import DEMOS_FILE, MODEL_DIR
 from pipeline.prompts import PromptOrganizer
 from pipeline.session.collection import make_factories
@@ -228,11 +230,13 @@ def run_label_units(tokenizer: Any, demos_file: Path) -> list[Any]:
 class Study:
     """A finished run's games, demonstrations, model and the two probes' tasks."""
 
-    def __init__(self, root: Path, cfg: Config, *, probe_houses: int, probe_quests: int):
+    def __init__(self, root: Path, cfg: Config, *, probe_houses: int, probe_quests: int,
+                 pool: RolloutWorkers | None = None):
         from pipeline.policy.demoset import load_demo_set
         from pipeline.session.collection import load_games
 
         self.root, self.cfg, self.rcfg = root, cfg, rollout_config(cfg)
+        self.pool = pool if pool is not None else RolloutWorkers(self.rcfg)  # the episodes: any count, same rollouts
         self.manifest, self.scenes = load_games(root, cfg)
         self.demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
         self._units: tuple[list[Any], list[Any]] | None = None
@@ -257,9 +261,7 @@ class Study:
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
     def probe(self, model: Any, tokenizer: Any) -> dict[str, dict[str, bool]]:
-        model.eval()
-        backend = model_backend(self.rcfg, model, tokenizer)
-        return {name: {r.task.task_id: bool(r.success) for r in play_houses(self.rcfg, backend, tasks, label=False)}
+        return {name: {r.task.task_id: bool(r.success) for r in self.pool.play(model, tokenizer, tasks, label=False)}
                 for name, tasks in self.probes.items()}
 
     def arm(self, arm: Arm, houses: int, *, progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -271,8 +273,7 @@ class Study:
         r = int(pol.dagger_rounds)
         t = time.perf_counter()
         tasks = round_tasks(cfg, self.manifest, self.scenes, self.demo_set.memory, r, houses, arm)
-        model.eval()
-        rolls = play_houses(self.rcfg, model_backend(self.rcfg, model, tok), tasks, label=True)
+        rolls = self.pool.play(model, tok, tasks, label=True)
         roll_s = time.perf_counter() - t
         progress(f"{arm.name}: {len(rolls)} episodes in {roll_s:.0f} s")
         base_units, run_labels = self.units(model, tok)
@@ -328,6 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-houses", type=int, default=96, help="held-out houses in each probe")
     ap.add_argument("--probe-quests", type=int, default=6, help="quests per house of the long-grounding probe")
     ap.add_argument("--before-only", action="store_true", help="only the probes on the run's model")
+    ap.add_argument("--workers", default=None,
+                    help="processes for the episodes (default: the run's `workers`, auto = this process's cores); "
+                         "the rollouts do not depend on it")
     ap.add_argument("--out", type=Path, default=Path(".checkpoints/dagger_study/study.json"), help="JSON rows")
     args = ap.parse_args(argv)
     root = (args.run or project_root()).resolve()
@@ -339,8 +343,12 @@ def main(argv: list[str] | None = None) -> int:
     demos = root / cfg.paths.policy / DEMOS_FILE
     if not demos.is_file():
         ap.error(f"{demos}: not found (the run's DAgger labels); run the policy stage first: dvc repro policy")
+    try:
+        value = cfg.workers if args.workers is None else (int(args.workers) if args.workers.isdigit() else args.workers)
+        workers = resolve_workers(value)
+    except ValueError as exc:
+        ap.error(f"--workers {args.workers}: expected a number of processes >= 1 or auto ({exc})")
     pin(cfg.numerics)
-    study = Study(root, cfg, probe_houses=args.probe_houses, probe_quests=args.probe_quests)
     rows: list[dict[str, Any]] = []
 
     def keep(row: dict[str, Any]) -> None:
@@ -349,13 +357,15 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
         print(markdown(rows[-1:]), flush=True)
 
-    t = time.perf_counter()
-    model, tok = study.model()
-    results = study.probe(model, tok)
-    keep({"arm": "the run's model", "probe": paired_table(results), "results": results,
-          "seconds": {"probes": round(time.perf_counter() - t)}})
-    for arm in [] if args.before_only else arms:
-        keep(study.arm(arm, int(args.houses if args.houses is not None else cfg.model.policy.dagger_houses)))
+    with RolloutWorkers(rollout_config(cfg), workers=workers) as pool:
+        study = Study(root, cfg, probe_houses=args.probe_houses, probe_quests=args.probe_quests, pool=pool)
+        t = time.perf_counter()
+        model, tok = study.model()
+        results = study.probe(model, tok)
+        keep({"arm": "the run's model", "workers": workers, "probe": paired_table(results), "results": results,
+              "seconds": {"probes": round(time.perf_counter() - t)}})
+        for arm in [] if args.before_only else arms:
+            keep(study.arm(arm, int(args.houses if args.houses is not None else cfg.model.policy.dagger_houses)))
     print(markdown(rows))
     return 0
 
