@@ -9,6 +9,9 @@ check passes) and the compiled games. Stages run in it as real subprocesses::
         proc = project.run("collect")                       # python tests/reliability/stage_runner.py collect
         project.configure("agent.batched=false")            # conf/ + params.yaml with an override
         p = project.start("collect", env={"REL_STEP_DELAY": "0.05"})   # a Popen to kill
+
+``rendered_project`` is the same with ``collect + ground + merge + store + render`` (C1, C2)
+already run, once per session: for the tests of ``evaluate`` and the stages after it.
 """
 
 from __future__ import annotations
@@ -172,4 +175,23 @@ def project_template(tiny_games, tmp_path_factory) -> Path:
 def project(project_template, tmp_path) -> Project:
     root = tmp_path / "proj"
     shutil.copytree(project_template, root)
+    return Project(root)
+
+
+@pytest.fixture(scope="session")
+def rendered_template(project_template, tmp_path_factory) -> Path:
+    """The tiny project with ``collect + ground + merge + store + render`` (C1 and C2) run once: what
+    the tests of later stages start from (each gets a copy: :func:`rendered_project`)."""
+    root = tmp_path_factory.mktemp("reliability_rendered") / "proj"
+    shutil.copytree(project_template, root)
+    Project(root).run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1",
+                      "+", "render", "--condition", "C2")
+    return root
+
+
+@pytest.fixture
+def rendered_project(rendered_template, tmp_path) -> Project:
+    """A fresh copy, per test, of :func:`rendered_template` (the same files a test's own chain would write)."""
+    root = tmp_path / "proj"
+    shutil.copytree(rendered_template, root)
     return Project(root)

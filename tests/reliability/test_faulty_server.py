@@ -296,9 +296,9 @@ def test_an_unreachable_server_stops_the_stage_with_the_cause(project):
     assert project.checkpoint_files() == []  # a rerun with the server fixed replays every episode
 
 
-def test_backend_errors_are_counted_in_the_metrics_below_the_limit(project):
+def test_backend_errors_are_counted_in_the_metrics_below_the_limit(rendered_project):
     """With the limit raised the run completes, and the metrics say how many turns failed."""
-    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1")
+    project = rendered_project  # C1's prompts rendered from the rule agent's episodes
     _unreachable_project(project, "agent.max_error_fraction=1.0")
     project.run("collect", env={"OPENAI_API_KEY": "unused"})
     collect = json.loads((project.root / "metrics" / "collect.json").read_text())

@@ -3,6 +3,7 @@ is refused by the stage that consumes it, naming the file (issue 32, part 3)."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -15,8 +16,9 @@ from pipeline.session.rollout import Task
 
 
 @pytest.mark.parametrize("change", ["remove_row", "plant_row"])
-def test_render_refuses_a_store_table_edited_after_the_store_stage(project, change):
-    project.run("collect", "+", "ground", "+", "merge", "+", "store")
+def test_render_refuses_a_store_table_edited_after_the_store_stage(rendered_project, change):
+    project = rendered_project  # collect + ground + merge + store already run; nothing rendered yet:
+    shutil.rmtree(project.root / "data" / "prompts")
     path = project.root / "data" / "store" / STORE_PARQUET
     table = read_parquet(path)
     table = table.slice(1) if change == "remove_row" else pa.concat_tables([table, table.slice(0, 1)])

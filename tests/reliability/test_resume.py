@@ -218,10 +218,8 @@ def test_a_foreign_or_broken_checkpoint_is_replayed_not_trusted(tiny_cfg, tiny_g
 
 
 @pytest.mark.slow
-def test_evaluate_killed_then_resumed_is_byte_identical(project, tmp_path):
-    cond = "C2"
-    project.run("collect")
-    project.run("ground", "+", "merge", "+", "store", "+", "render", "--condition", cond)
+def test_evaluate_killed_then_resumed_is_byte_identical(rendered_project, tmp_path):
+    project, cond = rendered_project, "C2"  # collect + ground + merge + store + render already run
     project.run("evaluate", "--condition", cond)
     folder = f"data/eval/{cond}"
     reference = _outputs(project, folder)
@@ -292,9 +290,9 @@ class _NoEnv:
         return SimpleNamespace(lines=[], status="WiP")
 
 
-def _llm_eval_project(project, model_dir: Path, cond: str) -> None:
-    """The tiny project's prompts rendered (rule agent: fast), then the llm agent on a tiny local model."""
-    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", cond)
+def _llm_eval_project(project, model_dir: Path) -> None:
+    """A project whose prompts were rendered (``rendered_project``: rule agent, fast), switched to the
+    llm agent on a tiny local model."""
     project.configure("agent=llm", "model=local", f"model.name_or_path={model_dir}", "agent.batch_size=2",
                       "sampling.max_new_tokens=12", "env.max_steps=6")
 
@@ -306,13 +304,13 @@ def _every_file(project, folder: str) -> dict[str, bytes]:
 
 
 @pytest.mark.slow
-def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_included(project, tiny_model_dir,
-                                                                                      tmp_path):
+def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_included(rendered_project,
+                                                                                      tiny_model_dir, tmp_path):
     """Issue 32, finding 1: the two eval tasks share one batch; the run is killed after the first
     episode's checkpoint. The rerun replays the batch whole (a turn is computed in the batch of an
     uninterrupted run, from an emptied prompt cache), so every byte matches, tensors included."""
-    cond = "C1"
-    _llm_eval_project(project, tiny_model_dir, cond)
+    project, cond = rendered_project, "C1"
+    _llm_eval_project(project, tiny_model_dir)
     folder = f"data/eval/{cond}"
     project.run("evaluate", "--condition", cond)
     reference = _every_file(project, folder)
@@ -330,11 +328,11 @@ def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_i
 
 
 @pytest.mark.slow
-def test_llm_evaluate_in_two_worker_processes_gives_the_same_bytes(project, tiny_model_dir):
+def test_llm_evaluate_in_two_worker_processes_gives_the_same_bytes(rendered_project, tiny_model_dir):
     """workers=2 plays the fixed partition's batches side by side (batch i in worker i mod 2):
     each batch is computed as in one process, so every file matches, tensors included."""
-    cond = "C1"
-    _llm_eval_project(project, tiny_model_dir, cond)
+    project, cond = rendered_project, "C1"
+    _llm_eval_project(project, tiny_model_dir)
     folder = f"data/eval/{cond}"
     project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
                       "sampling.max_new_tokens=12", "env.max_steps=6", "workers=1")
