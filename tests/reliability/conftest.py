@@ -171,27 +171,29 @@ def project_template(tiny_games, tmp_path_factory) -> Path:
     return root
 
 
+def copy_project(template: Path, parent: Path) -> Project:
+    """A fresh copy of a template project under ``parent``."""
+    root = parent / "proj"
+    shutil.copytree(template, root)
+    return Project(root)
+
+
 @pytest.fixture
 def project(project_template, tmp_path) -> Project:
-    root = tmp_path / "proj"
-    shutil.copytree(project_template, root)
-    return Project(root)
+    return copy_project(project_template, tmp_path)
 
 
 @pytest.fixture(scope="session")
 def rendered_template(project_template, tmp_path_factory) -> Path:
     """The tiny project with ``collect + ground + merge + store + render`` (C1 and C2) run once: what
     the tests of later stages start from (each gets a copy: :func:`rendered_project`)."""
-    root = tmp_path_factory.mktemp("reliability_rendered") / "proj"
-    shutil.copytree(project_template, root)
-    Project(root).run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1",
-                      "+", "render", "--condition", "C2")
-    return root
+    project = copy_project(project_template, tmp_path_factory.mktemp("reliability_rendered"))
+    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1",
+                "+", "render", "--condition", "C2")
+    return project.root
 
 
 @pytest.fixture
 def rendered_project(rendered_template, tmp_path) -> Project:
     """A fresh copy, per test, of :func:`rendered_template` (the same files a test's own chain would write)."""
-    root = tmp_path / "proj"
-    shutil.copytree(rendered_template, root)
-    return Project(root)
+    return copy_project(rendered_template, tmp_path)
