@@ -28,11 +28,9 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/bench_rollouts.py`
 
 from omegaconf import OmegaConf  # noqa: E402
 
-# The tests' tiny world (tests/conftest.py TINY_OVERRIDES' env): only the scene memory and the
-# eval exclusions come from it; the episodes are played in generated houses.
-WORLD = ["env.num_scenes=2", "env.heldout_scenes=1", "env.rooms_per_scene=2", "env.containers_per_scene=2",
-         "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=2",
-         "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env=tiny", "env.max_steps=20"]
+# conf/env/tiny.yaml's world (the tests' games): only the scene memory and the eval exclusions
+# come from it; the episodes are played in generated houses, capped at the default's 20 steps.
+WORLD = ["env=tiny", "env.max_steps=20"]
 
 
 def _record(rolls) -> list:
@@ -47,10 +45,9 @@ def run(houses: int = 56, batch: int = 14, counts: tuple[int, ...] = (1, 2)) -> 
     from pipeline.policy.dagger import dagger_tasks, rollout_config
     from pipeline.policy.demos import build_scene_memory
     from pipeline.policy.model import build_model, train_tokenizer
-    from pipeline.policy.rollout_workers import RolloutWorkers
+    from pipeline.policy.rollout_workers import RolloutWorkers, batches
 
-    overrides = [o for o in WORLD if not o.startswith("env=")]
-    cfg = validate(OmegaConf.create(compose_text(ROOT, ["env=tiny", *overrides])))
+    cfg = validate(OmegaConf.create(compose_text(ROOT, WORLD)))
     cfg = OmegaConf.merge(cfg, {"agent": {"name": "llm", "batch_size": batch}, "workers": 1})
     pin(cfg.numerics)
     t = time.perf_counter()
@@ -76,7 +73,8 @@ def run(houses: int = 56, batch: int = 14, counts: tuple[int, ...] = (1, 2)) -> 
     base = counts[0]
     speedups = {n: seconds[base] / seconds[n] for n in counts}
     fractions = {n: (1 - 1 / s) / (1 - 1 / n) if n > 1 else None for n, s in speedups.items()}
-    return {"houses": houses, "batch": batch, "jobs": -(-houses // batch), "episodes": len(tasks), "turns": turns,
+    return {"houses": houses, "batch": batch, "jobs": len(batches(tasks, batch)), "episodes": len(tasks),
+            "turns": turns,
             "setup_s": round(setup_s, 1), "seconds": {str(n): round(s, 2) for n, s in seconds.items()},
             "turns_per_s": {str(n): round(turns / s, 2) for n, s in seconds.items()},
             "speedup": {str(n): round(s, 3) for n, s in speedups.items()},
