@@ -137,6 +137,20 @@ def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projec
             "the default config; no stage on more cores than its work has parts; at commit abc1234") in runtime_table(m)
 
 
+def test_a_target_is_met_at_a_holm_p_rounded_to_zero_and_missed_without_one(tmp_path):
+    """compare.json rounds a tiny p to 0.0: that meets 'Holm p < 0.01'; a missing p does not."""
+    m = _metrics(tmp_path)
+    compare = json.loads((m / "compare.json").read_text())
+    comp = {"reader_diff": {"value": 0.26, "ci_low": 0.19, "ci_high": 0.34}, "reader_b": 61, "reader_c": 7,
+            "reader_p_holm": 0.0}
+    compare["reader"]["comparisons"]["C2_vs_C1"] = comp
+    (m / "compare.json").write_text(json.dumps(compare))
+    assert "Holm p < 0.001 | met |" in results.targets_table(m)
+    del comp["reader_p_holm"]
+    (m / "compare.json").write_text(json.dumps(compare))
+    assert "| **missed** |" in results.targets_table(m)
+
+
 def test_the_policy_row_names_its_episodes_processes_where_they_differ_from_its_training(tmp_path):
     """The policy stage trains in ``train_processes`` and plays its DAgger rollouts and probe in
     ``rollout_workers``: both counts are the run's, read from its metrics."""

@@ -152,7 +152,8 @@ def targets_table(metrics: Path) -> str:
         if not v:
             continue
         d = (v.get("reader_diff") or {}).get("value") or 0.0
-        ok = d >= TARGET_WORTH and (p_max is None or (v.get("reader_p_holm") or 1.0) < p_max)
+        p = v.get("reader_p_holm")  # 0.0 is a p-value (rounded in compare.json), not a missing one
+        ok = d >= TARGET_WORTH and (p_max is None or (p is not None and p < p_max))
         rows.append([f"{label} >= +{TARGET_WORTH:.2f}" + (f" at Holm p < {p_max}" if p_max else ""), _reader_row(v),
                      mark(ok) if ok else f"**missed** by {round(100 * (TARGET_WORTH - d))} points" if d < TARGET_WORTH
                      else mark(False)])
