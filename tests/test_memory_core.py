@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
 from pipeline.core.config import ConfigError
+from pipeline.memory.advisory import named_plan_commands
 from pipeline.memory import (
     AdvisoryBuilder,
     AdvisoryBundleMetaV1_1,
@@ -29,6 +30,7 @@ from pipeline.memory import (
     build_memory_slot,
     check_condition,
     entries_to_table,
+    bundle_label_hints,
     find_label_hints,
     merge_slot,
     retrieve_loop,
@@ -335,6 +337,27 @@ def test_label_hinted_advisory_is_dropped_with_a_warning_that_does_not_repeat_it
     assert "fridge_0" not in warnings[0]
 
 
+def test_advisories_that_name_the_answer_only_together_are_not_kept_together():
+    """Each message names one of the plan's four object commands (no hint alone); read
+    together they name two, a hint at min_commands=2. The more relevant one is kept."""
+    first = make_entry("first", rationale="feedback applied (procedural: open fridge_0 first)")
+    second = make_entry("second", rationale="feedback applied (procedural: put apple_2 in fridge_0 last)")
+    clean = make_entry("clean", rationale="feedback applied (procedural: containers open first)")
+    hits = [(first.model_dump(), 0.9), (second.model_dump(), 0.7), (clean.model_dump(), 0.5)]
+    alone = [a.message for a in AdvisoryBuilder().build_many(hits)[0]]
+    assert len(alone) == 3 and not any(find_label_hints(m, expert_plan=PLAN) for m in alone)
+    assert bundle_label_hints(alone, expert_plan=PLAN)  # the case: two advisories add up to a hint
+    advs, warnings = AdvisoryBuilder().build_many(hits, query_expert_plan=PLAN)
+    assert [a.evidence.source_episode_ids[0] for a in advs] == ["first", "clean"]
+    assert warnings == ["label_hint: adv_000002 from second dropped (with the advisories before it)"]
+    assert not bundle_label_hints([a.message for a in advs], expert_plan=PLAN)
+
+
+def test_no_phrase_runs_across_two_advisories_read_together():
+    assert not bundle_label_hints(["Then take", "apple_2 from counter_0 and put it away."], expert_plan=PLAN)
+    assert bundle_label_hints(["Then open fridge_0.", "Later take apple_2 from counter_0."], expert_plan=PLAN)
+
+
 # --------------------------------------------------------------------------- injection (seed 001 section 2.4)
 
 
@@ -435,6 +458,10 @@ def _bundle(mode="on", masked=False, retrieval=True, retrieved=(), warnings=()):
         (_bundle(warnings=["label_hint: adv_000001 from ep dropped"]), {}, (False, "label_hint")),
         (_bundle(retrieved=[advisory(message="Do this: open drawer_1 and put apple_2 in drawer_1")]),
          {"query_expert_plan": TASK["expert_plan"]}, (False, "label_hint")),
+        (_bundle(retrieved=[advisory(1, "Open drawer_1 first."), advisory(2, "Put apple_2 in drawer_1 last.")]),
+         {"query_expert_plan": TASK["expert_plan"]}, (False, "label_hint")),  # two advisories, one command each
+        (_bundle(retrieved=[advisory(1, "Open drawer_1 first."), advisory(2)]),
+         {"query_expert_plan": TASK["expert_plan"]}, (True, "ok")),  # one command of three: a principle
         (_bundle(retrieved=[advisory(relevance=0.3)]), {"relevance_threshold": 0.5},
          (False, "below_relevance_threshold")),
         (_bundle(retrieved=[advisory(relevance=0.5)]), {"relevance_threshold": 0.5}, (True, "ok")),
@@ -550,6 +577,49 @@ def test_a_refitted_placebo_never_takes_filler_that_names_the_tasks_answer(store
     guarded = match_block_length(controller, longer, pl.bundle, [answer, plain], 800,
                                  names_answer=lambda text: "take key_2 from cabinet_3" in text.lower())
     assert not hints(guarded) and "Cabinet_4 was empty" in " ".join(a.message for a in guarded.retrieved)
+
+
+def _store_whose_advisories_name_the_answer_together() -> EpisodicStore:
+    """For TASK: every entry names one of its plan's three object commands (none names two),
+    its own scene's and other scenes' alike."""
+    own = [make_entry("s0_a", scene="s0", quest="q1", rationale="feedback applied (procedural: open Drawer_1 first)"),
+           make_entry("s0_b", scene="s0", quest="q2", rationale="feedback applied (procedural: put Apple_2 in Drawer_1)"),
+           make_entry("s0_c", scene="s0", quest="q3", corrected=False, tags=(), symptom="no mistakes recorded",
+                      rationale="a direct plan reached the goal in 3 turns")]
+    steps = ["open Drawer_1 first", "take Apple_2 early"]
+    other = [make_entry(f"s{k}_{i}", scene=f"s{k}", quest=f"q{i}",
+                        rationale=f"feedback applied (procedural: {steps[(i + k) % 2]}); reached in {4 + i} turns")
+             for k in (1, 2, 3) for i in range(4)]
+    return EpisodicStore.from_entries(own + other, tie_seed=0)
+
+
+@pytest.mark.parametrize("name", ["C2", "C2_placebo"])
+def test_no_injected_block_names_the_answer_though_each_advisory_alone_would_pass(name):
+    """The render's own measure (:func:`pipeline.conditions.hints.label_hint_of`, the
+    ``label_hints.memory`` of its metrics) finds no hint in any seed's block; before the
+    bundle-level check both conditions injected blocks naming two of the three commands."""
+    from pipeline.conditions.hints import label_hint_of
+
+    store = _store_whose_advisories_name_the_answer_together()
+    for seed in range(6):
+        slot = build_memory_slot(store, TASK, load_condition(name), MEMORY, rng=seed, condition_name=name)
+        assert slot.gate_ok and slot.injected_block_text, (seed, slot.reason)
+        assert label_hint_of(slot.injected_block_text, TASK, MEMORY.label_hint_min_commands) == (False, 1), seed
+        assert any("(with the advisories before it)" in w for w in slot.bundle.warnings)
+
+
+def test_placebo_draws_skip_an_entry_that_names_the_answer_with_those_drawn_before_it():
+    from pipeline.memory.injection import draw_placebo
+
+    store = _store_whose_advisories_name_the_answer_together()
+    targets = [advisory(i, "Principle: open containers before taking from them. " * 8) for i in (1, 2, 3)]
+    plan = TASK["expert_plan"]
+    for seed in range(6):
+        out, sources, notes, _ = draw_placebo(store, targets, query_scene_id="s0", rng=np.random.default_rng(seed),
+                                              builder=AdvisoryBuilder(), query_expert_plan=plan)
+        assert len(out) == 3 and not bundle_label_hints([a.message for a in out], expert_plan=plan), seed
+        assert len({m for a in out for m in named_plan_commands(a.message, plan)}) == 1
+    assert any("skipped (label hint)" in n for n in notes)
 
 
 def test_placebo_is_seeded(store):

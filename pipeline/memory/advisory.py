@@ -312,6 +312,28 @@ def find_label_hints(
     return hints
 
 
+#: Between advisories read together: no phrase runs across it (the injected block puts each
+#: advisory's other fields between two messages, ``- advisory_type: ...``).
+BUNDLE_SEPARATOR = "\n|\n"
+
+
+def bundle_label_hints(
+    messages: Sequence[str],
+    *,
+    ground_truth: Optional[str] = None,
+    expert_plan: Sequence[str] = (),
+    min_commands: int = 2,
+) -> list[str]:
+    """Label hints in advisories read together, as the model reads a memory block:
+    :func:`find_label_hints` over all of ``messages``. Two advisories that each name one of
+    a plan's object commands name two together, which is a hint at ``min_commands=2``
+    though neither is one alone (the run of issue 42 had 5 such blocks of 204 and a later
+    one 9). A message's own hint is one of the bundle's, so this check holds the
+    per-message one."""
+    return find_label_hints(BUNDLE_SEPARATOR.join(messages), ground_truth=ground_truth, expert_plan=expert_plan,
+                            min_commands=min_commands)
+
+
 def strength_for(advisory_type: str, relevance: float) -> str:
     """weak / moderate / strong from relevance; a failed case is at most moderate evidence."""
     level = "strong" if relevance >= 2 / 3 else "moderate" if relevance >= 1 / 3 else "weak"
@@ -379,21 +401,29 @@ class AdvisoryBuilder:
     ) -> tuple[list[AdvisoryV1_1], list[str]]:
         """Advisories for retrieval hits (``RetrievalHit`` or ``(entry, relevance)``), label hints dropped.
 
+        The hits are taken in order (most relevant first) and an advisory is dropped when it
+        names the query task's answer alone, or together with the advisories kept before it
+        (:func:`bundle_label_hints`): the advisories returned never name it, read together.
         ``recall``: what the memory states beyond each entry's episode (:class:`Recall`),
         shared by the hits in order so that no advisory repeats an earlier one.
 
         Returns:
-            ``(advisories, warnings)``; a warning names each dropped advisory and its hint.
+            ``(advisories, warnings)``; a warning names each dropped advisory (not its hint).
         """
         advisories, warnings = [], []
         for hit in hits:
             entry, relevance = (hit.entry, hit.relevance) if hasattr(hit, "entry") else hit
             adv = self.build(entry, relevance, recall)
-            hints = find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
+            alone = find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
                                      min_commands=self.label_hint_min_commands)
-            if hints:
+            together = alone or bundle_label_hints([a.message for a in advisories] + [adv.message],
+                                                   ground_truth=query_ground_truth, expert_plan=query_expert_plan,
+                                                   min_commands=self.label_hint_min_commands)
+            if together:
                 # The hint itself is not repeated: warnings are shown to the model with the bundle.
-                warnings.append(f"label_hint: {adv.advisory_id} from {adv.evidence.source_episode_ids[0]} dropped")
+                source = adv.evidence.source_episode_ids[0]
+                warnings.append(f"label_hint: {adv.advisory_id} from {source} dropped"
+                                + ("" if alone else " (with the advisories before it)"))
                 continue
             advisories.append(adv)
         return advisories, warnings

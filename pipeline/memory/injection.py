@@ -39,6 +39,7 @@ from pipeline.memory.advisory import (
     AdvisoryBuilder,
     Recall,
     advisory_type_for,
+    bundle_label_hints,
     compose_message,
     find_label_hints,
     named_plan_commands,
@@ -103,7 +104,8 @@ def should_inject_advisory_with_reason(
 
     Reasons, checked in this order: ``memory_off`` (mode off or no retrieval), ``masked``
     (masked or not mode ``on``), ``label_hint`` (every advisory dropped for a label hint,
-    or one left in the bundle gives the answer away), ``nothing_retrieved``,
+    or the advisories left in the bundle give the answer away, one alone or several read
+    together: :func:`~pipeline.memory.advisory.bundle_label_hints`), ``nothing_retrieved``,
     ``below_relevance_threshold`` (the best advisory is below the threshold), ``ok``.
     """
     m = bundle.meta
@@ -115,10 +117,9 @@ def should_inject_advisory_with_reason(
         if any(w.startswith("label_hint") for w in bundle.warnings):
             return False, "label_hint"
         return False, "nothing_retrieved"
-    for adv in bundle.retrieved:
-        if find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
-                            min_commands=label_hint_min_commands):
-            return False, "label_hint"
+    if bundle_label_hints([a.message for a in bundle.retrieved], ground_truth=query_ground_truth,
+                          expert_plan=query_expert_plan, min_commands=label_hint_min_commands):
+        return False, "label_hint"
     if max(a.relevance_score for a in bundle.retrieved) < relevance_threshold:
         return False, "below_relevance_threshold"
     return True, "ok"
@@ -309,8 +310,9 @@ def draw_placebo(
             adv = builder.build(entry, target.relevance_score, recall)
             others = [f for k, f in enumerate(filler) if k != j]
             message = fit_length(adv.message, len(target.message), others)
-            if find_label_hints(message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
-                                min_commands=builder.label_hint_min_commands):
+            if bundle_label_hints([o.message for o in out] + [message], ground_truth=query_ground_truth,
+                                  expert_plan=query_expert_plan, min_commands=builder.label_hint_min_commands):
+                # alone, or read with the placebo advisories drawn before it
                 notes.append(f"placebo: {entry['entry_id']} skipped (label hint)")
                 continue
             out.append(adv.model_copy(update={
@@ -358,7 +360,8 @@ MIN_FITTED_CHARS = 40  # the shortest a refitted placebo message gets (a few let
 def match_block_length(controller: "InjectionController", reference: AdvisoryBundleV1_1,
                        placebo: AdvisoryBundleV1_1, filler: Sequence[str], max_chars: int,
                        measure: Callable[[str], int] = len,
-                       names_answer: Optional[Callable[[str], bool]] = None) -> AdvisoryBundleV1_1:
+                       names_answer: Optional[Callable[[str], bool]] = None,
+                       hinted: Optional[Callable[[Sequence[str]], bool]] = None) -> AdvisoryBundleV1_1:
     """Refit the placebo's messages so its injected text is as long as the reference's.
 
     Length is ``measure(text)``: characters by default, the model's tokens when the render
@@ -377,6 +380,9 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
     (a command of its expert plan, its ground truth); such filler is never used, so a refit
     message cannot become a label hint the gate would refuse (filler comes from other
     scenes, whose entity names can coincide with this task's: "take Key_2 from Cabinet_3").
+    ``hinted(messages)``: whether a refit bundle's messages, read together, give the answer
+    away (:func:`~pipeline.memory.advisory.bundle_label_hints`); such a fit is never kept
+    (a cut can end a message on a shorter entity name: "Cabinet_31" cut to "Cabinet_3").
     """
     target = measure(_injected_text(controller, reference))
     tokens = measure is not len
@@ -394,6 +400,9 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
         bundle = placebo.model_copy(update={"retrieved": trial})
         return bundle, measure(_injected_text(controller, bundle))
 
+    def keepable(bundle: AdvisoryBundleV1_1) -> bool:
+        return hinted is None or not hinted([a.message for a in bundle.retrieved])
+
     best, best_diff = placebo, abs(target - measure(_injected_text(controller, placebo)))
     for i in reversed(range(len(msgs))):
         if best_diff == 0:
@@ -406,7 +415,7 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
             lo, hi = floor, len(full)  # the shortest prefix whose block reaches the target
             top, top_units = fitted(i, full)
             if top_units < target:  # too short even at max_chars
-                if abs(target - top_units) < best_diff:
+                if abs(target - top_units) < best_diff and keepable(top):
                     best, best_diff = top, abs(target - top_units)
                 continue
             while lo < hi:
@@ -418,7 +427,7 @@ def match_block_length(controller: "InjectionController", reference: AdvisoryBun
             for n in (lo - 1, lo):
                 if n >= floor:
                     bundle, units = fitted(i, full[:n])
-                    if abs(target - units) < best_diff:
+                    if abs(target - units) < best_diff and keepable(bundle):
                         best, best_diff = bundle, abs(target - units)
             break
         msgs = list(best.retrieved)  # the next (earlier) message absorbs what is left
@@ -641,8 +650,12 @@ def _placebo_slot(controller: InjectionController, store: Any, task: dict[str, A
         def names_answer(text: str) -> bool:  # any one command of the plan, or the ground truth verbatim
             return bool(named_plan_commands(text, plan) or find_label_hints(text, ground_truth=gt))
 
+        def hinted(messages: Sequence[str]) -> bool:
+            return bool(bundle_label_hints(messages, ground_truth=gt, expert_plan=plan,
+                                           min_commands=builder.label_hint_min_commands))
+
         bundle = match_block_length(controller, c2_bundle, bundle, filler, builder.max_message_chars, measure,
-                                    names_answer)
+                                    names_answer, hinted)
     return _finish(controller, bundle, retrieved_ids, sources, notes, plan, gt)
 
 
