@@ -34,7 +34,7 @@ fixed by ``agent.batch_size``, decoding is greedy, the houses are drawn by index
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from omegaconf import OmegaConf
 
@@ -200,6 +200,35 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
     return out
 
 
+class Players(Protocol):
+    """Who plays a model's episodes (:func:`play_houses`' batches): this process
+    (:class:`InProcess`) or worker processes (:class:`pipeline.policy.rollout_workers.RolloutWorkers`)."""
+
+    def play(self, model: Any, tokenizer: Any, tasks: Sequence[HouseTask], *, label: bool,
+             progress: Callable[[int], None] | None = None) -> list[Rollout]:
+        """Every task's :class:`Rollout`, in task order (``label``: the expert's answers too)."""
+        ...
+
+
+@dataclass
+class InProcess:
+    """:class:`Players` in this process, on its current torch threads: the library's default
+    (tests, a caller with no pool); the ``policy`` stage plays in
+    :class:`~pipeline.policy.rollout_workers.RolloutWorkers`, on one thread at any worker count."""
+
+    cfg: Any  # rollout_config's
+
+    def play(self, model: Any, tokenizer: Any, tasks: Sequence[HouseTask], *, label: bool,
+             progress: Callable[[int], None] | None = None) -> list[Rollout]:
+        was_training = model.training
+        model.eval()
+        try:
+            return play_houses(self.cfg, model_backend(self.cfg, model, tokenizer), tasks, label=label,
+                               progress=progress)
+        finally:
+            model.train(was_training)
+
+
 def model_backend(cfg: Config, model: Any, tokenizer: Any) -> TransformersBackend:
     """The transformers backend around an in-memory model (``cfg``: :func:`rollout_config`'s)."""
     return TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
@@ -257,16 +286,12 @@ class EpisodeProbe:
                     tasks.append(_task(cfg, organizer, f"probe_{kind}_{house.scene_id}", kind, house, picks[kind]))
         return cls(rollout_config(cfg), tasks)
 
-    def score(self, model: Any, tokenizer: Any) -> dict[str, Any]:
-        """``{"<kind>_success": share, "<kind>_turns": mean, "houses": n}`` of the model, greedy."""
+    def score(self, model: Any, tokenizer: Any, *, players: Players | None = None) -> dict[str, Any]:
+        """``{"<kind>_success": share, "<kind>_turns": mean, "houses": n}`` of the model, greedy,
+        played by ``players`` (default: :class:`InProcess`)."""
         if not self.tasks:
             return {"houses": 0}
-        was_training = model.training
-        model.eval()
-        try:
-            rollouts = play_houses(self.cfg, model_backend(self.cfg, model, tokenizer), self.tasks, label=False)
-        finally:
-            model.train(was_training)
+        rollouts = (players or InProcess(self.cfg)).play(model, tokenizer, self.tasks, label=False)
         out: dict[str, Any] = {}
         for kind in self.KINDS:
             rs = [r for r in rollouts if r.task.kind == kind]
@@ -312,7 +337,8 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
 def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any], memory: SceneMemory,
                manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *, start_step: int,
                processes: int = 1, after_round: Callable[[int, int], dict] | None = None,
-               progress: Callable[[str, int, int], None] | None = None) -> DaggerResult:
+               progress: Callable[[str, int, int], None] | None = None,
+               players: Players | None = None) -> DaggerResult:
     """``policy.dagger_rounds`` rounds of DAgger on ``model`` (in place).
 
     Round ``r``: the model plays round ``r``'s houses (:func:`dagger_tasks`, greedy, as
@@ -321,11 +347,12 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
     demonstration units (``base_units``, drawn from ``crc_rng(seed, "dagger-replay", r)``),
     ``dagger_epochs`` epochs at ``dagger_lr``, batch order seeded by ``seed + 1 + r``.
     ``after_round(r, step)`` returns figures kept in the round's summary (the probes).
-    ``progress(what, done, total)`` reports rollouts and training steps."""
+    ``progress(what, done, total)`` reports rollouts and training steps. ``players`` plays the
+    rollouts (default: :class:`InProcess`, on this process's threads)."""
     from pipeline.policy.model import train
 
     pol = cfg.model.policy
-    rcfg = rollout_config(cfg)
+    players = players or InProcess(rollout_config(cfg))
     turns: list[RenderedTurn] = []
     prompts: list[str] = []
     units: list[Any] = []
@@ -342,10 +369,7 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
             if progress is not None:
                 progress(f"dagger round {r}: episodes", done, total)
 
-        was_training = model.training
-        model.eval()
-        rolls = play_houses(rcfg, model_backend(rcfg, model, tokenizer), tasks, label=True, progress=played)
-        model.train(was_training)
+        rolls = players.play(model, tokenizer, tasks, label=True, progress=played)
         new = [t for roll in rolls for t in roll.labels]
         turns += new
         new_units, new_prompts = turn_units(cfg, model, tokenizer, new)

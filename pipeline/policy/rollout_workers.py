@@ -19,9 +19,9 @@ default policy is ~3 MB, and a job is a whole batch of episodes.
 ``tests/test_dagger.py`` checks that 1 and 2 workers give the same rollouts, labels
 included, and that both equal :func:`~pipeline.policy.dagger.play_houses` run single-threaded.
 
-Used by the DAgger study (:mod:`pipeline.policy.study`, ``--workers``). The ``policy`` stage
-still plays its rounds and probes in its own process: moving them here changes that stage's
-recorded code, so it waits for a default run (docs/performance.md, "Every core").
+Used by the ``policy`` stage (its DAgger rounds and its whole-episode probe, on the run's
+``workers``: :func:`pipeline.stages.policy.rollout_workers`) and by the DAgger study
+(:mod:`pipeline.policy.study`, ``--workers``). It is a :class:`pipeline.policy.dagger.Players`.
 """
 
 from __future__ import annotations

@@ -42,11 +42,13 @@ from tqdm import tqdm
 
 from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
+from pipeline.core.parallel import stage_workers
 from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
-from pipeline.policy.dagger import EpisodeProbe
+from pipeline.policy.dagger import EpisodeProbe, rollout_config
 from pipeline.policy.incontext import InContextProbe
+from pipeline.policy.rollout_workers import RolloutWorkers
 from pipeline.policy.training import (INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, incontext_csv,
                                       loss_csv, model_dir, skip_reason)
 from pipeline.session.collection import load_games
@@ -111,6 +113,16 @@ def summary_line(metrics: dict) -> str:
     return line
 
 
+def rollout_workers(cfg: Config, episode_probe: EpisodeProbe | None) -> int:
+    """Processes for the policy's whole episodes (the DAgger rounds', the whole-episode probe's):
+    the run's ``workers``, at most one per batch of the largest round; 1 (this process, no worker
+    to start) when there are none. The rollouts do not depend on it (:class:`RolloutWorkers`)."""
+    pol = cfg.model.policy
+    tasks = max(int(pol.dagger_houses) if int(pol.dagger_rounds) > 0 else 0,
+                len(episode_probe.tasks) if episode_probe is not None else 0)
+    return stage_workers(cfg, limit=max(1, -(-tasks // max(1, int(cfg.agent.batch_size)))))
+
+
 def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     """Train on ``data/demos``, write ``data/policy`` and the loss curve, measure; returns the metrics."""
     out_dir = root / cfg.paths.policy
@@ -123,15 +135,18 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     episode_probe = EpisodeProbe.build(cfg, manifest, scenes, demo_set.memory,
                                        n=cfg.model.policy.episode_probe_houses) \
         if cfg.model.policy.episode_probe_houses > 0 else None
-    with tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
+    workers = rollout_workers(cfg, episode_probe)
+    with RolloutWorkers(rollout_config(cfg), workers) as players, \
+            tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
         built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar), probe=probe,
-                             episode_probe=episode_probe, games=(manifest, scenes), dagger_progress=dagger_bar(bar))
+                             episode_probe=episode_probe, games=(manifest, scenes), dagger_progress=dagger_bar(bar),
+                             players=players)
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv(built["curve"]))
     atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv(built["incontext"]))
     metrics: dict[str, Any] = {"trained": True, "model_dir": model_dir(cfg), **built["summary"]}
     if numerics is not None:  # what ran: the pinned numerics and the CPU (never in data/policy)
         metrics["numerics"] = numerics
-    timings = {"load_demos_s": load_s, **built["timings"]}
+    timings = {"load_demos_s": load_s, **built["timings"], "rollout_workers": workers}
     if cfg.model.policy.evaluate:
         t = time.perf_counter()
         n_eval = sum(r["split"] == cfg.experiment.eval_split for r in manifest)
