@@ -197,9 +197,16 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
     import pyarrow.parquet as pq
     import torch
 
-    from pipeline.policy.dagger import EpisodeProbe
+    from pipeline.policy.dagger import EpisodeProbe, InProcess, rollout_config
     from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
     from pipeline.policy.training import build_policy
+
+    class Counted(InProcess):  # the stage passes its RolloutWorkers here: every episode goes through it
+        calls: list = []
+
+        def play(self, model, tokenizer, tasks, *, label, progress=None):
+            self.calls.append((label, len(tasks)))
+            return super().play(model, tokenizer, tasks, label=label, progress=progress)
 
     torch.set_num_threads(1)
     small = OmegaConf.merge(cfg, {"model": {"policy": {"demos_per_quest": 2, "dagger_rounds": 2, "dagger_houses": 3,
@@ -207,8 +214,11 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
     write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
     demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
     probe = EpisodeProbe.build(small, tiny_games.rows, tiny_games.scenes, demo_set.memory, n=2)
+    players = Counted(rollout_config(small))
     built = build_policy(small, demo_set, tmp_path / "policy", episode_probe=probe,
-                         games=(tiny_games.rows, tiny_games.scenes))
+                         games=(tiny_games.rows, tiny_games.scenes), players=players)
+    n_probe = len(probe.tasks)  # the probe after the demonstrations, then each round's rollouts and probe
+    assert players.calls == [(False, n_probe), (True, 3), (False, n_probe), (True, 3), (False, n_probe)]
     s = json.loads((tmp_path / "policy" / "training.json").read_text())
     rounds = s["dagger"]["rounds"]
     assert [r["round"] for r in rounds] == [0, 1]

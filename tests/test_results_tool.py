@@ -151,6 +151,20 @@ def test_a_target_is_met_at_a_holm_p_rounded_to_zero_and_missed_without_one(tmp_
     assert "| **missed** |" in results.targets_table(m)
 
 
+def test_the_policy_row_names_its_episodes_processes_where_they_differ_from_its_training(tmp_path):
+    """The policy stage trains in ``train_processes`` and plays its DAgger rollouts and probe in
+    ``rollout_workers``: both counts are the run's, read from its metrics."""
+    from pipeline.tools.results import runtime_table
+
+    m = tmp_path / "metrics"
+    m.mkdir()
+    policy = m / "policy.json"
+    policy.write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 1, "rollout_workers": 2}}))
+    assert "| policy | 10.0 | 1 (its episodes: 2) |" in runtime_table(m)
+    policy.write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 2, "rollout_workers": 2}}))
+    assert "| policy | 10.0 | 2 |" in runtime_table(m)
+
+
 def test_the_episodes_block_has_a_row_after_the_demonstrations_and_each_dagger_round(tmp_path):
     """The whole-episode probe's block: one row per stage of training, a cell per prompt kind
     ('—' where a kind was not played), written from metrics/policy.json."""

@@ -239,12 +239,21 @@ def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
     gtime = (games.get("plan_wall_s") or 0) + (games.get("compile_wall_s") or 0) if "compile_wall_s" in games else None
     return [("games", gtime, games.get("compile_workers")),
             ("demos", demos.get("wall_time_s"), demos.get("workers")),
-            ("policy", ptimes.get("total_s"), ptimes.get("train_processes")),
+            ("policy", ptimes.get("total_s"), _policy_processes(ptimes)),
             ("collect", collect.get("wall_time_s"), 1),
             ("ground", _read(metrics / "ground.json").get("wall_time_s"), 1),
             (f"evaluate ({n_eval} conditions)", evaluate, None),
             (f"evaluate_reader ({n_reader} conditions)", reader, None),
             ("curve", curve.get("wall_time_s"), curve.get("workers"))]
+
+
+def _policy_processes(ptimes: dict) -> Any:
+    """The policy stage's processes: its training's, and its whole episodes' where they differ
+    (``rollout_workers``: the DAgger rounds and the episode probe, recorded since 2026-11-29)."""
+    train, episodes = ptimes.get("train_processes"), ptimes.get("rollout_workers")
+    if episodes is None or train is None or episodes == train:
+        return train
+    return f"{train} (its episodes: {episodes})"
 
 
 def _fraction(x: Any) -> str:
