@@ -297,10 +297,9 @@ def test_the_default_runs_controls_reveal_no_answer_and_the_oracle_every_one():
 def test_no_c2_memory_block_of_the_default_run_names_its_tasks_answer():
     """The default run's render metrics (committed): C2's memory blocks reveal no task's answer.
 
-    The gate (``memory.injection``) judges each advisory alone, so two advisories that each
-    name one of a plan's commands could still add up to a block that names two; the run of
-    issue 42 had 5 such blocks of 204, the current committed run has none. A bundle-level gate
-    in ``build_memory_slot`` would close the gap for every run (a change to every stage's code)."""
+    The gate reads a block's advisories together (``memory.advisory.bundle_label_hints``):
+    before it did, two advisories that each named one of a plan's commands could add up to a
+    block that named two (5 blocks of 204 in the run of issue 42, 9 in an AVX2 rerun)."""
     assert _render_hints("C2")["memory"] == 0, _render_hints("C2")
 
 
