@@ -472,6 +472,24 @@ def previous_fractions(path: Path, key: str = "fractions") -> dict[str, float]:
     return {k: float(v) for k, v in det[key].items() if v is not None} if det else {}
 
 
+def previous_measurement(path: Path) -> dict[str, Any] | None:
+    """Where the fractions in ``path`` (results.json) were measured: the commit, date, cores
+    and load of the last scaling run that measured them (carried on by a ``--skip-run``
+    re-projection, which measures nothing), or None without one."""
+    try:
+        bench = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for run in reversed(bench.get("runs") or []):
+        det = run.get("details") or {}
+        if det.get("fractions"):
+            if det.get("measured_at"):
+                return dict(det["measured_at"])
+            meta = run.get("meta") or bench.get("meta") or {}
+            return {k: meta.get(k) for k in ("git", "date", "cores", "load_average")}
+    return None
+
+
 def previous_experiment(path: Path) -> str | None:
     """The experiment the last scaling run with fractions in ``path`` measured on (``tiny``
     for runs that did not say)."""
@@ -505,6 +523,8 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
         fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS)))
         cpu_fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS), key="cpu_fractions"))
         details["fractions_from"] = str(opts.get("previous") or RESULTS)
+        # the README line quotes this run's commit and date: it must say the fractions are older
+        details["measured_at"] = previous_measurement(Path(opts.get("previous") or RESULTS))
     else:
         if 1 not in counts or len(counts) < 2:
             raise ValueError(f"--counts {counts}: needs 1 and at least one larger count")

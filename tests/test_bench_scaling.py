@@ -19,6 +19,7 @@ from benchmarks.bench_scaling import (
     parallel_fraction,
     previous_experiment,
     previous_fractions,
+    previous_measurement,
     project_run,
     projection,
     rescale_time,
@@ -114,6 +115,24 @@ def test_previous_fractions(tmp_path: Path):
         {"details": {"fractions": {"games": 0.9, "demos": None}}}]}}}))
     assert previous_fractions(f) == {"games": 0.9}
     assert previous_fractions(tmp_path / "missing.json") == {}
+
+
+def test_a_reprojection_says_where_its_fractions_were_measured(tmp_path: Path):
+    """``--skip-run`` measures nothing: the commit and date it quotes must be the measuring run's,
+    also after a second re-projection (which carries the first one's record on)."""
+    f = tmp_path / "results.json"
+    f.write_text(json.dumps({"benchmarks": {"scaling": {
+        "meta": {"git": "ee797c4", "date": "2026-11-28 13:23 UTC", "cores": 2, "load_average": [0.25, 0.5, 1.0]},
+        "runs": [{"details": {"fractions": {"games": 0.9}}}]}}}))
+    first = previous_measurement(f)
+    assert first == {"git": "ee797c4", "date": "2026-11-28 13:23 UTC", "cores": 2, "load_average": [0.25, 0.5, 1.0]}
+    f.write_text(json.dumps({"benchmarks": {"scaling": {
+        "meta": {"git": "686e5d8", "date": "2026-11-29 07:00 UTC", "cores": 2, "load_average": [1.0]},
+        "runs": [{"details": {"fractions": {"games": 0.9}, "measured_at": first}}]}}}))
+    assert previous_measurement(f) == first
+    f.write_text(json.dumps({"benchmarks": {"scaling": {"meta": {"git": "x"}, "runs": [{"details": {}}]}}}))
+    assert previous_measurement(f) is None
+    assert previous_measurement(tmp_path / "missing.json") is None
 
 
 def test_cpu_split_fraction():

@@ -135,6 +135,11 @@ def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projec
     (tmp_path / "benchmarks" / "results.json").write_text(json.dumps(doc))
     assert ("`python -m benchmarks --only scaling --experiment slice` (parallel fractions measured on a slice of "
             "the default config; no stage on more cores than its work has parts; at commit abc1234") in runtime_table(m)
+    # a re-projection (--skip-run) quotes where the fractions were measured, then its own commit
+    det["measured_at"] = {"git": "ee797c4", "date": "E", "cores": 2, "load_average": [0.25]}
+    (tmp_path / "benchmarks" / "results.json").write_text(json.dumps(doc))
+    assert ("parts; the fractions measured at commit ee797c4, E, 2 cores, load 0.25; projected from them and this "
+            "run's stage times at commit abc1234, D): 25 min on 2 cores") in runtime_table(m)
 
 
 def test_a_target_is_met_at_a_holm_p_rounded_to_zero_and_missed_without_one(tmp_path):

@@ -260,6 +260,18 @@ def _fraction(x: Any) -> str:
     return f"{x:.2f}" if isinstance(x, (int, float)) else "?"
 
 
+def _measured_where(meta: Mapping[str, Any], measured_at: Mapping[str, Any] | None) -> str:
+    """Where the scaling benchmark measured its fractions, and where it projected from them
+    when that was a later ``--skip-run`` (which measures nothing)."""
+    def at(m: Mapping[str, Any]) -> str:
+        return (f"at commit {m.get('git') or '?'}, {m.get('date') or '?'}, {m.get('cores') or '?'} cores, "
+                f"load {(m.get('load_average') or ['?'])[0]}")
+    if not measured_at:
+        return "; " + at(meta)
+    return (f"; the fractions measured {at(measured_at)}; projected from them and this run's stage times "
+            f"at commit {meta.get('git') or '?'}, {meta.get('date') or '?'}")
+
+
 def runtime_table(metrics: Path) -> str:
     """The default run's stage wall times as its metrics recorded them, and the scaling
     benchmark's projection of the cold run to more cores (``benchmarks/results.json``)."""
@@ -283,8 +295,7 @@ def runtime_table(metrics: Path) -> str:
                  + ("parallel fractions measured on a slice of the default config" if slice_
                     else "parallel fractions measured on `experiment=tiny`, a floor")
                  + ("; no stage on more cores than its work has parts" if capped else "")
-                 + f"; at commit {meta.get('git', '?')}, {meta.get('date', '?')}, {meta.get('cores', '?')} cores, "
-                 f"load {(meta.get('load_average') or ['?'])[0]}): "
+                 + _measured_where(meta, details.get("measured_at")) + "): "
                  + ", ".join(f"{cores[c]['total_s'] / 60:.0f} min on {c} cores" for c in cols)
                  + f"; parallel fraction of the run's time {_fraction(proj.get('parallel_fraction'))}.")
     return text
