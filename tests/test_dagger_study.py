@@ -1,6 +1,7 @@
 """The model's study (``pipeline.policy.study``): its arms reproduce the library's
 round and probe tasks at the library's settings, the longer grounding merges more quests, the
-paired probe table counts the discordant pairs, and the run's labels tokenize as rendered.
+paired probe table counts the discordant pairs, the run's labels tokenize as rendered, and a
+held-out house's past visits reach its memory block (the ``memory`` probe and arm key).
 
 Real code on the session's tiny games (the fixtures of tests/test_dagger.py)."""
 
@@ -74,8 +75,60 @@ def test_paired_table_counts_discordant_pairs_against_plain_on_the_same_houses()
         paired_table({"p6": {"probe_grounded_h9": True}, "p2": {"probe_plain_h0": True}})
 
 
+def test_the_memory_kind_is_paired_with_grounded_on_the_same_houses():
+    from pipeline.policy.study import markdown, paired_table
+
+    res = {"p2": {"probe_plain_h0": True, "probe_plain_h1": False, "probe_plain_h2": True},
+           "p6": {"probe_grounded_h0": True, "probe_grounded_h1": False, "probe_grounded_h2": True,
+                  "probe_memory_h0": False, "probe_memory_h1": True, "probe_memory_h2": False}}
+    table = paired_table(res)
+    assert table["p6_memory"] == {"won": 1, "n": 3, "plain_won": 2, "b": 1, "c": 2,
+                                  "grounded_won": 2, "b_vs_grounded": 1, "c_vs_grounded": 2}
+    assert "1/3 (grounded 2; b=1 c=2)" in markdown([{"arm": "run", "probe": table}])
+    with pytest.raises(ValueError, match="no grounded episode"):
+        paired_table({"p2": {"probe_plain_h0": True}, "p6": {"probe_memory_h0": True}})
+
+
+def test_a_held_out_houses_past_visits_reach_its_memory_block(cfg, tiny_games, memory):  # noqa: F811
+    """The ``memory`` probe: the grounded prompt of the same house plus the C2 block, built from a
+    store that holds the rule agent's episodes of the house's later quests: the block says what
+    this house held, which the run's store (other houses only) cannot."""
+    from pipeline.policy.study import house_memory, past_visits, probe_tasks
+    from pipeline.policy.demos import rule_agent_config, training_houses
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    house = training_houses(cfg, rows, scenes, heldout=True, quests_per_house=3).houses(1)[0]
+    episodes, turns = past_visits(rule_agent_config(cfg), house, {**scenes, house.scene_id: house.spec})
+    assert len(episodes) == 2 and {e["scene_id"] for e in episodes} == {house.scene_id}
+    with_visits = house_memory(cfg, memory, episodes, turns)
+    assert len(with_visits.store) == len(memory.store) + 2
+    assert house_memory(cfg, memory, [], []) is memory
+    tasks = probe_tasks(cfg, rows, scenes, memory, 4, quests=3, kinds=("grounded", "memory"))
+    by = {(t.kind, t.house.scene_id): t for t in tasks}
+    paired = [(by[("grounded", h)], t) for (k, h), t in by.items() if k == "memory"]
+    assert paired, "no held-out house got a memory prompt"
+    for grounded, mem in paired:
+        assert mem.variant.grounding == grounded.variant.grounding and mem.variant.block
+        assert grounded.variant.grounding in mem.prompt and mem.variant.block in mem.prompt
+        assert "This house" in mem.variant.block  # its own past visits, not only other houses'
+    assert all(k in ("grounded", "memory") for k, _ in by)
+
+
+def test_a_memory_arm_plays_the_librarys_houses_with_their_past_visits(cfg, tiny_games, memory):  # noqa: F811
+    from pipeline.policy.study import VISITS, Arm, round_tasks
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    library = round_tasks(cfg, rows, scenes, memory, 1, 4, Arm("lib", quests=3, grounded=1.0))
+    visits = round_tasks(cfg, rows, scenes, memory, 1, 4, Arm("visits", quests=3, grounded=1.0, memory=1.0))
+    assert [t.house.scene_id for t in visits] == [t.house.scene_id for t in library]
+    assert not any(t.kind.endswith(VISITS) for t in library)
+    own = [t for t in visits if t.kind.endswith(VISITS)]
+    assert own and all("This house" in t.variant.block for t in own)
+
+
 @pytest.mark.parametrize("text, problem", [("x", "expected NAME"), ("x=quests=1", "quests must be"),
-                                            ("x=width=3", "is not quests"), ("x=grounded=2", "grounded in")])
+                                            ("x=width=3", "is not quests"), ("x=grounded=2", "grounded and memory"),
+                                            ("x=memory=1.5", "grounded and memory"), ("x=memory=lots", "not a number")])
 def test_an_arm_that_cannot_be_read_is_refused_with_the_text(text, problem):
     from pipeline.policy.study import Arm
 

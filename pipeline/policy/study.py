@@ -18,13 +18,22 @@ labels (``demos.parquet``), this round's, and as many demonstration units, one e
   lines in the default run), so longer groundings are what the model meets in C1.
 - ``grounded``: the share of the round's houses that carry their grounding
   (``policy.generated_grounding`` in the library: 0.5).
+- ``memory``: the share of the round's houses played under ``grounded+C2`` with the house's
+  own *past visits* in the store: the rule agent's episodes of its later quests (the ones
+  its grounding comes from) become store entries beside the run's, so the C2 block names
+  where things were in this house ("This house, from n past visits: ..."), as an eval task
+  of a seen scene's does (0 in the library: a generated house's C2 block only retrieves
+  other houses' advisories, and a seen house's block is met in the train quests' demos only).
 
 Two probes score the run's model and each arm's, on the whole-episode probe's held-out houses
 (:class:`pipeline.policy.dagger.EpisodeProbe`, whose tasks ``quests=2`` reproduces): ``p2``,
 plain / grounded (the library's 2-quest grounding) / oracle; and ``pQ`` (``--probe-quests``),
-grounded / oracle with the longer grounding of the same houses' first quests. Each grounded
+grounded / oracle / memory with the longer grounding of the same houses' first quests, and
+``memory`` the C1-like grounded prompt plus the C2 block built with the house's ``Q - 1`` past
+visits in the store (the held-out analogue of C2 vs C1 on a seen scene). Each grounded
 figure is paired with plain on the same houses (grounded houses are the harder ones: their
-rule agent drew feedback), with the discordant pairs b (only grounded won) and c (only plain).
+rule agent drew feedback), with the discordant pairs b (only grounded won) and c (only plain);
+``memory`` is also paired with its probe's ``grounded`` (``b_vs_grounded``, ``c_vs_grounded``).
 
 Nothing here is a DVC stage (no stage imports this module, so it is no stage's code
 dependency) and nothing is written into the run: rows go to ``--out`` (JSON)
@@ -52,8 +61,11 @@ from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
 from pipeline.core.parallel import resolve_workers
+from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng, derive_seed, task_seed
+from pipeline.envs import fact_reader
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
+from pipeline.memory import EpisodicStore, build_entries, table_to_entries
 from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
     HouseTask,
     _task,
@@ -72,13 +84,16 @@ from pipeline.policy.demos import (
     training_houses,
     training_unit,
 )
+from pipeline.policy.quality import exposed_variant
 from pipeline.policy.rollout_workers import RolloutWorkers
 from pipeline.policy.training import DEMOS_FILE, MODEL_DIR
 from pipeline.prompts import PromptOrganizer
 from pipeline.session.collection import make_factories
 from pipeline.session.rollout import Task, format_episode_id, play
 
-KINDS = ("plain", "grounded", "oracle")
+KINDS = ("plain", "grounded", "oracle")  # the library's EpisodeProbe
+ALL_KINDS = (*KINDS, "memory")
+VISITS = "visits"  # the kind's suffix of a round's task whose store holds its house's past visits
 # The study as run for docs/policy.md: name -> arm.
 ARMS: dict[str, dict[str, float]] = {
     "more rounds": {"quests": 2, "grounded": 0.5},
@@ -92,22 +107,27 @@ class Arm:
     name: str
     quests: int = 2
     grounded: float = 0.5
+    memory: float = 0.0
 
     @classmethod
     def parse(cls, text: str) -> "Arm":
-        """``NAME=key=value,key=value`` (keys: ``quests``, ``grounded``)."""
+        """``NAME=key=value,key=value`` (keys: ``quests``, ``grounded``, ``memory``)."""
         name, _, rest = text.partition("=")
         if not name or not rest:
-            raise ValueError(f"--arm {text!r}: expected NAME=key=value[,key=value] (keys: quests, grounded)")
+            raise ValueError(f"--arm {text!r}: expected NAME=key=value[,key=value] (keys: quests, grounded, memory)")
         kw: dict[str, Any] = {}
         for part in rest.split(","):
             key, _, value = part.partition("=")
-            if key not in ("quests", "grounded") or not value:
-                raise ValueError(f"--arm {text!r}: {part!r} is not quests=<int> or grounded=<share in [0, 1]>")
-            kw[key] = int(value) if key == "quests" else float(value)
+            if key not in ("quests", "grounded", "memory") or not value:
+                raise ValueError(f"--arm {text!r}: {part!r} is not quests=<int>, grounded=<share in [0, 1]> "
+                                 "or memory=<share in [0, 1]>")
+            try:
+                kw[key] = int(value) if key == "quests" else float(value)
+            except ValueError:
+                raise ValueError(f"--arm {text!r}: {part!r}: {value!r} is not a number") from None
         arm = cls(name, **kw)
-        if arm.quests < 2 or not 0.0 <= arm.grounded <= 1.0:
-            raise ValueError(f"--arm {text!r}: quests must be >= 2 and grounded in [0, 1]")
+        if arm.quests < 2 or not 0.0 <= arm.grounded <= 1.0 or not 0.0 <= arm.memory <= 1.0:
+            raise ValueError(f"--arm {text!r}: quests must be >= 2, grounded and memory in [0, 1]")
         return arm
 
 
@@ -116,8 +136,23 @@ def grounding_from_quests(rule_cfg: Config, house: GeneratedHouse, scenes: Mappi
 
     With 2 quests this is :func:`pipeline.policy.demos.house_grounding`'s text (a test keeps
     them equal); it differs only in playing every later quest, not the second alone."""
-    if len(house.quests) < 2:
+    return history_grounding(rule_cfg, house, *past_visits(rule_cfg, house, scenes))
+
+
+def history_grounding(rule_cfg: Config, house: GeneratedHouse, episodes: list[dict], turns: list[dict]) -> str | None:
+    """The merged grounding of ``house``'s past visits (:func:`past_visits`), or None."""
+    if not episodes:
         return None
+    text = scene_groundings(rule_cfg.grounding, episodes, turns).get(house.scene_id, "")
+    return text or None
+
+
+def past_visits(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
+    """The rule agent's episode and turn rows on quests 1..n-1 of ``house`` (its past visits:
+    what the grounding is taught on and, in a ``memory`` prompt, what the store holds of it);
+    ``([], [])`` for a one-quest house."""
+    if len(house.quests) < 2:
+        return [], []
     _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
     index: dict[str, int] = {}
     tasks = []
@@ -133,14 +168,41 @@ def grounding_from_quests(rule_cfg: Config, house: GeneratedHouse, scenes: Mappi
                    make_user=make_user, agent_name=str(rule_cfg.model.policy.rule_agent),
                    preference_in_success=rule_cfg.user.preference_in_success,
                    unknown_feedback=str(rule_cfg.grounding.unknown_type))
-    text = scene_groundings(rule_cfg.grounding, [r["episode"] for r in records],
-                            [t for r in records for t in r["turns"]]).get(house.scene_id, "")
-    return text or None
+    return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
+
+
+def house_memory(cfg: Config, memory: SceneMemory, episodes: list[dict], turns: list[dict]) -> SceneMemory:
+    """``memory`` with a house's past visits (:func:`past_visits`) added to its store, as
+    ``store`` builds entries from ``collect``'s episodes (same reader, same splits)."""
+    if not episodes:
+        return memory
+    splits = list(cfg.memory.store_splits) or None
+    added = build_entries(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg), splits=splits,
+                          config_hash=None)
+    store = EpisodicStore.from_entries(table_to_entries(memory.store.table) + list(added),
+                                       tie_seed=memory.store.tie_seed)
+    return replace(memory, store=store)
+
+
+def memory_variant(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
+                   grounding: str | None) -> Variant | None:
+    """The house's first quest under its grounding (None: none) and the exposed advisory
+    variant's block (``C2``: :func:`pipeline.policy.quality.exposed_variant`) built from
+    ``memory``; None when that block is empty (the gate withheld it)."""
+    name, _ = exposed_variant(cfg.demos)
+    mem = replace(memory, grounding={house.scene_id: grounding}) if grounding else memory
+    return next((v for v in prompt_variants(cfg, mem, house.row(0), organizer)
+                 if v.source == name and v.grounding == grounding), None)
 
 
 def _variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,
               house: GeneratedHouse, rule_cfg: Config, grounded: bool) -> list[Variant]:
     text = grounding_from_quests(rule_cfg, house, {**scenes, house.scene_id: house.spec}) if grounded else None
+    return _grounded_variants(cfg, memory, organizer, house, text)
+
+
+def _grounded_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
+                       text: str | None) -> list[Variant]:
     variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
                                house.row(0), organizer)
     return [v for v in variants if v.grounding is not None] if text else variants
@@ -155,13 +217,17 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     oracle = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
     out = []
     for house in training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=quests).houses(n):
-        grounded = _variants(cfg, scenes, memory, organizer, house, rule_cfg, True)
+        episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
+        text = history_grounding(rule_cfg, house, episodes, turns)
+        grounded = _grounded_variants(cfg, memory, organizer, house, text)
         plain = _variants(cfg, scenes, memory, organizer, house, rule_cfg, False) if "plain" in kinds else []
         picks = {"plain": next((v for v in plain if v.bare), None),
                  "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
-                 "oracle": next((v for v in grounded if v.source in oracle), None)}
+                 "oracle": next((v for v in grounded if v.source in oracle), None), "memory": None}
+        if "memory" in kinds and text is not None:  # paired with "grounded": the same grounding, and the block
+            picks["memory"] = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, text)
         out += [_task(cfg, organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
-                for k in KINDS if k in kinds and picks[k] is not None]
+                for k in ALL_KINDS if k in kinds and picks[k] is not None]
     return out
 
 
@@ -179,6 +245,15 @@ def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     out = []
     for i, house in enumerate(houses.houses(n) if n > 0 else []):
         grounded = crc_rng(cfg.seed, "dagger-grounding", round_, house.scene_id).random() < arm.grounded
+        # drawn only when the arm asks for it: the library's rounds (memory 0) keep their stream
+        if arm.memory > 0 and crc_rng(cfg.seed, "dagger-memory", round_, house.scene_id).random() < arm.memory:
+            episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
+            text = history_grounding(rule_cfg, house, episodes, turns) if grounded else None
+            v = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, text)
+            if v is not None:
+                out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}",
+                                 f"{v.name}+{VISITS}", house, v))
+                continue
         variants = _variants(cfg, scenes, memory, organizer, house, rule_cfg, grounded)
         v = variants[i % len(variants)]
         out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
@@ -197,17 +272,25 @@ def paired_table(results: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[st
     if plain:
         out["plain"] = {"won": sum(plain.values()), "n": len(plain)}
     for name, res in results.items():
-        for kind in ("grounded", "oracle"):
+        grounded = {tid.split("_", 2)[2]: won for tid, won in res.items() if tid.startswith("probe_grounded_")}
+        for kind in ("grounded", "oracle", "memory"):
             got = {tid.split("_", 2)[2]: won for tid, won in res.items() if tid.startswith(f"probe_{kind}_")}
             if not got:
                 continue
             missing = sorted(set(got) - set(plain))
             if missing:
                 raise ValueError(f"probe {name!r}: no plain episode for house(s) {missing[:3]}")
-            out[f"{name}_{kind}"] = {"won": sum(got.values()), "n": len(got),
-                                     "plain_won": sum(plain[h] for h in got),
-                                     "b": sum(got[h] and not plain[h] for h in got),
-                                     "c": sum(plain[h] and not got[h] for h in got)}
+            row = out[f"{name}_{kind}"] = {"won": sum(got.values()), "n": len(got),
+                                           "plain_won": sum(plain[h] for h in got),
+                                           "b": sum(got[h] and not plain[h] for h in got),
+                                           "c": sum(plain[h] and not got[h] for h in got)}
+            if kind == "memory":  # C2 vs C1: the same houses, the same grounding
+                missing = sorted(set(got) - set(grounded))
+                if missing:
+                    raise ValueError(f"probe {name!r}: no grounded episode for house(s) {missing[:3]}")
+                row.update(grounded_won=sum(grounded[h] for h in got),
+                           b_vs_grounded=sum(got[h] and not grounded[h] for h in got),
+                           c_vs_grounded=sum(grounded[h] and not got[h] for h in got))
     return out
 
 
@@ -244,7 +327,8 @@ class Study:
         self.probes = {"p2": probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses)}
         if probe_quests != 2:
             self.probes[f"p{probe_quests}"] = probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses,
-                                                          quests=probe_quests, kinds=("grounded", "oracle"))
+                                                          quests=probe_quests,
+                                                          kinds=("grounded", "oracle", "memory"))
 
     def units(self, model: Any, tokenizer: Any) -> tuple[list[Any], list[Any]]:
         """The demonstration units and the run's own DAgger label units, tokenized once: every
@@ -290,8 +374,9 @@ class Study:
         progress(f"{arm.name}: {len(curve)} steps in {train_s:.0f} s")
         t = time.perf_counter()
         results = self.probe(model, tok)
-        return {"arm": arm.name, "quests": arm.quests, "grounded": arm.grounded, "round": r, "houses": houses,
-                "grounded_houses": sum(x.variant.grounding is not None for x in tasks),
+        return {"arm": arm.name, "quests": arm.quests, "grounded": arm.grounded, "memory": arm.memory, "round": r,
+                "houses": houses, "grounded_houses": sum(x.variant.grounding is not None for x in tasks),
+                "memory_houses": sum(x.kind.endswith(f"+{VISITS}") for x in tasks),
                 "rollout": rollout_summary(rolls), "units": len(units), "replayed_units": len(replay),
                 "steps": len(curve), "final_loss": round(sum(c["loss"] for c in curve[-20:]) / max(1, len(curve[-20:])), 6),
                 "probe": paired_table(results), "results": results,
@@ -310,6 +395,9 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
             p = row["probe"].get(k)
             if p is None:
                 cells.append("")
+            elif "grounded_won" in p:
+                cells.append(f"{p['won']}/{p['n']} (grounded {p['grounded_won']}; b={p['b_vs_grounded']} "
+                             f"c={p['c_vs_grounded']})")
             elif "plain_won" in p:
                 cells.append(f"{p['won']}/{p['n']} (plain {p['plain_won']}; b={p['b']} c={p['c']})")
             else:
@@ -324,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.policy.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, default=None, help="the finished run (default: this project)")
-    ap.add_argument("--arm", action="append", help="NAME=quests=<int>,grounded=<share> (repeatable; default: the study's)")
+    ap.add_argument("--arm", action="append",
+                    help="NAME=quests=<int>,grounded=<share>,memory=<share> (repeatable; default: the study's)")
     ap.add_argument("--houses", type=int, default=None, help="houses in the round (default: policy.dagger_houses)")
     ap.add_argument("--probe-houses", type=int, default=96, help="held-out houses in each probe")
     ap.add_argument("--probe-quests", type=int, default=6, help="quests per house of the long-grounding probe")
