@@ -456,13 +456,22 @@ def options() -> dict[str, Any]:
     return json.loads(os.environ.get(OPTIONS_ENV) or "{}")
 
 
-def _last_scaling_details(path: Path, key: str) -> dict[str, Any] | None:
-    """The details of the last scaling run in ``path`` (results.json) that recorded ``key``."""
+def _last_scaling_run(path: Path, key: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """The details and meta of the last scaling run in ``path`` (results.json) that recorded
+    ``key`` (a kept run carries its own meta; the latest run's is the benchmark's)."""
     try:
-        runs = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]["runs"]
+        bench = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]
+        runs = bench["runs"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    return next((det for run in reversed(runs) if (det := run.get("details") or {}).get(key)), None)
+    return next(((det, run.get("meta") or bench.get("meta") or {}) for run in reversed(runs)
+                 if (det := run.get("details") or {}).get(key)), None)
+
+
+def _last_scaling_details(path: Path, key: str) -> dict[str, Any] | None:
+    """The details of the last scaling run in ``path`` (results.json) that recorded ``key``."""
+    found = _last_scaling_run(path, key)
+    return found[0] if found else None
 
 
 def previous_fractions(path: Path, key: str = "fractions") -> dict[str, float]:
@@ -476,18 +485,13 @@ def previous_measurement(path: Path) -> dict[str, Any] | None:
     """Where the fractions in ``path`` (results.json) were measured: the commit, date, cores
     and load of the last scaling run that measured them (carried on by a ``--skip-run``
     re-projection, which measures nothing), or None without one."""
-    try:
-        bench = json.loads(path.read_text(encoding="utf-8"))["benchmarks"]["scaling"]
-    except (OSError, ValueError, KeyError, TypeError):
+    found = _last_scaling_run(path, "fractions")
+    if found is None:
         return None
-    for run in reversed(bench.get("runs") or []):
-        det = run.get("details") or {}
-        if det.get("fractions"):
-            if det.get("measured_at"):
-                return dict(det["measured_at"])
-            meta = run.get("meta") or bench.get("meta") or {}
-            return {k: meta.get(k) for k in ("git", "date", "cores", "load_average")}
-    return None
+    det, meta = found
+    if det.get("measured_at"):
+        return dict(det["measured_at"])
+    return {k: meta.get(k) for k in ("git", "date", "cores", "load_average")}
 
 
 def previous_experiment(path: Path) -> str | None:
@@ -519,12 +523,13 @@ def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> 
     cpu_fractions: dict[str, float | None] = {}
     mismatches: list[str] = []
     if opts.get("skip_run"):
-        details["experiment"] = previous_experiment(Path(opts.get("previous") or RESULTS))
-        fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS)))
-        cpu_fractions = dict(previous_fractions(Path(opts.get("previous") or RESULTS), key="cpu_fractions"))
-        details["fractions_from"] = str(opts.get("previous") or RESULTS)
+        previous = Path(opts.get("previous") or RESULTS)
+        details["experiment"] = previous_experiment(previous)
+        fractions = dict(previous_fractions(previous))
+        cpu_fractions = dict(previous_fractions(previous, key="cpu_fractions"))
+        details["fractions_from"] = str(previous)
         # the README line quotes this run's commit and date: it must say the fractions are older
-        details["measured_at"] = previous_measurement(Path(opts.get("previous") or RESULTS))
+        details["measured_at"] = previous_measurement(previous)
     else:
         if 1 not in counts or len(counts) < 2:
             raise ValueError(f"--counts {counts}: needs 1 and at least one larger count")

@@ -195,14 +195,10 @@ def memory_variant(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer,
                  if v.source == name and v.grounding == grounding), None)
 
 
-def _variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,
-              house: GeneratedHouse, rule_cfg: Config, grounded: bool) -> list[Variant]:
-    text = grounding_from_quests(rule_cfg, house, {**scenes, house.scene_id: house.spec}) if grounded else None
-    return _grounded_variants(cfg, memory, organizer, house, text)
-
-
 def _grounded_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
                        text: str | None) -> list[Variant]:
+    """The house's prompt variants under its grounding ``text`` (only the grounded ones then), or
+    all of them without one (:func:`pipeline.policy.dagger._house_variants`' rule)."""
     variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
                                house.row(0), organizer)
     return [v for v in variants if v.grounding is not None] if text else variants
@@ -220,7 +216,7 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
         episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
         text = history_grounding(rule_cfg, house, episodes, turns)
         grounded = _grounded_variants(cfg, memory, organizer, house, text)
-        plain = _variants(cfg, scenes, memory, organizer, house, rule_cfg, False) if "plain" in kinds else []
+        plain = _grounded_variants(cfg, memory, organizer, house, None) if "plain" in kinds else []
         picks = {"plain": next((v for v in plain if v.bare), None),
                  "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
                  "oracle": next((v for v in grounded if v.source in oracle), None), "memory": None}
@@ -246,15 +242,17 @@ def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     for i, house in enumerate(houses.houses(n) if n > 0 else []):
         grounded = crc_rng(cfg.seed, "dagger-grounding", round_, house.scene_id).random() < arm.grounded
         # drawn only when the arm asks for it: the library's rounds (memory 0) keep their stream
-        if arm.memory > 0 and crc_rng(cfg.seed, "dagger-memory", round_, house.scene_id).random() < arm.memory:
-            episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
-            text = history_grounding(rule_cfg, house, episodes, turns) if grounded else None
+        visits = arm.memory > 0 and crc_rng(cfg.seed, "dagger-memory", round_, house.scene_id).random() < arm.memory
+        episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec}) \
+            if grounded or visits else ([], [])
+        text = history_grounding(rule_cfg, house, episodes, turns) if grounded else None
+        if visits:
             v = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, text)
             if v is not None:
                 out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}",
                                  f"{v.name}+{VISITS}", house, v))
                 continue
-        variants = _variants(cfg, scenes, memory, organizer, house, rule_cfg, grounded)
+        variants = _grounded_variants(cfg, memory, organizer, house, text)
         v = variants[i % len(variants)]
         out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
     return out
@@ -272,9 +270,10 @@ def paired_table(results: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[st
     if plain:
         out["plain"] = {"won": sum(plain.values()), "n": len(plain)}
     for name, res in results.items():
-        grounded = {tid.split("_", 2)[2]: won for tid, won in res.items() if tid.startswith("probe_grounded_")}
-        for kind in ("grounded", "oracle", "memory"):
-            got = {tid.split("_", 2)[2]: won for tid, won in res.items() if tid.startswith(f"probe_{kind}_")}
+        by_kind = {kind: {tid.split("_", 2)[2]: won for tid, won in res.items() if tid.startswith(f"probe_{kind}_")}
+                   for kind in ("grounded", "oracle", "memory")}
+        grounded = by_kind["grounded"]
+        for kind, got in by_kind.items():
             if not got:
                 continue
             missing = sorted(set(got) - set(plain))
