@@ -43,7 +43,7 @@ def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, 
 
 def test_longer_grounding_merges_the_later_quests_of_the_same_houses(cfg, tiny_games):  # noqa: F811
     from pipeline.policy.demos import house_grounding, rule_agent_config, training_houses
-    from pipeline.policy.study import grounding_from_quests
+    from pipeline.policy.dagger import grounding_from_quests
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
     rule_cfg = rule_agent_config(cfg)
@@ -93,7 +93,8 @@ def test_a_held_out_houses_past_visits_reach_its_memory_block(cfg, tiny_games, m
     """The ``memory`` probe: the grounded prompt of the same house plus the C2 block, built from a
     store that holds the rule agent's episodes of the house's later quests: the block says what
     this house held, which the run's store (other houses only) cannot."""
-    from pipeline.policy.study import house_memory, past_visits, probe_tasks
+    from pipeline.policy.dagger import past_visits
+    from pipeline.policy.study import house_memory, probe_tasks
     from pipeline.policy.demos import rule_agent_config, training_houses
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
