@@ -41,6 +41,28 @@ def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, 
     assert sum(bool(t.variant.grounding) for t in everyone) >= sum(bool(t.variant.grounding) for t in library)
 
 
+def test_the_librarys_third_round_is_the_studys_six_quest_arm(cfg, tiny_games, memory):  # noqa: F811
+    """``dagger_quests: [2, 2, 6]``: rounds 0 and 1 are the 2-quest rounds they were, round 2 (and
+    any later one) plays 6-quest houses exactly as the study's ``quests=6`` arm did."""
+    from pipeline.policy.dagger import dagger_tasks, round_quests
+    from pipeline.policy.study import Arm, round_tasks
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    lib = OmegaConf.merge(cfg, {"model": {"policy": {"dagger_quests": [2, 2, 6]}}})
+    two = OmegaConf.merge(cfg, {"model": {"policy": {"dagger_quests": [2]}}})
+    assert [round_quests(lib, r) for r in range(5)] == [2, 2, 6, 6, 6]
+    assert _ids(dagger_tasks(lib, rows, scenes, memory, 1, 4)) == _ids(dagger_tasks(two, rows, scenes, memory, 1, 4))
+    third = dagger_tasks(lib, rows, scenes, memory, 2, 4)
+    assert all(len(t.house.quests) == 6 for t in third)
+    arm = Arm("rounds6", quests=6, grounded=float(cfg.model.policy.generated_grounding))
+    assert _ids(third) == _ids(round_tasks(lib, rows, scenes, memory, 2, 4, arm))
+    short = dagger_tasks(OmegaConf.merge(cfg, {"model": {"policy": {"dagger_quests": [2]}}}), rows, scenes, memory, 2, 4)
+    assert [t.row["objective"] for t in short] == [t.row["objective"] for t in third]  # the same first quests
+    grounded = [(a.variant.grounding, b.variant.grounding) for a, b in zip(short, third)
+                if a.variant.grounding and b.variant.grounding]
+    assert any(len(b.splitlines()) > len(a.splitlines()) for a, b in grounded)
+
+
 def test_longer_grounding_merges_the_later_quests_of_the_same_houses(cfg, tiny_games):  # noqa: F811
     from pipeline.policy.demos import house_grounding, rule_agent_config, training_houses
     from pipeline.policy.dagger import grounding_from_quests
