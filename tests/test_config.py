@@ -109,8 +109,6 @@ def test_unknown_group_option_names_it(repo: Path, override: str, group: str):
         ("env.heldout_scenes", 12, "env.heldout_scenes=12"),
         ("model.prompt_cache_mb", -1, ">= 0"),
         ("model.prompt_cache_mb", "lots", "or auto"),
-        ("model.policy.dagger_quests", [2, 1], "each an integer >= 2"),
-        ("model.policy.dagger_quests", [], "a non-empty list"),
     ],
 )
 def test_range_validation_names_key_and_value(key: str, value, expected: str):

@@ -26,6 +26,19 @@ def test_probe_tasks_at_two_quests_are_the_episode_probes(cfg, tiny_games, memor
     assert lib and _ids(probe_tasks(cfg, rows, scenes, memory, 3)) == _ids(lib)
 
 
+def test_a_skipped_probe_sample_is_the_held_out_streams_next_houses(cfg, tiny_games, memory):  # noqa: F811
+    """``--probe-skip``: a confirmation's fresh sample is the held-out houses after the first ones,
+    none of them shared with the sample the study decided on."""
+    from pipeline.policy.study import probe_tasks
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    first, fresh = probe_tasks(cfg, rows, scenes, memory, 2), probe_tasks(cfg, rows, scenes, memory, 1, skip=2)
+    both = probe_tasks(cfg, rows, scenes, memory, 3)
+    houses = lambda ts: [t.house.scene_id for t in ts]  # noqa: E731
+    assert fresh and not set(houses(fresh)) & set(houses(first))
+    assert _ids(both) == _ids(first) + _ids(fresh)
+
+
 def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, memory):  # noqa: F811
     from pipeline.policy.dagger import dagger_tasks
     from pipeline.policy.study import Arm, round_tasks
@@ -41,31 +54,9 @@ def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, 
     assert sum(bool(t.variant.grounding) for t in everyone) >= sum(bool(t.variant.grounding) for t in library)
 
 
-def test_the_librarys_third_round_is_the_studys_six_quest_arm(cfg, tiny_games, memory):  # noqa: F811
-    """``dagger_quests: [2, 2, 6]``: rounds 0 and 1 are the 2-quest rounds they were, round 2 (and
-    any later one) plays 6-quest houses exactly as the study's ``quests=6`` arm did."""
-    from pipeline.policy.dagger import dagger_tasks, round_quests
-    from pipeline.policy.study import Arm, round_tasks
-
-    rows, scenes = tiny_games.rows, tiny_games.scenes
-    lib = OmegaConf.merge(cfg, {"model": {"policy": {"dagger_quests": [2, 2, 6]}}})
-    two = OmegaConf.merge(cfg, {"model": {"policy": {"dagger_quests": [2]}}})
-    assert [round_quests(lib, r) for r in range(5)] == [2, 2, 6, 6, 6]
-    assert _ids(dagger_tasks(lib, rows, scenes, memory, 1, 4)) == _ids(dagger_tasks(two, rows, scenes, memory, 1, 4))
-    third = dagger_tasks(lib, rows, scenes, memory, 2, 4)
-    assert all(len(t.house.quests) == 6 for t in third)
-    arm = Arm("rounds6", quests=6, grounded=float(cfg.model.policy.generated_grounding))
-    assert _ids(third) == _ids(round_tasks(lib, rows, scenes, memory, 2, 4, arm))
-    short = dagger_tasks(OmegaConf.merge(cfg, {"model": {"policy": {"dagger_quests": [2]}}}), rows, scenes, memory, 2, 4)
-    assert [t.row["objective"] for t in short] == [t.row["objective"] for t in third]  # the same first quests
-    grounded = [(a.variant.grounding, b.variant.grounding) for a, b in zip(short, third)
-                if a.variant.grounding and b.variant.grounding]
-    assert any(len(b.splitlines()) > len(a.splitlines()) for a, b in grounded)
-
-
 def test_longer_grounding_merges_the_later_quests_of_the_same_houses(cfg, tiny_games):  # noqa: F811
     from pipeline.policy.demos import house_grounding, rule_agent_config, training_houses
-    from pipeline.policy.dagger import grounding_from_quests
+    from pipeline.policy.study import grounding_from_quests
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
     rule_cfg = rule_agent_config(cfg)
@@ -115,8 +106,7 @@ def test_a_held_out_houses_past_visits_reach_its_memory_block(cfg, tiny_games, m
     """The ``memory`` probe: the grounded prompt of the same house plus the C2 block, built from a
     store that holds the rule agent's episodes of the house's later quests: the block says what
     this house held, which the run's store (other houses only) cannot."""
-    from pipeline.policy.dagger import past_visits
-    from pipeline.policy.study import house_memory, probe_tasks
+    from pipeline.policy.study import house_memory, past_visits, probe_tasks
     from pipeline.policy.demos import rule_agent_config, training_houses
 
     rows, scenes = tiny_games.rows, tiny_games.scenes

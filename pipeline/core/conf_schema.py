@@ -558,22 +558,13 @@ class PolicyConfig:
     """Warm-up steps."""
     weight_decay: float = checked(0.0, positive(zero=True))
     """AdamW weight decay of the matrices."""
-    dagger_rounds: int = checked(3, at_least(0, " (0: none)"))
+    dagger_rounds: int = checked(2, at_least(0, " (0: none)"))
     """Rounds of learning from its own mistakes after the demonstrations (``pipeline.policy.dagger``): the model
     plays ``dagger_houses`` generated houses of the round's own seed stream, the knowledge-limited expert labels
     every state it reaches, and the model is trained on every round's labels so far plus as many demonstration
-    units (``dagger_replay``) for ``dagger_epochs`` at ``dagger_lr`` (0: none). 2 was chosen on the whole-episode
+    units (``dagger_replay``) for ``dagger_epochs`` at ``dagger_lr`` (0: none). 2: chosen on the whole-episode
     probe's held-out houses (plain / own grounding / verified plan 0.08 / 0.00 / 0.52 after the demonstrations,
-    0.23 / 0.12 / 0.54 after two rounds); the third, of 6-quest houses (``dagger_quests``), on the memory probe
-    (docs/policy.md)."""
-    dagger_quests: List[int] = field(default_factory=lambda: [2, 2, 6], metadata={CHECKS: (
-        lambda v: unless(len(v) >= 1 and all(isinstance(q, int) and q >= 2 for q in v),
-                         "a non-empty list of quests per house, each an integer >= 2"),)})
-    """Quests per generated house in each DAgger round (round ``r``: entry ``r``, the last entry for every later
-    round). A grounded house's grounding is what the simulated user taught the rule agent on all its quests but
-    the first (the one played): 2 is one other quest (~5 lines), 6 five (as long as an eval scene's merged
-    grounding, and mostly about other quests). [2, 2, 6]: the third round's longer groundings lifted the held-out
-    memory probe (docs/policy.md)."""
+    0.23 / 0.12 / 0.54 after two rounds; docs/policy.md)."""
     dagger_houses: int = checked(400, at_least(1))
     """Generated houses (one episode each, a prompt variant in turn) the model plays per DAgger round."""
     dagger_replay: float = checked(1.0, positive(zero=True))

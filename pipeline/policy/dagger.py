@@ -34,14 +34,13 @@ fixed by ``agent.batch_size``, decoding is greedy, the houses are drawn by index
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from omegaconf import OmegaConf
 
 from pipeline.agents.llm import LLMAgent, render_response
 from pipeline.core.conf_schema import Config
-from pipeline.core.seeding import crc_rng, derive_seed, task_seed
+from pipeline.core.seeding import crc_rng, derive_seed
 from pipeline.envs import scene_preferences
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
 from pipeline.llm.backends import TransformersBackend
@@ -52,14 +51,12 @@ from pipeline.policy.demos import (
     Variant,
     freeze_prompt,
     house_env,
+    house_grounding,
     prompt_variants,
     rule_agent_config,
-    scene_groundings,
 )
 from pipeline.policy.expert import BeliefExpert, read_knowledge
 from pipeline.prompts import PromptOrganizer
-from pipeline.session.collection import make_factories
-from pipeline.session.rollout import Task, format_episode_id, play
 
 
 @dataclass
@@ -95,64 +92,14 @@ def rollout_config(cfg: Config) -> Config:
     return OmegaConf.merge(cfg, {"sampling": {"do_sample": False}, "model": {"cache_dir": None}})
 
 
-def house_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
-                   text: str | None) -> list[Variant]:
-    """The house's prompt variants (:func:`pipeline.policy.demos.prompt_variants`) under its
-    grounding ``text`` (only the grounded ones then, as ``house_demo`` does), or all of them
-    without one (None)."""
-    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
-                               house.row(0), organizer)
-    return [v for v in variants if v.grounding is not None] if text else variants
-
-
 def _house_variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,
                     house: GeneratedHouse, rule_cfg: Config, grounded: bool) -> list[Variant]:
-    """:func:`house_variants` with the house's own grounding (:func:`grounding_from_quests`: all
-    its later quests) when ``grounded``."""
-    text = grounding_from_quests(rule_cfg, house, {**scenes, house.scene_id: house.spec}) if grounded else None
-    return house_variants(cfg, memory, organizer, house, text)
-
-
-def grounding_from_quests(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> str | None:
-    """What the simulated user taught the rule agent on quests 1..n-1 of ``house``, merged
-    (a DAgger round's grounding of its ``dagger_quests``-quest houses; the study's longer
-    probe groundings). None: one quest, or no feedback.
-
-    With 2 quests this is :func:`pipeline.policy.demos.house_grounding`'s text (a test keeps
-    them equal); it differs only in playing every later quest, not the second alone."""
-    return history_grounding(rule_cfg, house, *past_visits(rule_cfg, house, scenes))
-
-
-def history_grounding(rule_cfg: Config, house: GeneratedHouse, episodes: list[dict], turns: list[dict]) -> str | None:
-    """The merged grounding of ``house``'s past visits (:func:`past_visits`), or None."""
-    if not episodes:
-        return None
-    text = scene_groundings(rule_cfg.grounding, episodes, turns).get(house.scene_id, "")
-    return text or None
-
-
-def past_visits(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
-    """The rule agent's episode and turn rows on quests 1..n-1 of ``house`` (its past visits:
-    what the grounding is taught on and, in a ``memory`` prompt, what the store holds of it);
-    ``([], [])`` for a one-quest house."""
-    if len(house.quests) < 2:
-        return [], []
-    _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
-    index: dict[str, int] = {}
-    tasks = []
-    for k in range(1, len(house.quests)):
-        row = house.row(k)
-        index[row["quest_id"]] = k
-        tasks.append(Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
-                          scene_id=house.scene_id, quest_id=row["quest_id"], split="train",
-                          objective=row["objective"], game_file="", expert_plan=list(row["expert_plan"]),
-                          preferences=list(row["preferences"]),
-                          seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0)))
-    records = play(tasks, make_env=lambda t: house_env(rule_cfg, house, index[t.quest_id]), make_agent=make_agent,
-                   make_user=make_user, agent_name=str(rule_cfg.model.policy.rule_agent),
-                   preference_in_success=rule_cfg.user.preference_in_success,
-                   unknown_feedback=str(rule_cfg.grounding.unknown_type))
-    return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
+    """The house's prompt variants (:func:`pipeline.policy.demos.prompt_variants`), with its
+    own grounding when ``grounded`` (only the grounded ones then, as ``house_demo`` does)."""
+    text = house_grounding(rule_cfg, house, {**scenes, house.scene_id: house.spec}) if grounded else None
+    house_memory = replace(memory, grounding={house.scene_id: text}) if text else memory
+    variants = prompt_variants(cfg, house_memory, house.row(0), organizer)
+    return [v for v in variants if v.grounding is not None] if text else variants
 
 
 def _task(cfg: Config, organizer: PromptOrganizer, task_id: str, kind: str, house: GeneratedHouse,
@@ -162,21 +109,13 @@ def _task(cfg: Config, organizer: PromptOrganizer, task_id: str, kind: str, hous
     return HouseTask(task_id, kind, house, row, variant, prompt)
 
 
-def round_quests(cfg: Config, round_: int) -> int:
-    """Quests per house of round ``round_``'s houses: ``policy.dagger_quests[round_]``, its last
-    entry for every later round."""
-    quests = list(cfg.model.policy.dagger_quests)
-    return int(quests[min(round_, len(quests) - 1)])
-
-
 def dagger_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], round_: int,
-                  n: int, quests: int = 2) -> list[GeneratedHouse]:
-    """Round ``round_``'s ``n`` houses of ``quests`` quests: their own seed stream
-    (``derive_seed(seed, "dagger", round)``; a house's first quest does not depend on
-    ``quests``), never an eval scene's layout or an eval quest's objective."""
+                  n: int) -> list[GeneratedHouse]:
+    """Round ``round_``'s ``n`` houses: their own seed stream (``derive_seed(seed, "dagger",
+    round)``), never an eval scene's layout or an eval quest's objective."""
     eval_scenes = {r["scene_id"] for r in manifest if r["split"] != "train"}
     houses = GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "dagger", round_), base=cfg.env,
-                             quests_per_house=quests, preferences_per_scene=cfg.user.preferences_per_scene,
+                             quests_per_house=2, preferences_per_scene=cfg.user.preferences_per_scene,
                              exclude=[layout_key(scenes[s]) for s in sorted(eval_scenes) if s in scenes],
                              exclude_objectives={r["objective"] for r in manifest if r["split"] != "train"})
     return houses.houses(n) if n > 0 else []
@@ -184,15 +123,13 @@ def dagger_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Ma
 
 def dagger_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                  memory: SceneMemory, round_: int, n: int) -> list[HouseTask]:
-    """One task per house of round ``round_`` (of :func:`round_quests` quests): a share
-    ``policy.generated_grounding`` of the houses (drawn per house) carry their own grounding
-    (what the user taught on all their later quests: the longer it is, the more it is about
-    other quests, as an eval scene's merged grounding is); the variant is the house's index
+    """One task per house of round ``round_``: a share ``policy.generated_grounding`` of the
+    houses (drawn per house) carry their own grounding; the variant is the house's index
     modulo the number of variants (plain / each advisory, grounded or not)."""
     organizer = PromptOrganizer.from_config(cfg)
     rule_cfg = rule_agent_config(cfg)
     out = []
-    for i, house in enumerate(dagger_houses(cfg, manifest, scenes, round_, n, round_quests(cfg, round_))):
+    for i, house in enumerate(dagger_houses(cfg, manifest, scenes, round_, n)):
         grounded = crc_rng(cfg.seed, "dagger-grounding", round_, house.scene_id).random() \
             < cfg.model.policy.generated_grounding
         variants = _house_variants(cfg, scenes, memory, organizer, house, rule_cfg, grounded)

@@ -69,9 +69,6 @@ from pipeline.memory import EpisodicStore, build_entries, table_to_entries
 from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
     HouseTask,
     _task,
-    history_grounding,
-    house_variants,
-    past_visits,
     rollout_config,
     rollout_summary,
     turn_units,
@@ -134,6 +131,46 @@ class Arm:
         return arm
 
 
+def grounding_from_quests(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> str | None:
+    """What the simulated user taught the rule agent on quests 1..n-1 of ``house``, merged.
+
+    With 2 quests this is :func:`pipeline.policy.demos.house_grounding`'s text (a test keeps
+    them equal); it differs only in playing every later quest, not the second alone."""
+    return history_grounding(rule_cfg, house, *past_visits(rule_cfg, house, scenes))
+
+
+def history_grounding(rule_cfg: Config, house: GeneratedHouse, episodes: list[dict], turns: list[dict]) -> str | None:
+    """The merged grounding of ``house``'s past visits (:func:`past_visits`), or None."""
+    if not episodes:
+        return None
+    text = scene_groundings(rule_cfg.grounding, episodes, turns).get(house.scene_id, "")
+    return text or None
+
+
+def past_visits(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
+    """The rule agent's episode and turn rows on quests 1..n-1 of ``house`` (its past visits:
+    what the grounding is taught on and, in a ``memory`` prompt, what the store holds of it);
+    ``([], [])`` for a one-quest house."""
+    if len(house.quests) < 2:
+        return [], []
+    _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
+    index: dict[str, int] = {}
+    tasks = []
+    for k in range(1, len(house.quests)):
+        row = house.row(k)
+        index[row["quest_id"]] = k
+        tasks.append(Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
+                          scene_id=house.scene_id, quest_id=row["quest_id"], split="train",
+                          objective=row["objective"], game_file="", expert_plan=list(row["expert_plan"]),
+                          preferences=list(row["preferences"]),
+                          seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0)))
+    records = play(tasks, make_env=lambda t: house_env(rule_cfg, house, index[t.quest_id]), make_agent=make_agent,
+                   make_user=make_user, agent_name=str(rule_cfg.model.policy.rule_agent),
+                   preference_in_success=rule_cfg.user.preference_in_success,
+                   unknown_feedback=str(rule_cfg.grounding.unknown_type))
+    return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
+
+
 def house_memory(cfg: Config, memory: SceneMemory, episodes: list[dict], turns: list[dict]) -> SceneMemory:
     """``memory`` with a house's past visits (:func:`past_visits`) added to its store, as
     ``store`` builds entries from ``collect``'s episodes (same reader, same splits)."""
@@ -158,6 +195,15 @@ def memory_variant(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer,
                  if v.source == name and v.grounding == grounding), None)
 
 
+def _grounded_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
+                       text: str | None) -> list[Variant]:
+    """The house's prompt variants under its grounding ``text`` (only the grounded ones then), or
+    all of them without one (:func:`pipeline.policy.dagger._house_variants`' rule)."""
+    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
+                               house.row(0), organizer)
+    return [v for v in variants if v.grounding is not None] if text else variants
+
+
 def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
                 n: int, *, quests: int = 2, kinds: Sequence[str] = KINDS, skip: int = 0) -> list[HouseTask]:
     """The whole-episode probe's tasks (:meth:`pipeline.policy.dagger.EpisodeProbe.build`'s for
@@ -170,8 +216,8 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     for house in training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=quests).houses(skip + n)[skip:]:
         episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
         text = history_grounding(rule_cfg, house, episodes, turns)
-        grounded = house_variants(cfg, memory, organizer, house, text)
-        plain = house_variants(cfg, memory, organizer, house, None) if "plain" in kinds else []
+        grounded = _grounded_variants(cfg, memory, organizer, house, text)
+        plain = _grounded_variants(cfg, memory, organizer, house, None) if "plain" in kinds else []
         picks = {"plain": next((v for v in plain if v.bare), None),
                  "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
                  "oracle": next((v for v in grounded if v.source in oracle), None), "memory": None}
@@ -207,7 +253,7 @@ def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
                 out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}",
                                  f"{v.name}+{VISITS}", house, v))
                 continue
-        variants = house_variants(cfg, memory, organizer, house, text)
+        variants = _grounded_variants(cfg, memory, organizer, house, text)
         v = variants[i % len(variants)]
         out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
     return out
