@@ -11,8 +11,8 @@ from pipeline.core.seeding import task_rng
 from pipeline.memory.advisory import (
     AdvisoryBuilder,
     advisory_type_for,
-    compose_message,
     bundle_label_hints,
+    compose_message,
     find_label_hints,
     task_answer,
 )
@@ -65,6 +65,6 @@ __all__ = [
     "ProvenanceV1_1", "RetrievalHit", "RetrievalIndex", "Retriever", "STORE_SCHEMA", "SignatureBuilder",
     "StageSnapshotV1_1", "advisory_type_for", "build_entries", "build_entry", "build_memory_slot",
     "check_condition", "compose_message", "content_hash", "draw_placebo", "entries_to_table", "export_jsonl",
-    "bundle_label_hints", "find_label_hints", "load_store", "merge_slot", "retrieve_loop", "should_inject_advisory_with_reason",
-    "table_to_entries", "task_answer", "task_rng", "tokenize", "write_store",
+    "bundle_label_hints", "find_label_hints", "load_store", "merge_slot", "retrieve_loop",
+    "should_inject_advisory_with_reason", "table_to_entries", "task_answer", "task_rng", "tokenize", "write_store",
 ]

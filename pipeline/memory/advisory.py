@@ -414,13 +414,11 @@ class AdvisoryBuilder:
         for hit in hits:
             entry, relevance = (hit.entry, hit.relevance) if hasattr(hit, "entry") else hit
             adv = self.build(entry, relevance, recall)
-            alone = find_label_hints(adv.message, ground_truth=query_ground_truth, expert_plan=query_expert_plan,
-                                     min_commands=self.label_hint_min_commands)
-            together = alone or bundle_label_hints([a.message for a in advisories] + [adv.message],
-                                                   ground_truth=query_ground_truth, expert_plan=query_expert_plan,
-                                                   min_commands=self.label_hint_min_commands)
-            if together:
+            answer = {"ground_truth": query_ground_truth, "expert_plan": query_expert_plan,
+                      "min_commands": self.label_hint_min_commands}
+            if bundle_label_hints([a.message for a in advisories] + [adv.message], **answer):
                 # The hint itself is not repeated: warnings are shown to the model with the bundle.
+                alone = find_label_hints(adv.message, **answer)  # only to word the warning
                 source = adv.evidence.source_episode_ids[0]
                 warnings.append(f"label_hint: {adv.advisory_id} from {source} dropped"
                                 + ("" if alone else " (with the advisories before it)"))

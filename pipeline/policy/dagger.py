@@ -92,14 +92,21 @@ def rollout_config(cfg: Config) -> Config:
     return OmegaConf.merge(cfg, {"sampling": {"do_sample": False}, "model": {"cache_dir": None}})
 
 
+def house_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
+                   text: str | None) -> list[Variant]:
+    """The house's prompt variants (:func:`pipeline.policy.demos.prompt_variants`) under its
+    grounding ``text`` (only the grounded ones then, as ``house_demo`` does), or all of them
+    without one (None)."""
+    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
+                               house.row(0), organizer)
+    return [v for v in variants if v.grounding is not None] if text else variants
+
+
 def _house_variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,
                     house: GeneratedHouse, rule_cfg: Config, grounded: bool) -> list[Variant]:
-    """The house's prompt variants (:func:`pipeline.policy.demos.prompt_variants`), with its
-    own grounding when ``grounded`` (only the grounded ones then, as ``house_demo`` does)."""
+    """:func:`house_variants` with the house's own grounding when ``grounded``."""
     text = house_grounding(rule_cfg, house, {**scenes, house.scene_id: house.spec}) if grounded else None
-    house_memory = replace(memory, grounding={house.scene_id: text}) if text else memory
-    variants = prompt_variants(cfg, house_memory, house.row(0), organizer)
-    return [v for v in variants if v.grounding is not None] if text else variants
+    return house_variants(cfg, memory, organizer, house, text)
 
 
 def _task(cfg: Config, organizer: PromptOrganizer, task_id: str, kind: str, house: GeneratedHouse,

@@ -69,6 +69,7 @@ from pipeline.memory import EpisodicStore, build_entries, table_to_entries
 from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
     HouseTask,
     _task,
+    house_variants,
     rollout_config,
     rollout_summary,
     turn_units,
@@ -195,15 +196,6 @@ def memory_variant(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer,
                  if v.source == name and v.grounding == grounding), None)
 
 
-def _grounded_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
-                       text: str | None) -> list[Variant]:
-    """The house's prompt variants under its grounding ``text`` (only the grounded ones then), or
-    all of them without one (:func:`pipeline.policy.dagger._house_variants`' rule)."""
-    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
-                               house.row(0), organizer)
-    return [v for v in variants if v.grounding is not None] if text else variants
-
-
 def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
                 n: int, *, quests: int = 2, kinds: Sequence[str] = KINDS, skip: int = 0) -> list[HouseTask]:
     """The whole-episode probe's tasks (:meth:`pipeline.policy.dagger.EpisodeProbe.build`'s for
@@ -216,8 +208,8 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     for house in training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=quests).houses(skip + n)[skip:]:
         episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
         text = history_grounding(rule_cfg, house, episodes, turns)
-        grounded = _grounded_variants(cfg, memory, organizer, house, text)
-        plain = _grounded_variants(cfg, memory, organizer, house, None) if "plain" in kinds else []
+        grounded = house_variants(cfg, memory, organizer, house, text)
+        plain = house_variants(cfg, memory, organizer, house, None) if "plain" in kinds else []
         picks = {"plain": next((v for v in plain if v.bare), None),
                  "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
                  "oracle": next((v for v in grounded if v.source in oracle), None), "memory": None}
@@ -253,7 +245,7 @@ def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
                 out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}",
                                  f"{v.name}+{VISITS}", house, v))
                 continue
-        variants = _grounded_variants(cfg, memory, organizer, house, text)
+        variants = house_variants(cfg, memory, organizer, house, text)
         v = variants[i % len(variants)]
         out.append(_task(cfg, organizer, f"{DemoKind.dagger.prefix}{round_:02d}_{house.scene_id}", v.name, house, v))
     return out
