@@ -223,5 +223,10 @@ def test_gee_check_answers_or_says_why_not():
 
     assert gee_check([True] * 4, [True] * 4, ["a", "a", "b", "b"])["reason"] == "every outcome is the same"
     assert gee_check([True, False], [False, False], ["a", "a"])["estimable"] is False
+    # Identical pairs: a coefficient of 0 with a robust variance of 0, whose p-value would be
+    # rounding noise (it differed between two runs of the same bytes) - said, not reported.
+    same = [True, False, False, True, False, False, True, False, False, False, True, False] * 3
+    assert gee_check(same, same, list("abcdefghijkl") * 3) == {
+        "estimable": False, "reason": "no discordant pair: the same outcome in every pair", "clusters": 12}
     g = gee_check([1, 0, 1, 1, 0, 1, 1, 0], [0, 0, 1, 0, 0, 0, 1, 0], list("aabbccdd"))
     assert g["estimable"] and g["log_odds"] > 0 and 0 <= g["p_value"] <= 1 and g["clusters"] == 4

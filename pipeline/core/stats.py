@@ -274,6 +274,11 @@ def gee_check(treatment: Sequence[bool], control: Sequence[bool], clusters: Sequ
         return {"estimable": False, "reason": f"{n_clusters} cluster(s): needs at least 2", "clusters": n_clusters}
     if y.size == 0 or y.min() == y.max():
         return {"estimable": False, "reason": "every outcome is the same", "clusters": n_clusters}
+    if all(bool(t) == bool(c) for t, c in zip(treatment, control, strict=True)):
+        # The coefficient is 0 and its robust variance 0: statsmodels returns a p-value of 0/0
+        # rounding (0.64 on one run, 0.07 on a rerun of the same bytes), or NaN.
+        return {"estimable": False, "reason": "no discordant pair: the same outcome in every pair",
+                "clusters": n_clusters}
     import warnings
 
     import statsmodels.api as sm  # deferred: heavy optional dependency (statsmodels)
