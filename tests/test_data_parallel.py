@@ -26,11 +26,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # sha256 of the weights (state_dict, by name) + the loss curve (JSON) that the code before
 # micro-batches gave for SCRIPT's "old" run (episodes_per_batch 4, threads 1, numerics pinned),
-# per x86-64 level: the pin reproduces bytes within a level, not across (docs/reproducibility.md).
-# v4: recorded on an AMD EPYC with AVX-512 with 6e9581d's `train`; v3: 6e9581d's `train` run
-# on an AVX2-only AMD EPYC (2026-11-28), where the code after micro-batches gives the same hash.
-OLD_TRAIN_SHA256 = {"x86-64-v4": "a4738d9edef1e0715797fd22052fd2ab2baeba822d9219d94028623382bea716",
-                    "x86-64-v3": "5e1951ccae83d391f2b0ea77d991102b9579513cb0cdd590b340dd6e6c6b3d0e"}
+# on each machine it was measured on. Not one per x86-64 level: an AMD EPYC with AVX-512 gave
+# a4738d9e, an AVX2-only AMD EPYC 5e1951cc (both with 6e9581d's `train`), and a second AMD EPYC
+# with AVX-512 (avx512_bf16, 2026-11-29) gives 5e1951cc, the AVX2 machine's; the cause of the
+# first machine's difference is not found (docs/reproducibility.md#not-guaranteed). Any third
+# hash is a change of the training's floats.
+OLD_TRAIN_SHA256 = {
+    "5e1951ccae83d391f2b0ea77d991102b9579513cb0cdd590b340dd6e6c6b3d0e":
+        "an AVX2-only AMD EPYC (x86-64-v3, 2026-11-28; 6e9581d's train and this code); "
+        "an AMD EPYC with AVX-512 and avx512_bf16 (x86-64-v4, 2026-11-29)",
+    "a4738d9edef1e0715797fd22052fd2ab2baeba822d9219d94028623382bea716":
+        "an AMD EPYC with AVX-512 (x86-64-v4, 2026-11-27; 6e9581d's train)",
+}
 
 SCRIPT = r'''
 import json, os, signal, sys
@@ -104,14 +111,10 @@ def runs(tmp_path_factory) -> dict:
 def test_micro_batches_1_reproduces_the_training_before_micro_batches(runs):
     from pipeline.core.cpu import cpu_level
 
-    level = cpu_level()
-    if level not in OLD_TRAIN_SHA256:
-        pytest.skip(f"no hash recorded for this CPU's level {level} (recorded: {', '.join(OLD_TRAIN_SHA256)}): "
-                    "run 6e9581d's train on SCRIPT's old run here to record one")
     assert runs["old"]["steps"] == 36
-    assert runs["old"]["sha256"] == OLD_TRAIN_SHA256[level], level
+    assert runs["old"]["sha256"] in OLD_TRAIN_SHA256, (runs["old"]["sha256"], cpu_level())
     # micro_batches 1 starts no process whatever the worker count: still the old bytes.
-    assert runs["mb1_processes3"]["sha256"] == OLD_TRAIN_SHA256[level], level
+    assert runs["mb1_processes3"]["sha256"] == runs["old"]["sha256"]
 
 
 def test_one_two_and_three_processes_give_the_same_bytes(runs):
