@@ -3,8 +3,8 @@
     python -m pipeline.policy.fingerprint --out fp.json            # this machine's fingerprint
     python -m pipeline.policy.fingerprint --compare a.json b.json  # the probes that differ, in order
 
-The pinned numerics (``pipeline/core/numerics.py``) give the same bytes on CPUs of one
-x86-64 level but not, as measured, on an AVX-512 and an AVX2-only AMD EPYC
+The pinned numerics (``pipeline/core/numerics.py``) gave the same bytes on an AVX2-only and
+an AVX-512 AMD EPYC, but not, as measured, on an earlier AVX-512 AMD EPYC
 (``docs/reproducibility.md``). This runs, under the default pin and in a fresh process, a
 fixed list of probes from the bottom of the stack up and hashes each result:
 
