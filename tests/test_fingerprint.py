@@ -49,9 +49,8 @@ def test_a_fingerprint_is_the_same_on_a_rerun_and_covers_the_stack(two_runs):
 
 def test_the_model_probes_train_what_the_data_parallel_test_pins(two_runs):
     a = json.loads(two_runs[0].read_text())
-    if a["cpu_level"] not in OLD_TRAIN_SHA256:
-        pytest.skip(f"no hash recorded for {a['cpu_level']}")
-    assert a["probes"]["model.train.final"] == OLD_TRAIN_SHA256[a["cpu_level"]]
+    # one of the machines' recorded hashes (not one per x86-64 level: test_data_parallel.py)
+    assert a["probes"]["model.train.final"] in OLD_TRAIN_SHA256, (a["cpu_level"], a["probes"]["model.train.final"])
 
 
 def test_compare_lists_the_differing_probes_in_order(two_runs, tmp_path):
