@@ -79,7 +79,6 @@ from pipeline.policy.demos import (
     SceneMemory,
     Variant,
     house_env,
-    prompt_variants,
     rule_agent_config,
     scene_groundings,
     training_houses,
@@ -191,8 +190,7 @@ def memory_variant(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer,
     variant's block (``C2``: :func:`pipeline.policy.quality.exposed_variant`) built from
     ``memory``; None when that block is empty (the gate withheld it)."""
     name, _ = exposed_variant(cfg.demos)
-    mem = replace(memory, grounding={house.scene_id: grounding}) if grounding else memory
-    return next((v for v in prompt_variants(cfg, mem, house.row(0), organizer)
+    return next((v for v in house_variants(cfg, memory, organizer, house, grounding)
                  if v.source == name and v.grounding == grounding), None)
 
 
