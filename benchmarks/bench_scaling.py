@@ -8,9 +8,9 @@ the default run's cold time on 2, 8 and 16 cores.
     python -m benchmarks --only scaling --install-s 150
 
 Measurement: a scratch copy of the project (``benchmarks.common.make_scratch_repo``) composed
-with ``experiment=tiny`` runs the whole DAG once (the inputs); then each parallel stage
-(``games``, ``demos``, ``policy``, ``collect``, ``evaluate@C2``, ``evaluate_reader@C2``,
-``curve``) is rerun with ``dvc repro -s -f --no-run-cache <stage>`` after composing
+with ``experiment=tiny`` runs the whole experiment DAG once (the inputs; the model is the
+committed checkpoint, which the experiment never trains); then each parallel stage
+(``games``, ``collect``, ``evaluate@C2``, ``evaluate_reader@C2``, ``curve``) is rerun with ``dvc repro -s -f --no-run-cache <stage>`` after composing
 ``experiment=tiny workers=N``, for every N in the counts (default 1, 2 and each doubling up to
 ``available_cores()``). A stage's time is the span from DVC's ``Running stage`` line to the
 end of ``dvc repro`` (the stage's process, imports included, and DVC's hashing and caching of
@@ -23,9 +23,8 @@ law, p = (1 - 1/S) / (1 - 1/n) (from the largest count; clamped to [0, 1] for th
 ``experiment=tiny`` is too small to show most stages' scaling (its eval split is one batch, so
 ``evaluate`` starts no worker; a spawned worker's imports outweigh its work), so its fractions
 are a floor. ``--experiment slice`` measures instead on :data:`SLICE_OVERRIDES`: the default
-config with two thirds of its scenes (``evaluate`` in two batches of the default's size), a
-quarter of its generated houses and a policy trained for minutes, sized so that every parallel
-stage has at least two parts of real work.
+config with two thirds of its scenes (``evaluate`` in two batches of the default's size),
+sized so that every parallel stage has at least two parts of real work.
 On a shared machine wall times measure the neighbours too (a warning row says so when the
 one-worker runs got under 0.8 of a core), so a second fraction comes from where the CPU went:
 an ``atexit`` probe (a ``sitecustomize`` on the stage's ``PYTHONPATH``) records the stage
@@ -39,8 +38,8 @@ rescaled by Amdahl to 2, 8 and 16 cores with each stage's measured p (or the doc
 assumption of :data:`ASSUMED_FRACTION` where a stage was not measured), plus the serial
 remainder (``--other-s``: DVC, process start-up, the small serial stages) and the install
 (``--install-s``). A stage never uses more processes than its work has parts
-(:func:`default_run_parts`: ``evaluate``'s 56-task batches, ``curve``'s points, one training
-process while ``model.policy.micro_batches`` is 1, one for the online ``collect`` loop), so a
+(:func:`default_run_parts`: ``evaluate``'s 56-task batches, ``curve``'s points, one for the
+online ``collect`` loop), so a
 stage's projected speed-up stops at its part count. The overall parallel fraction is that of
 the cold run's one-core CPU time.
 The arithmetic is the small pure functions below (tested in ``tests/test_bench_scaling.py``).
@@ -52,7 +51,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -65,8 +63,6 @@ OPTIONS_ENV = "PIPELINE_BENCH_SCALING"  # the parent's --counts/--stages/--skip-
 # The measured stages: short name -> the DVC target in the scratch project.
 STAGES: dict[str, str] = {
     "games": "games",
-    "demos": "demos",
-    "policy": "policy",
     "collect": "collect",
     "evaluate": "evaluate@C2",
     "evaluate_reader": "evaluate_reader@C2",
@@ -75,34 +71,26 @@ STAGES: dict[str, str] = {
 QUICK_STAGES = ("games", "collect")
 
 # A slice of the default config for measuring (``--experiment slice``): the default's world and
-# model, 8 of its 12 scenes with 14 eval quests each (112 eval tasks: two batches of the default's
-# 56, so each worker's share of ``evaluate`` is a whole default batch, as in the default run; with
-# smaller batches a worker's start-up, ~10 s of imports and model load, hides the scaling), a
-# quarter of its generated houses and drills (the demos stage's jobs), and a policy trained one
-# epoch with one small DAgger round (it trains in one process whatever the worker count while
-# micro_batches is 1; its other parts here are what it costs to measure).
+# model (the committed checkpoint), 8 of its 12 scenes with 14 eval quests each (112 eval tasks: two
+# batches of the default's 56, so each worker's share of ``evaluate`` is a whole default batch, as
+# in the default run; with smaller batches a worker's start-up, ~10 s of imports and model load,
+# hides the scaling).
 SLICE_OVERRIDES: tuple[str, ...] = (
     "env.num_scenes=8", "env.heldout_scenes=2", "env.eval_quests_per_scene=14",
-    "model.policy.generated_houses=150", "model.policy.generated_drills=2400", "model.policy.epochs=1",
-    "model.policy.incontext_tasks=8", "model.policy.incontext_every=1000", "model.policy.dagger_rounds=1",
-    "model.policy.dagger_houses=32", "model.policy.episode_probe_houses=6",
 )
 # What each --experiment composes (before ``workers=N``).
 EXPERIMENTS: dict[str, tuple[str, ...]] = {"tiny": ("experiment=tiny",), "slice": SLICE_OVERRIDES}
 
-# The worker (process or thread) count each stage of the committed default run (dvc.lock of
-# 531c330, run at 0233cc1, before the one `workers` setting) ran with: games'
-# compile_workers is in metrics/games.json; evaluate / evaluate_reader played in
-# agent.workers=2 processes; the policy trained on model.policy.threads=2 threads; demos,
-# collect (the online loop) and curve ran in one process (params.yaml and the issue's record).
-DEFAULT_RUN_WORKERS: dict[str, int] = {"games": 2, "demos": 1, "policy": 2, "collect": 1, "evaluate": 2,
-                                       "evaluate_reader": 2, "curve": 1}
+# The worker count each stage of a default run ran with where its metrics do not say: games'
+# compile_workers is in metrics/games.json; evaluate / evaluate_reader play in the run's 2 workers;
+# collect (the online loop) and curve in one process (the record of the run before `workers`).
+DEFAULT_RUN_WORKERS: dict[str, int] = {"games": 2, "collect": 1, "evaluate": 2, "evaluate_reader": 2, "curve": 1}
 
 # Where a stage could not be measured: a documented guess of its parallel fraction (work cut
 # into a partition fixed by config, each part independent; the remainder is start-up,
 # reading inputs and merging in order). Stated in the output whenever used.
-ASSUMED_FRACTION: dict[str, float] = {"games": 0.95, "demos": 0.9, "policy": 0.9, "collect": 0.8,
-                                      "evaluate": 0.9, "evaluate_reader": 0.7, "curve": 0.9}
+ASSUMED_FRACTION: dict[str, float] = {"games": 0.95, "collect": 0.8, "evaluate": 0.9, "evaluate_reader": 0.7,
+                                      "curve": 0.9}
 
 # DVC start-up and hashing, each stage's process start-up and imports, and the small serial
 # stages (check_params, convert, ground, merge, store, render@*, compare): the default run's
@@ -210,17 +198,12 @@ def default_run_times(root: Path) -> dict[str, dict[str, Any]]:
         out["games"] = {"wall_s": float(g["compile_wall_s"]) + float(g.get("plan_wall_s", 0.0)),
                         "workers": int(g.get("compile_workers") or DEFAULT_RUN_WORKERS["games"]),
                         "source": "metrics/games.json compile_wall_s + plan_wall_s, compile_workers"}
-    for name in ("demos", "collect", "curve"):
+    for name in ("collect", "curve"):
         if (m / f"{name}.json").exists():
             d = load(m / f"{name}.json")
             out[name] = {"wall_s": float(d["wall_time_s"]),
                          "workers": int(d.get("workers") or DEFAULT_RUN_WORKERS[name]),
                          "source": f"metrics/{name}.json wall_time_s"}
-    if (m / "policy.json").exists():
-        w = load(m / "policy.json")["wall_time_s"]
-        out["policy"] = {"wall_s": float(w["total_s"] if isinstance(w, dict) else w),
-                         "workers": DEFAULT_RUN_WORKERS["policy"],
-                         "source": "metrics/policy.json wall_time_s.total_s (model.policy.threads=2)"}
     for name, folder in (("evaluate", "eval"), ("evaluate_reader", "eval_reader")):
         files = sorted((m / folder).glob("*.json"))
         if files:
@@ -234,16 +217,11 @@ def default_run_times(root: Path) -> dict[str, dict[str, Any]]:
 def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
     """``{stage: {"parts", "why"}}``: how many workers each stage of the default run could use
     at most, from its metrics and ``params.yaml``, by the stages' own rules asked with an
-    unbounded ``workers`` (:func:`pipeline.policy.demoset.demo_workers`,
-    :func:`pipeline.policy.model.train_processes`, the batches of
-    :func:`pipeline.session.rollout.batches` that ``worker_count`` counts, one process per
-    curve point). A stage missing here is taken as having parts to spare."""
-    from types import SimpleNamespace
-
+    unbounded ``workers`` (the batches of :func:`pipeline.session.rollout.batches` that
+    ``worker_count`` counts, one process per curve point). A stage missing here is taken as
+    having parts to spare."""
     import yaml
 
-    from pipeline.policy.demoset import demo_workers
-    from pipeline.policy.model import train_processes
     from pipeline.session.rollout import batches
 
     m = root / "metrics"
@@ -253,22 +231,11 @@ def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
 
     params = yaml.safe_load((root / "params.yaml").read_text(encoding="utf-8")) if (root / "params.yaml").exists() else {}
     agent = params.get("agent") or {}
-    pol = (params.get("model") or {}).get("policy") or {}
     size = int(agent.get("batch_size", 56)) if agent.get("batched", True) else 1
-    unbounded = sys.maxsize  # `workers` as large as it goes: each rule returns its own limit
     out: dict[str, dict[str, Any]] = {}
     games = load(m / "games.json")
     if games.get("num_games"):
         out["games"] = {"parts": int(games["num_games"]), "why": "one game per part"}
-    if games.get("num_train") is not None and pol:
-        cfg = SimpleNamespace(workers=unbounded, model=SimpleNamespace(policy=SimpleNamespace(
-            generated_houses=int(pol.get("generated_houses", 0)), generated_drills=int(pol.get("generated_drills", 0)))))
-        out["demos"] = {"parts": demo_workers(cfg, [{"split": "train"}] * int(games["num_train"])),
-                        "why": "demo_workers: its largest step's jobs"}
-    if pol:
-        policy = SimpleNamespace(micro_batches=int(pol.get("micro_batches", 1)), threads=int(pol.get("threads", 1)))
-        out["policy"] = {"parts": train_processes(unbounded, policy),
-                         "why": "training processes <= model.policy.micro_batches; threads fixed by config"}
     if (params.get("grounding") or {}).get("online", False):
         out["collect"] = {"parts": 1, "why": "the online loop: each episode's feedback grounds the next"}
     for name, folder in (("evaluate", "eval"), ("evaluate_reader", "eval_reader")):

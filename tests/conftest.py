@@ -36,8 +36,8 @@ TINY_OVERRIDES = [
     "env.max_steps=15",
     "env.regularity=0.0",  # things placed at random: the layouts tests/data/household_golden.json was recorded on
     "workers=2",
-    # Rule agent, no model: the default (agent=llm, model=policy) needs the trained policy,
-    # which tests that exercise it build themselves (tests/test_policy.py).
+    # Rule agent, no model: tests that play the default (agent=llm, model=policy: the committed
+    # checkpoint) or train a policy (tests/test_policy.py) say so themselves.
     "agent=react",
     "model=none",
 ]
@@ -47,11 +47,12 @@ TINY_OVERRIDES = [
 # sampling.max_new_tokens: tests of what is played, labelled and hashed (not of the actions' quality)
 # cap a turn at a third of the default 96.
 SHORT_TURN_TOKENS = 32
-# A policy trained and played in seconds, on top of a tiny world (tests/test_numerics.py, tests/test_e2e.py).
+# A policy trained in seconds on top of a tiny world: the model pipeline's overrides (tests/test_numerics.py,
+# tests/test_model_pipeline.py); it plays in seconds with sampling.max_new_tokens=SHORT_TURN_TOKENS.
 SMALL_POLICY_OVERRIDES = [
-    "model.policy.hidden_size=48", "model.policy.intermediate_size=96", "model.policy.n_head=2",
-    "model.policy.epochs=1", "model.policy.generated_houses=4", "model.policy.generated_drills=4",
-    "model.policy.incontext_tasks=2", "model.policy.dagger_houses=2", "model.policy.episode_probe_houses=1",
+    "policy.hidden_size=48", "policy.intermediate_size=96", "policy.n_head=2",
+    "policy.epochs=1", "policy.generated_houses=4", "policy.generated_drills=4",
+    "policy.incontext_tasks=2", "policy.dagger_houses=2", "policy.episode_probe_houses=1",
     f"sampling.max_new_tokens={SHORT_TURN_TOKENS}",
 ]
 
@@ -93,6 +94,16 @@ def tiny_cfg():
     from pipeline.core.config import compose_text, validate
 
     return validate(OmegaConf.create(compose_text(ROOT, TINY_OVERRIDES)))
+
+
+def train_config(cfg, overrides: dict):
+    """The model pipeline's typed config (``TrainConfig``: the experiment's sections + ``demos`` and
+    ``policy``) from an experiment config and overrides, for tests that build demonstrations or train:
+    every experiment value kept (the tiny world, its paths), the recipe from ``overrides["policy"]``."""
+    from pipeline.core.config import validate
+    from pipeline.core.conf_schema import TrainConfig
+
+    return validate(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg, overrides), schema=TrainConfig)
 
 
 @pytest.fixture(scope="session")

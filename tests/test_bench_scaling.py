@@ -85,8 +85,7 @@ def _metrics(root: Path) -> None:
     (m / "eval").mkdir(parents=True)
     (m / "eval_reader").mkdir()
     (m / "games.json").write_text(json.dumps({"compile_wall_s": 99.0, "plan_wall_s": 1.0, "compile_workers": 2}))
-    (m / "demos.json").write_text(json.dumps({"wall_time_s": 200.0}))
-    (m / "policy.json").write_text(json.dumps({"wall_time_s": {"total_s": 300.0, "train_s": 250.0}}))
+    (m / "collect.json").write_text(json.dumps({"wall_time_s": 200.0}))
     for c, t in (("C0", 30.0), ("C1", 70.0)):
         (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": t}))
 
@@ -95,16 +94,16 @@ def test_projection_from_metrics(tmp_path: Path):
     _metrics(tmp_path)
     runs = default_run_times(tmp_path)
     assert {k: (v["wall_s"], v["workers"]) for k, v in runs.items()} == {
-        "games": (100.0, 2), "demos": (200.0, 1), "policy": (300.0, 2), "evaluate": (100.0, 2)}
-    fr = {"games": 1.0, "demos": 0.5, "policy": 0.0, "evaluate": 1.2}  # 1.2: noise, clamped to 1
+        "games": (100.0, 2), "collect": (200.0, 1), "evaluate": (100.0, 2)}
+    fr = {"games": 1.0, "collect": 0.5, "evaluate": 1.2}  # 1.2: noise, clamped to 1
     p = projection(tmp_path, fr, install_s=150.0, other_s=50.0, cores=(2, 8))
-    assert p["as_recorded_s"] == pytest.approx(900.0)
-    # games 100 -> 100 on 2, 25 on 8; demos 200 -> 150, 112.5; policy 300 both; evaluate 100 -> 100, 25
-    assert p["cores"]["2"]["total_s"] == pytest.approx(200 + 100 + 150 + 300 + 100)
-    assert p["cores"]["8"]["total_s"] == pytest.approx(200 + 25 + 112.5 + 300 + 25)
+    assert p["as_recorded_s"] == pytest.approx(600.0)
+    # games 100 -> 100 on 2, 25 on 8; collect (1 worker) 200 -> 150, 112.5; evaluate 100 -> 100, 25
+    assert p["cores"]["2"]["total_s"] == pytest.approx(200 + 100 + 150 + 100)
+    assert p["cores"]["8"]["total_s"] == pytest.approx(200 + 25 + 112.5 + 25)
     assert p["stages"]["evaluate"]["p"] == 1.0 and p["stages"]["evaluate"]["from"] == "measured"
-    # one-core time: games 200, demos 200, policy 300, evaluate 200 + 200 serial = 1100; parallel 200+100+200
-    assert p["parallel_fraction"] == pytest.approx(500 / 1100, abs=1e-4)
+    # one-core time: games 200, collect 200, evaluate 200 + 200 serial = 800; parallel 200+100+200
+    assert p["parallel_fraction"] == pytest.approx(500 / 800, abs=1e-4)
     p = projection(tmp_path, {}, install_s=0.0, other_s=0.0, cores=(2,))
     assert all(s["from"] == "assumed" for s in p["stages"].values())
 
@@ -112,7 +111,7 @@ def test_projection_from_metrics(tmp_path: Path):
 def test_previous_fractions(tmp_path: Path):
     f = tmp_path / "results.json"
     f.write_text(json.dumps({"benchmarks": {"scaling": {"runs": [
-        {"details": {"fractions": {"games": 0.9, "demos": None}}}]}}}))
+        {"details": {"fractions": {"games": 0.9, "collect": None}}}]}}}))
     assert previous_fractions(f) == {"games": 0.9}
     assert previous_fractions(tmp_path / "missing.json") == {}
 
@@ -166,22 +165,19 @@ def _default_like(root: Path) -> None:
     for c in ("C0", "C1"):
         (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": 100.0, "num_tasks": 204}))
     (m / "curve.json").write_text(json.dumps({"wall_time_s": 80.0, "workers": 2, "points": [{}] * 20}))
-    (root / "params.yaml").write_text(
-        "grounding: {online: true}\nagent: {batch_size: 56, batched: true}\n"
-        "model: {policy: {generated_houses: 600, generated_drills: 9600, micro_batches: 1}}\n")
+    (root / "params.yaml").write_text("grounding: {online: true}\nagent: {batch_size: 56, batched: true}\n")
 
 
 def test_default_run_parts_follow_the_stages_rules(tmp_path: Path):
     _default_like(tmp_path)
     parts = {k: v["parts"] for k, v in default_run_parts(tmp_path).items()}
-    # 204 tasks in batches of 56 -> 4; 10,200 houses in jobs of 16 -> 638; one process while
-    # micro_batches is 1; the online collect loop is one
-    assert parts == {"games": 276, "demos": 638, "policy": 1, "collect": 1, "evaluate": 4, "curve": 20}
+    # 204 tasks in batches of 56 -> 4; the online collect loop is one
+    assert parts == {"games": 276, "collect": 1, "evaluate": 4, "curve": 20}
     p = projection(tmp_path, {"evaluate": 1.0, "curve": 1.0}, install_s=0.0, other_s=0.0, cores=(2, 4, 16))
     ev = {c: p["cores"][c]["stages_s"]["evaluate"] for c in ("2", "4", "16")}
     assert ev == pytest.approx({"2": 200.0, "4": 100.0, "16": 100.0})  # 4 batches: no gain past 4 cores
     assert p["cores"]["16"]["stages_s"]["curve"] == pytest.approx(80.0 * 2 / 16)
-    assert p["cores"]["16"]["stages_s"]["policy"] == pytest.approx(300.0)
+    assert p["cores"]["16"]["stages_s"]["collect"] == pytest.approx(200.0)  # one part: no gain
     assert p["stages"]["evaluate"]["parts"] == 4
 
 
@@ -195,11 +191,9 @@ def test_the_slice_gives_every_measured_stage_two_equal_parts():
     default = validate(OmegaConf.create(compose_text(project_root())))
     eval_tasks = cfg.env.eval_quests_per_scene * cfg.env.num_scenes
     assert eval_tasks == 2 * cfg.agent.batch_size  # evaluate: two equal batches
-    assert cfg.env.num_scenes < default.env.num_scenes and cfg.model.policy.generated_houses < \
-        default.model.policy.generated_houses
+    assert cfg.env.num_scenes < default.env.num_scenes
     # the default's model and world otherwise
-    assert cfg.model.policy.hidden_size == default.model.policy.hidden_size and cfg.env.name == default.env.name
-    assert cfg.model.policy.micro_batches == default.model.policy.micro_batches
+    assert cfg.model == default.model and cfg.env.name == default.env.name
 
 
 def test_previous_experiment(tmp_path: Path):

@@ -303,11 +303,11 @@ def test_restated_default_check_sees_one(tmp_path: Path):
     [
         ("env.train_quests_per_scene=-1", "env.train_quests_per_scene=-1: expected >= 0"),
         ("env.eval_quests_per_scene=-1", "env.eval_quests_per_scene=-1: expected >= 1"),
-        ("model.policy.n_layer=0", "model.policy.n_layer=0: expected >= 1"),
+        ("policy.n_layer=0", "policy.n_layer=0: expected >= 1"),
         ("sampling.temperature=inf", "sampling.temperature=inf: expected > 0 and finite"),
         ("model.timeout_s=-1", "model.timeout_s=-1.0: expected a finite number > 0"),
         ("model.max_retries=-2", "model.max_retries=-2: expected >= 0"),
-        ("model.policy.slip_prob=1.5", "model.policy.slip_prob=1.5: expected in [0, 1]"),
+        ("policy.slip_prob=1.5", "policy.slip_prob=1.5: expected in [0, 1]"),
         ("agent.max_error_fraction=2", "agent.max_error_fraction=2.0: expected in [0, 1]"),
         ("user.preferences_per_scene=-1", "user.preferences_per_scene=-1: expected >= 0"),
         ("env.reward.win=nan", "env.reward.win=nan: expected a finite number"),

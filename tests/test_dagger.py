@@ -14,16 +14,15 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from tests.conftest import SHORT_TURN_TOKENS
+from tests.conftest import SHORT_TURN_TOKENS, train_config
 from tests.test_policy import TINY_POLICY
 
 
 @pytest.fixture(scope="module")
 def cfg(tiny_cfg):
-    return OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm", "batch_size": 3},
-                                      "model": {"name_or_path": "data/policy/model", "train_policy": True,
-                                                "policy": {**TINY_POLICY, "evaluate": False}},
-                                      "sampling": {"max_new_tokens": SHORT_TURN_TOKENS}})
+    return train_config(tiny_cfg, {"agent": {"name": "llm", "batch_size": 3},
+                                   "policy": {**TINY_POLICY, "evaluate": False},
+                                   "sampling": {"max_new_tokens": SHORT_TURN_TOKENS}})
 
 
 @pytest.fixture(scope="module")
@@ -209,8 +208,8 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
             return super().play(model, tokenizer, tasks, label=label, progress=progress)
 
     torch.set_num_threads(1)
-    small = OmegaConf.merge(cfg, {"model": {"policy": {"demos_per_quest": 2, "dagger_rounds": 2, "dagger_houses": 3,
-                                                       "dagger_replay": 1.0}}})
+    small = OmegaConf.merge(cfg, {"policy": {"demos_per_quest": 2, "dagger_rounds": 2, "dagger_houses": 3,
+                                                       "dagger_replay": 1.0}})
     write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
     demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
     probe = EpisodeProbe.build(small, tiny_games.rows, tiny_games.scenes, demo_set.memory, n=2)

@@ -45,7 +45,7 @@ def test_round_tasks_at_the_librarys_settings_are_dagger_tasks(cfg, tiny_games, 
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
     library = round_tasks(cfg, rows, scenes, memory, 1, 5,
-                          Arm("library", quests=2, grounded=float(cfg.model.policy.generated_grounding)))
+                          Arm("library", quests=2, grounded=float(cfg.policy.generated_grounding)))
     assert _ids(library) == _ids(dagger_tasks(cfg, rows, scenes, memory, 1, 5))
     everyone = round_tasks(cfg, rows, scenes, memory, 1, 5, Arm("all", quests=2, grounded=1.0))
     nobody = round_tasks(cfg, rows, scenes, memory, 1, 5, Arm("none", quests=2, grounded=0.0))

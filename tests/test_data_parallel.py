@@ -1,4 +1,4 @@
-"""Data-parallel policy training (``model.policy.micro_batches``; :func:`pipeline.policy.model.train`).
+"""Data-parallel policy training (``policy.micro_batches``; :func:`pipeline.policy.model.train`).
 
 A step's units are cut into micro-batches fixed by config and their gradients summed in
 micro-batch order, so the number of processes computing them changes the wall time only:
@@ -20,7 +20,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+
+from tests.conftest import train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -134,16 +135,13 @@ def test_a_dead_helper_fails_training_naming_it_and_no_helper_outlives_the_run(r
 
 
 def test_micro_batches_above_episodes_per_batch_are_refused_naming_the_key(tiny_cfg):
-    from pipeline.core.config import ConfigError, validate
+    from pipeline.core.config import ConfigError
 
-    ok = OmegaConf.merge(tiny_cfg, {"model": {"policy": {"episodes_per_batch": 4, "micro_batches": 4}}})
-    validate(ok)
-    bad = OmegaConf.merge(tiny_cfg, {"model": {"policy": {"episodes_per_batch": 2, "micro_batches": 3}}})
-    with pytest.raises(ConfigError, match=r"model\.policy\.micro_batches=3: expected <= "
-                                          r"model\.policy\.episodes_per_batch=2"):
-        validate(bad)
-    with pytest.raises(ConfigError, match=r"model\.policy\.micro_batches=0"):
-        validate(OmegaConf.merge(tiny_cfg, {"model": {"policy": {"micro_batches": 0}}}))
+    train_config(tiny_cfg, {"policy": {"episodes_per_batch": 4, "micro_batches": 4}})
+    with pytest.raises(ConfigError, match=r"policy\.micro_batches=3: expected <= policy\.episodes_per_batch=2"):
+        train_config(tiny_cfg, {"policy": {"episodes_per_batch": 2, "micro_batches": 3}})
+    with pytest.raises(ConfigError, match=r"policy\.micro_batches=0"):
+        train_config(tiny_cfg, {"policy": {"micro_batches": 0}})
 
 
 def test_micro_batch_split_and_process_count():

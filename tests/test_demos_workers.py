@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.conftest import train_config
+
 # Every kind of demonstration: rule-agent memory, quest demos (renamed ones too), plan
 # drills, generated houses (some grounded) and generated drills (36 houses: three jobs of houses).
 POLICY = {"rule_agent": "react", "rule_epsilon": 0.6, "demos_per_quest": 8, "plan_drills": 2, "slip_prob": 0.2,
@@ -42,9 +44,7 @@ def _digests(folder: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def cfg(tiny_cfg):
-    return OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"},
-                                      "model": {"name_or_path": "data/policy/model", "train_policy": True,
-                                                "policy": POLICY}})
+    return train_config(tiny_cfg, {"agent": {"name": "llm"}, "policy": POLICY})
 
 
 def _build(cfg, tiny_games, out: Path, workers: int) -> dict[str, str]:

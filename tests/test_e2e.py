@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -11,18 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import SMALL_POLICY_OVERRIDES
+from tests.conftest import SHORT_TURN_TOKENS
 
 ROOT = Path(__file__).resolve().parents[1]
-COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config")
+COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "models/policy")
 # Every stage kind of the chain, at the smallest size that still runs each: two conditions (the
-# report's one comparison) instead of six, the tests' small policy (tests/conftest.py) instead of
-# tiny's, and three points of the learning curve instead of five (k=4 still past the tiny scene's two
-# visits: clipped). The whole `experiment=tiny` chain, all six conditions, is what CI's
-# `make reprocheck` runs (twice, against .ci/repro_tiny.json), so here it would be a third copy of
-# the same 6 minutes.
+# report's one comparison) instead of six, played by the committed checkpoint (models/policy) with
+# short turns, and three points of the learning curve instead of five (k=4 still past the tiny
+# scene's two visits: clipped). The whole `experiment=tiny` chain, all six conditions, is what CI's
+# `make reprocheck` runs (twice, against .ci/repro_tiny.json), so here it would be a third copy.
 SMALL = ["condition=[C1,C2]", "experiment.comparisons=[[C2,C1]]", "experiment.curve.ks=[0,1,4]",
-         *SMALL_POLICY_OVERRIDES]
+         f"sampling.max_new_tokens={SHORT_TURN_TOKENS}", "workers=1"]
+# Every stage runs under `python -m pipeline.tools.deps record`, which appends the config keys it read
+# here (in one process: workers=1), so the chain also checks each stage's params against its reads.
+READS = "reads.jsonl"
 
 
 def _run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
@@ -40,7 +43,7 @@ def tiny_repo(tmp_path_factory) -> tuple[Path, dict]:
             (repo / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(src, repo / name)
     cfg = repo / "conf" / "config.yaml"
-    # the tiny world and a policy trained in about a minute (conf/experiment/tiny.yaml)
+    # the tiny world (conf/experiment/tiny.yaml)
     cfg.write_text(cfg.read_text().replace("- experiment: default", "- experiment: tiny"))
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
@@ -50,6 +53,9 @@ def tiny_repo(tmp_path_factory) -> tuple[Path, dict]:
     shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
     composed = _run([sys.executable, "-m", "pipeline.core.config", "compose", *SMALL], repo, env)
     assert composed.returncode == 0, composed.stdout + composed.stderr
+    dvc_yaml = repo / "dvc.yaml"
+    dvc_yaml.write_text(re.sub(r"python -m (pipeline\.stages\.\w+)",
+                               rf"python -m pipeline.tools.deps record --out {READS} \1", dvc_yaml.read_text()))
     return repo, env
 
 
@@ -79,3 +85,13 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
     stale = _run([sys.executable, "-m", "dvc", "repro"], repo, env)
     assert stale.returncode != 0
     assert "sampling.top_p" in stale.stdout + stale.stderr
+
+    # Every config field a stage read is among its DVC params (the chain's runs, recorded): a stage that
+    # read one it does not list would not rerun when it changes.
+    from pipeline.tools import deps
+
+    records = deps.read_records(repo / READS)
+    assert {r["module"] for r in records} >= {f"pipeline.stages.{s}" for s in
+                                              ("games", "collect", "ground", "merge", "store", "render", "evaluate",
+                                               "evaluate_reader", "curve", "compare")}
+    assert deps.params_violations(ROOT, records) == {}

@@ -202,7 +202,7 @@ def test_a_workers_override_never_asks_for_another_golden_file():
     assert byte_overrides(["experiment=tiny", "workers=3"]) == ["experiment=tiny"]
     assert byte_overrides(["+workers=1", "experiment=tiny"]) == ["experiment=tiny"]
     assert byte_overrides(["experiment=tiny", "agent.batch_size=3"]) == ["experiment=tiny", "agent.batch_size=3"]
-    assert byte_overrides(["model.policy.micro_batches=4"]) == ["model.policy.micro_batches=4"]
+    assert byte_overrides(["policy.micro_batches=4"]) == ["policy.micro_batches=4"]
 
 
 def test_cpu_level_reads_the_flags_that_separate_the_x86_64_levels():

@@ -30,13 +30,13 @@ from pipeline.core.config import section
 from pipeline.llm.backends import (
     BackendError,
     Generation,
-    OpenAIBackend,
-    TransformersBackend,
     make_backend,
     make_text_generator,
     plain_prompt,
     render_prompt,
 )
+from pipeline.llm.backends.openai import OpenAIBackend
+from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.llm.tensors import (
     check_consistency,
     check_turn_consistency,

@@ -342,3 +342,30 @@ def test_ground_and_merge_mains_then_a_changed_file_list(project, capsys):
     assert merge_stage.main() == 1
     assert "grounding.files: no usable grounding file among: missing.json (missing file)" in capsys.readouterr().err
     assert (project / "data/grounding_merged/configured.md").read_text(encoding="utf-8").endswith("Kitchen notes.\n")
+
+
+def test_the_in_memory_scene_groundings_are_what_the_ground_and_merge_stages_write(tiny_cfg, tiny_games, tmp_path):
+    """``pipeline.grounding.episodes.scene_groundings`` (the model pipeline's demonstrations and the
+    studies) is the ``ground`` + ``merge`` stages' ``<scene_id>.md`` of the same episodes, stripped."""
+    from omegaconf import OmegaConf
+
+    from pipeline.grounding.episodes import ground, scene_groundings, write_ground_outputs
+    from pipeline.session.collection import make_factories
+    from pipeline.session.rollout import play, tasks_from_manifest
+
+    cfg = OmegaConf.merge(tiny_cfg, {"agent": {"epsilon": 0.6}})  # mistakes draw the user's feedback
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=0)
+    make_env, make_agent, make_user = make_factories(cfg, tiny_games.root, dict(tiny_games.scenes))
+    records = play(tasks, make_env=make_env, make_agent=make_agent, make_user=make_user, agent_name="react",
+                   preference_in_success=True, unknown_feedback="keep")
+    episodes, turns = [r["episode"] for r in records], [t for r in records for t in r["turns"]]
+    g = cfg.grounding
+    write_ground_outputs(ground(episodes, turns, generator="extractive", timestamp=g.timestamp,
+                                unknown_type=g.unknown_type), tmp_path / "data" / "grounding", "both")
+    index = json.loads((tmp_path / "data/grounding/index.json").read_text())
+    scenes, _ = M.merge_groundings(index, "data/grounding", [], root=tmp_path, dedupe_contents=g.dedupe_contents)
+    M.write_merge_outputs(scenes, None, tmp_path / "merged", "both")
+    in_memory = scene_groundings(g, episodes, turns)
+    assert set(in_memory) == set(scenes) and any(in_memory.values())
+    for scene, text in in_memory.items():
+        assert text == (tmp_path / "merged" / f"{scene}.md").read_text(encoding="utf-8").strip(), scene

@@ -1,11 +1,12 @@
 """Numerics pinned from config (``numerics.*``, :mod:`pipeline.core.numerics`).
 
-The real test trains the policy and collects with it (the ``policy`` and ``collect``
-stages' ``main``, in a fresh process each time, as DVC runs them) under environments that
-stand in for other machines: another ATen kernel set (``ATEN_CPU_CAPABILITY``), another
-thread count (``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), another MKL branch. With the
-pin the bytes are identical; with ``numerics=native`` the same variation changes the
-trained weights (so the variations are real and the comparison can fail).
+The real test trains the policy (the model pipeline's ``policy`` step) and collects with it
+(the experiment's ``collect`` stage, playing the trained directory as ``model.name_or_path``),
+each stage's ``main`` in a fresh process, as DVC runs them, under environments that stand in
+for other machines: another ATen kernel set (``ATEN_CPU_CAPABILITY``), another thread count
+(``OMP_NUM_THREADS`` / ``MKL_NUM_THREADS``), another MKL branch. With the pin the bytes are
+identical; with ``numerics=native`` the same variation changes the trained weights (so the
+variations are real and the comparison can fail).
 """
 
 from __future__ import annotations
@@ -21,22 +22,27 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.core.config import ConfigError, validate
+from pipeline.core.config import MODEL, ConfigError, validate
 from pipeline.core.numerics import environment
 from tests.conftest import SMALL_POLICY_OVERRIDES
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The tiny world of tests/conftest.py (same games), a tiny policy trained for one epoch.
-OVERRIDES = [
+# The tiny world of tests/conftest.py (same games), a tiny policy trained for one epoch; the
+# experiment plays what the model pipeline trained (its data/model/policy/model).
+WORLD = [
     "env.num_scenes=2", "env.heldout_scenes=1", "env.rooms_per_scene=2", "env.containers_per_scene=2",
     "env.locked_containers=1", "env.supporters_per_scene=1", "env.objects_per_scene=2",
     "env.train_quests_per_scene=2", "env.eval_quests_per_scene=1", "env.max_steps=6", "workers=2",
-    "agent.batch_size=4", "model.policy.rule_epsilon=0.6", "model.policy.demos_per_quest=3",
-    "model.policy.vocab_size=400", "model.policy.max_positions=1024", "model.policy.episodes_per_batch=2",
-    "model.policy.lr=0.005", "model.policy.warmup_steps=3", "model.policy.evaluate=false",
-    "model.policy.dagger_rounds=1", *SMALL_POLICY_OVERRIDES,
+    "agent.batch_size=4",
 ]
+TRAIN = [*WORLD, "policy.rule_epsilon=0.6", "policy.demos_per_quest=3",
+         "policy.vocab_size=400", "policy.max_positions=1024", "policy.episodes_per_batch=2",
+         "policy.lr=0.005", "policy.warmup_steps=3", "policy.evaluate=false",
+         "policy.dagger_rounds=1", *SMALL_POLICY_OVERRIDES]
+TRAINED = "data/model/policy"
+EXPERIMENT = [*WORLD, f"model.name_or_path={TRAINED}/model",
+              *[o for o in SMALL_POLICY_OVERRIDES if o.startswith("sampling.")]]
 RUN = ("from pipeline.stages import collect, policy\n"
        "assert policy.main() == 0 and collect.main() == 0\n")
 AMBIENT = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_ENABLE_INSTRUCTIONS",
@@ -59,8 +65,10 @@ def project(tiny_cfg, tiny_games, tmp_path_factory) -> Path:
     for name in ("conf", "hydra_plugins"):
         shutil.copytree(ROOT / name, root / name, ignore=shutil.ignore_patterns("__pycache__"))
     (root / "dvc.yaml").write_text("stages: {}\n")
-    compose(root, OVERRIDES)
-    shutil.copytree(tiny_games.root / tiny_cfg.paths.games, root / "data" / "games")
+    compose(root, TRAIN, pipeline=MODEL)
+    compose(root, EXPERIMENT)
+    for games in ("data/games", "data/model/games"):  # the experiment's and the model pipeline's
+        shutil.copytree(tiny_games.root / tiny_cfg.paths.games, root / games)
     _stage(root, "from pipeline.stages import demos\nassert demos.main() == 0\n", {})
     return root
 
@@ -73,11 +81,11 @@ def _stage(root: Path, code: str, ambient: dict[str, str]) -> None:
 
 
 def _train_and_collect(root: Path, ambient: dict[str, str]) -> dict[str, str]:
-    for d in ("data/policy", "data/episodes", ".checkpoints"):
+    for d in (TRAINED, "data/episodes", ".checkpoints"):
         shutil.rmtree(root / d, ignore_errors=True)
     _stage(root, RUN, ambient)
     out = {}
-    for d in ("data/policy", "data/episodes"):
+    for d in (TRAINED, "data/episodes"):
         for p in sorted((root / d).rglob("*")):
             if p.is_file():
                 out[str(p.relative_to(root))] = hashlib.sha256(p.read_bytes()).hexdigest()
@@ -86,7 +94,8 @@ def _train_and_collect(root: Path, ambient: dict[str, str]) -> dict[str, str]:
 
 def test_pinned_outputs_do_not_depend_on_the_machines_kernels_or_threads(project: Path):
     baseline = _train_and_collect(project, {})
-    assert "data/policy/model/model.safetensors" in baseline and "data/episodes/turns.parquet" in baseline
+    key = f"{TRAINED}/model/model.safetensors"
+    assert key in baseline and "data/episodes/turns.parquet" in baseline
     assert any(k.endswith(".pt") for k in baseline)  # the per-turn logprob tensors are compared too
     machines = [{"ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "2", "MKL_CBWR": "AUTO"}]
     if _has_avx512():
@@ -97,15 +106,15 @@ def test_pinned_outputs_do_not_depend_on_the_machines_kernels_or_threads(project
     # The same variation without the pin changes the trained weights.
     from pipeline.core.config import compose
 
-    params = (project / "params.yaml").read_bytes()
-    record = (project / "params.overrides.yaml").read_bytes()
+    files = ("params.yaml", "params.overrides.yaml", MODEL.params_file, MODEL.overrides_file)
+    kept = {f: (project / f).read_bytes() for f in files}
     try:
         compose(project, ["numerics=native"], keep_overrides=True)
+        compose(project, ["numerics=native"], keep_overrides=True, pipeline=MODEL)
         native = _train_and_collect(project, {"ATEN_CPU_CAPABILITY": "default"})
     finally:
-        (project / "params.yaml").write_bytes(params)
-        (project / "params.overrides.yaml").write_bytes(record)
-    key = "data/policy/model/model.safetensors"
+        for f, data in kept.items():
+            (project / f).write_bytes(data)
     assert native[key] != baseline[key]
 
 

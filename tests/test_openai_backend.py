@@ -32,7 +32,8 @@ from pipeline.agents.llm import LLMAgent, parse_action
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
 from pipeline.core.config import compose_text, section, validate
 from pipeline.core.io import read_parquet
-from pipeline.llm.backends import BackendConfigError, OpenAIBackend, make_backend
+from pipeline.llm.backends import BackendConfigError, make_backend
+from pipeline.llm.backends.openai import OpenAIBackend
 from pipeline.llm.backends.dialects import (
     PROBE_FORMS,
     PROBE_MESSAGES,

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from tests.conftest import train_config
+
 TINY_POLICY = {
     "rule_agent": "react", "rule_epsilon": 0.6, "demos_per_quest": 8, "slip_prob": 0.2, "explore_cap": 12,
     "vocab_size": 400, "hidden_size": 48, "intermediate_size": 96, "n_layer": 2, "n_head": 2, "max_positions": 1024,
@@ -27,9 +29,7 @@ TINY_POLICY = {
 @pytest.fixture(scope="module")
 def cfg(tiny_cfg):
     """The tiny config with the llm agent, the policy model group and a tiny policy."""
-    return OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm", "batch_size": 4},
-                                      "model": {"name_or_path": "data/policy/model", "train_policy": True,
-                                                "policy": TINY_POLICY}})
+    return train_config(tiny_cfg, {"agent": {"name": "llm", "batch_size": 4}, "policy": TINY_POLICY})
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +223,7 @@ def test_plan_drills_are_first_turns_copying_a_new_verified_plan(cfg, tiny_games
 
     from pipeline.policy.demos import DemoKind, demo_kind, play_demos, render_demos, training_unit
 
-    drilled = OmegaConf.merge(cfg, {"model": {"policy": {"plan_drills": 3, "demos_per_quest": 1}}})
+    drilled = OmegaConf.merge(cfg, {"policy": {"plan_drills": 3, "demos_per_quest": 1}})
     demos = play_demos(drilled, tiny_games.root, tiny_games.rows, tiny_games.scenes, memory)
     assert all(demo_kind(d.demo_id) == d.kind and d.demo_id.startswith(d.kind.prefix) for d in demos)
     assert {d.kind for d in demos} == {DemoKind.quest, DemoKind.drill}
@@ -268,8 +268,8 @@ def test_generated_house_demos_and_drills_read_only_their_own_house(cfg, tiny_ga
     from pipeline.policy.demos import DemoKind, demo_kind, generated_demos, render_demos, training_houses, training_unit
     from pipeline.prompts import PromptOrganizer
 
-    gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 8, "generated_drills": 9,
-                                                     "generated_grounding": 0.0}}})
+    gen = OmegaConf.merge(cfg, {"policy": {"generated_houses": 8, "generated_drills": 9,
+                                                     "generated_grounding": 0.0}})
     demos = generated_demos(gen, tiny_games.rows, tiny_games.scenes, memory, PromptOrganizer.from_config(gen))
     assert all(demo_kind(d.demo_id) == d.kind for d in demos)
     episodes = [d for d in demos if d.kind == DemoKind.house]
@@ -304,8 +304,8 @@ def test_generated_houses_carry_their_own_grounding(cfg, tiny_games, memory):
                                        training_houses)
     from pipeline.prompts import PromptOrganizer
 
-    gen = OmegaConf.merge(cfg, {"model": {"policy": {"generated_houses": 6, "generated_drills": 6,
-                                                     "generated_grounding": 1.0}}})
+    gen = OmegaConf.merge(cfg, {"policy": {"generated_houses": 6, "generated_drills": 6,
+                                                     "generated_grounding": 1.0}})
     houses = training_houses(gen, tiny_games.rows, tiny_games.scenes, quests_per_house=2).houses(12)
     single = training_houses(gen, tiny_games.rows, tiny_games.scenes).houses(12)
     assert [h.row(0) for h in houses] == [h.row(0) for h in single]
@@ -330,7 +330,7 @@ def test_generated_houses_carry_their_own_grounding(cfg, tiny_games, memory):
         text = texts[scene_of[t.demo_id]]
         assert text is None or text in t.messages[0]["content"], t.demo_id
 
-    none = OmegaConf.merge(gen, {"model": {"policy": {"generated_grounding": 0.0}}})
+    none = OmegaConf.merge(gen, {"policy": {"generated_grounding": 0.0}})
     assert all(d.variant.grounding is None for d in generated_demos(none, tiny_games.rows, tiny_games.scenes,
                                                                      memory, organizer))
 
@@ -437,7 +437,7 @@ def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_p
 
     from pipeline.agents.llm import LLMAgent, parse_action
     from pipeline.envs.household.env import HouseholdEnv
-    from pipeline.llm.backends import TransformersBackend
+    from pipeline.llm.backends.transformers import TransformersBackend
     from pipeline.policy.model import IM_END, Sample, build_model, make_unit, save_policy, train, train_tokenizer
 
     torch.set_num_threads(1)
@@ -448,7 +448,7 @@ def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_p
     chosen = [t for t in turns if t.demo_id in mine and t.train]
     tok = train_tokenizer([m["content"] for t in chosen for m in t.messages] + [t.response for t in chosen],
                           vocab_size=400)
-    pol = OmegaConf.merge(cfg.model.policy, {"epochs": 80, "episodes_per_batch": 1, "lr": 0.01})
+    pol = OmegaConf.merge(cfg.policy, {"epochs": 80, "episodes_per_batch": 1, "lr": 0.01})
     model = build_model(tok, pol, seed=0)
     backend = TransformersBackend(cfg.model, OmegaConf.merge(cfg.sampling, {"do_sample": False}), model=model,
                                   tokenizer=tok)
@@ -495,7 +495,7 @@ def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
     from pipeline.policy.training import MODEL_DIR, build_policy
 
     torch.set_num_threads(1)
-    small = OmegaConf.merge(cfg, {"model": {"policy": {"demos_per_quest": 3}}})
+    small = OmegaConf.merge(cfg, {"policy": {"demos_per_quest": 3}})
     out = tmp_path / "policy"
     # The demos stage's product, written and read back as the policy stage reads it.
     write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
@@ -527,9 +527,9 @@ def test_scaling_study_trains_the_model_the_stage_trains(cfg, tiny_games, tmp_pa
     overrides = {"demos_per_quest": 3, "incontext_tasks": 2}
     info = prepare_bundle(cfg, tiny_games.root, tiny_games.rows, tiny_games.scenes, tmp_path / "b" / "d", overrides)
     rec = run_point(tmp_path / "b", "d", "cpu", 0, tmp_path / "r", 1)
-    small = OmegaConf.merge(cfg, {"model": {"policy": overrides}})
+    small = OmegaConf.merge(cfg, {"policy": overrides})
     tok = tokenize_demos(small, build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes).turns)
-    curve = train(tok.model, tok.units, small.model.policy, seed=int(small.seed),
+    curve = train(tok.model, tok.units, small.policy, seed=int(small.seed),
                   pad_id=int(tok.tokenizer.pad_token_id))
     assert info["units"] == len(tok.units) and info["probe_tasks"] == 4  # 2 houses x (oracle, plain)
     assert rec["done"] and rec["steps"] == rec["steps_planned"] == len(curve) > 0
@@ -539,22 +539,11 @@ def test_scaling_study_trains_the_model_the_stage_trains(cfg, tiny_games, tmp_pa
     assert {"oracle_first_step", "plain_first_step", "oracle_plan_copied"} <= set(rec["final"])
     row = [ln for ln in table(tmp_path / "r").splitlines() if ln.startswith("| d |")]
     assert len(row) == 1 and f"{len(curve)} ({len(curve)})" in row[0]
-    with pytest.raises(SystemExit, match="unknown model.policy keys"):
+    with pytest.raises(SystemExit, match="unknown policy keys"):
         run_point(tmp_path / "b", "d:width=3", "cpu", 0, tmp_path / "r", 1)
 
 
 # --------------------------------------------------------------------------- stage
-
-
-def test_stage_skips_without_a_policy_to_train_and_rejects_a_mismatched_path(cfg, tiny_cfg):
-    from pipeline.core.config import ConfigError
-    from pipeline.policy.training import skip_reason
-
-    assert skip_reason(cfg) is None
-    assert "train_policy is false" in skip_reason(OmegaConf.merge(cfg, {"model": {"train_policy": False}}))
-    assert "no stage runs a language model" in skip_reason(OmegaConf.merge(cfg, {"agent": {"name": "react"}}))
-    with pytest.raises(ConfigError, match="model.name_or_path"):
-        skip_reason(OmegaConf.merge(cfg, {"model": {"name_or_path": "/somewhere/else"}}))
 
 
 def test_policy_check_measures_an_even_subset_of_eval_tasks():

@@ -19,6 +19,8 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from tests.conftest import train_config
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("demos", "policy")
 SELECTIONS = ((), ("condition=[C1,C2]",), ("condition=[C2_placebo,C2_silent]",))
@@ -87,10 +89,9 @@ def test_demo_set_bytes_do_not_depend_on_the_conditions(tiny_cfg, tiny_games, tm
     """The demonstrations (turns, grounding, store, summary) under three condition mappings."""
     from pipeline.policy.demoset import build_demo_set, write_demo_set
 
-    base = OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"},
-                                      "model": {"name_or_path": "data/policy/model", "train_policy": True,
-                                                "policy": {"rule_epsilon": 0.6, "demos_per_quest": 6,
-                                                           "generated_houses": 4, "generated_drills": 4}}})
+    base = train_config(tiny_cfg, {"agent": {"name": "llm"},
+                                   "policy": {"rule_epsilon": 0.6, "demos_per_quest": 6,
+                                              "generated_houses": 4, "generated_drills": 4}})
     mappings = [dict(base.condition), {}, {"C2_placebo": base.condition.C2_placebo, "C1": base.condition.C1}]
     digests, variants = [], set()
     for i, mapping in enumerate(mappings):

@@ -102,7 +102,8 @@ def backend(smol_cfg, converted):
     stages pin it: with two threads on two busy cores a turn takes several times longer)."""
     import torch
 
-    from pipeline.llm.backends import TransformersBackend, make_backend
+    from pipeline.llm.backends import make_backend
+    from pipeline.llm.backends.transformers import TransformersBackend
 
     cfg = copy.deepcopy(smol_cfg)
     cfg.model.name_or_path = str(converted[0])

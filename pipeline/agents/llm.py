@@ -76,7 +76,7 @@ def format_observation(obs: Mapping[str, Any], objective: str | None = None) -> 
 def render_response(reasoning: str, action: Mapping[str, Any], memory: Mapping[str, Any] | None = None) -> str:
     """The answer format the agent asks for: one reasoning line, then the JSON action.
 
-    Used to build demonstrations (the policy stage) in exactly the form the agent parses.
+    Used to build demonstrations (the model pipeline) in exactly the form the agent parses.
     """
     obj = dict(clean_action(action))
     if memory is not None:

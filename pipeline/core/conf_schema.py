@@ -2,7 +2,7 @@
 
 Each field's default and its one-line docstring live here; a YAML file under ``conf/``
 says only what a group option or a variant changes (``conf/env/tiny.yaml``: a smaller
-world; ``conf/model/policy.yaml``: the pipeline-trained model), so the composed
+world; ``conf/model/policy.yaml``: the committed default checkpoint), so the composed
 ``params.yaml`` is these defaults plus those differences::
 
     $ python -m pipeline.core.config compose model=openai   # backend=openai, base_url=...; the rest from here
@@ -244,10 +244,8 @@ class PathsConfig:
     """The reader's evaluation episodes per condition (each condition's information ceiling)."""
     curve: str = "data/curve"
     """Learning curves: each experience level's merged grounding and every task's outcome (stage ``curve``)."""
-    demos: str = "data/demos"
-    """The default policy's demonstrations (stage ``demos``)."""
-    policy: str = "data/policy"
-    """The pipeline-trained default model (stage ``policy``)."""
+    model: str = "models/policy"
+    """The committed default checkpoint (git, not DVC): ``model=policy`` plays it, ``make model`` rebuilds it."""
     metrics: str = "metrics"
     """Small JSON metrics read by ``dvc metrics``."""
     plots: str = "plots"
@@ -486,7 +484,7 @@ class DemosConfig:
 
     The policy's own choice, never the experiment's ``condition`` list: adding or removing
     a condition does not change the demonstrations, so it does not retrain the model
-    under test. (The other demonstration knobs still live in ``model.policy``.)
+    under test. (The other demonstration knobs are the recipe's: ``policy``.)
     """
 
     advisory_variants: List[AdvisoryVariantConfig] = field(default_factory=_default_advisory_variants)
@@ -496,7 +494,7 @@ class DemosConfig:
 
 @dataclass
 class PolicyConfig:
-    """The default policy the ``policy`` stage trains (``model=policy``; see ``pipeline.policy``)."""
+    """The default policy the model pipeline trains (``make model``; ``pipeline.policy``), played by ``model=policy``."""
 
     rule_agent: AgentName = checked(AgentName.react,
                                     lambda v: unless(v != AgentName.llm, "a rule agent: react | rag"))
@@ -521,7 +519,7 @@ class PolicyConfig:
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
     incontext_every: int = 400
-    """Training steps between two probes (``metrics/policy_incontext.csv``); it also runs after the last step."""
+    """Training steps between two probes (``models/metrics/policy_incontext.csv``); it also runs after the last step."""
     slip_prob: float = checked(0.15, PROBABILITY)
     """Per-turn probability of a wrong action the expert then recovers from (renamed demos only)."""
     explore_cap: int = checked(12, at_least(0))
@@ -576,18 +574,18 @@ class PolicyConfig:
     episode_probe_houses: int = checked(48, at_least(0, " (0: no probe)"))
     """Held-out generated houses of the whole-episode probe (``pipeline.policy.dagger.EpisodeProbe``): each
     played under a C0-, C1- and C2_oracle-like prompt, greedy, after the demonstrations and after each DAgger
-    round (``metrics/policy.json["episode_probe"]``; 0: none)."""
+    round (``models/metrics/policy.json["episode_probe"]``; 0: none)."""
     evaluate: bool = False
-    """Measure the trained model on the eval quests against react / rag (metrics/policy.json; off by default:
+    """Measure the trained model on the eval quests against react / rag (models/metrics/policy.json; off by default:
     the ``evaluate`` stages measure it, and the in-context probe checks it while it trains)."""
     evaluate_tasks: int = checked(0, at_least(0))
     """Eval tasks that measure takes, evenly spaced (0: all): a check, the experiment is ``evaluate``."""
 
     @staticmethod
     def cross_checks(p: Any) -> CrossChecks:
-        yield "hidden_size", unless(p.hidden_size % p.n_head == 0, f"a multiple of model.policy.n_head={p.n_head}")
+        yield "hidden_size", unless(p.hidden_size % p.n_head == 0, f"a multiple of policy.n_head={p.n_head}")
         yield "micro_batches", unless(p.micro_batches <= p.episodes_per_batch,
-                                      f"<= model.policy.episodes_per_batch={p.episodes_per_batch}")
+                                      f"<= policy.episodes_per_batch={p.episodes_per_batch}")
 
 
 @dataclass
@@ -624,8 +622,6 @@ class ModelConfig:
     """``transformers`` (a local model) | ``openai`` (a chat-completions endpoint)."""
     name_or_path: Optional[str] = None
     """Local model directory (relative paths: from the project root) or hub id; null: no model."""
-    train_policy: bool = False
-    """Train the default offline policy in the ``policy`` stage (``model=policy``); false: use ``name_or_path``."""
     dtype: Dtype = Dtype.float32
     """Torch dtype the transformers backend loads the model in: float32 | float16 | bfloat16 | auto."""
     device: str = "cpu"
@@ -655,8 +651,6 @@ class ModelConfig:
     prompt_cache_mb: Union[int, float, str] = checked("auto", _mib_or_auto)
     """MiB of encoded prompts' keys / values kept across turns (transformers backend); 0: off; ``auto``: by
     device, 1024 on the CPU and off elsewhere (``pipeline.llm.backends.transformers.AUTO_PROMPT_CACHE_MB``)."""
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
-    """How the ``policy`` stage builds and trains the default policy (read only when ``train_policy``)."""
     gguf: GgufSourceConfig = field(default_factory=GgufSourceConfig)
     """A GGUF file the ``convert`` stage turns into a transformers directory (``model=smollm2``)."""
 
@@ -892,8 +886,6 @@ class Config:
     """Grounding generation, files and merging."""
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     """Episodic store, retrieval, advisories, gate."""
-    demos: DemosConfig = field(default_factory=DemosConfig)
-    """What the default policy's demonstrations carry."""
     condition: Dict[str, ConditionConfig] = field(default_factory=dict)
     """The conditions rendered and evaluated, by name (the ``condition`` group: conf/condition/<name>.yaml)."""
     experiment: ExperimentConfig = field(default_factory=ExperimentConfig)
@@ -902,8 +894,46 @@ class Config:
     """CPU numerics pinned for the model stages."""
 
 
+@dataclass
+class TrainPathsConfig(PathsConfig):
+    """Where the model pipeline's artifacts live (``make model``): its own world, demonstrations and
+    training run under ``data/model/``, its metrics under ``models/metrics/``; it publishes the
+    checkpoint at ``model``. The experiment's paths it never writes keep their defaults."""
+
+    data: str = "data/model"
+    """Root of the model pipeline's working data (git-ignored; rebuilt by ``make model``)."""
+    games: str = "data/model/games"
+    """The games the demonstrations' train quests are played in (the model pipeline's own ``games`` step)."""
+    demos: str = "data/model/demos"
+    """The default policy's demonstrations (the ``demos`` step)."""
+    policy: str = "data/model/policy"
+    """The trained model before it is published at ``model`` (the ``policy`` step: ``model/``, ``training.json``)."""
+    metrics: str = "models/metrics"
+    """The model pipeline's metrics (committed beside the checkpoint)."""
+    checkpoints: str = ".checkpoints/model"
+    """Stamps of the model pipeline's params check (outside every output)."""
+
+
+@dataclass
+class TrainConfig(Config):
+    """The model pipeline's configuration (``models/params.yaml``, composed from ``conf/train.yaml``):
+    the experiment's sections the demonstrations and the training read, and the recipe.
+
+    Never the experiment's ``params.yaml``: ``dvc exp run -S seed=N`` plays a fresh world with the
+    same checkpoint, as any user's model serves every experiment."""
+
+    paths: TrainPathsConfig = field(default_factory=TrainPathsConfig)
+    """Where the model pipeline's artifacts live."""
+    demos: DemosConfig = field(default_factory=DemosConfig)
+    """What the default policy's demonstrations carry."""
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    """How the default policy is built and trained (``pipeline.policy``)."""
+
+
 def register_configs() -> None:
-    """Store the schema in Hydra's ConfigStore under the name ``schema``."""
+    """Store the schemas in Hydra's ConfigStore: ``schema`` (the experiment, ``conf/config.yaml``)
+    and ``train_schema`` (the model pipeline, ``conf/train.yaml``)."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="schema", node=Config)
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)

@@ -1,5 +1,10 @@
 """The config route: ``conf/`` (Hydra) -> ``params.yaml`` (committed) -> stages.
 
+Two pipelines, each with its own top-level config and params file (:data:`PIPELINES`): the
+experiment (``conf/config.yaml`` -> ``params.yaml``, ``dvc.yaml``) and the model pipeline that
+builds the default checkpoint (``conf/train.yaml`` -> ``models/params.yaml``,
+``models/dvc.yaml``; every command below takes ``--pipeline model``).
+
 ``dvc repro`` never recomposes ``params.yaml``; ``dvc exp run`` does, through Hydra.
 This module composes exactly as DVC does (it calls DVC's own ``compose_and_dump``),
 checks that ``params.yaml`` is not stale, and loads + validates it for the stages::
@@ -39,13 +44,45 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from pipeline.core import conf_schema
-from pipeline.core.conf_schema import AgentName, Backend, Config, GroundingGenerator, ModelConfig
+from pipeline.core.conf_schema import AgentName, Backend, Config, GroundingGenerator, ModelConfig, TrainConfig
 from pipeline.core import overrides as recorded
 from pipeline.core.io import atomic_write_text
 
 PARAMS_FILE = "params.yaml"
 CONF_DIR = "conf"
 CONFIG_NAME = "config"
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """One of the project's pipelines: where its config is composed from and written to.
+
+    Attributes:
+        name: ``experiment`` | ``model`` (a stage's ``--pipeline``).
+        config_name: the top-level config under ``conf/`` (``conf/<config_name>.yaml``).
+        params_file: the composed params, relative to the project root (committed).
+        overrides_file: the record of what a compose's overrides changed, beside it.
+        schema: the typed schema it is validated against.
+    """
+
+    name: str
+    config_name: str
+    params_file: str
+    overrides_file: str
+    schema: type
+
+
+EXPERIMENT = Pipeline("experiment", CONFIG_NAME, PARAMS_FILE, recorded.OVERRIDES_FILE, Config)
+MODEL = Pipeline("model", "train", "models/params.yaml", "models/params.overrides.yaml", TrainConfig)
+PIPELINES = {p.name: p for p in (EXPERIMENT, MODEL)}
+
+
+def pipeline_named(name: str) -> Pipeline:
+    """The pipeline called ``name`` (a clear error listing the known names)."""
+    try:
+        return PIPELINES[name]
+    except KeyError:
+        raise ConfigError(f"unknown pipeline {name!r}: expected one of {', '.join(PIPELINES)}") from None
 
 
 # The check_params stage's constant output: the first dependency of every other stage, so
@@ -78,8 +115,8 @@ def project_root(start: str | os.PathLike | None = None) -> Path:
     return here
 
 
-def compose_text(root: Path, overrides: Iterable[str] = ()) -> str:
-    """Compose ``conf/`` with DVC's own function and return the YAML text it writes."""
+def compose_text(root: Path, overrides: Iterable[str] = (), *, pipeline: Pipeline = EXPERIMENT) -> str:
+    """Compose ``conf/<pipeline.config_name>.yaml`` with DVC's own function and return the YAML text it writes."""
     # deferred: heavy (Hydra + DVC, ~0.15 s); a stage whose check is stamped never composes
     from dvc.utils.hydra import compose_and_dump
     from hydra.core.global_hydra import GlobalHydra
@@ -88,7 +125,7 @@ def compose_text(root: Path, overrides: Iterable[str] = ()) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / PARAMS_FILE
         try:
-            compose_and_dump(out, str(root / CONF_DIR), None, CONFIG_NAME, str(root), list(overrides))
+            compose_and_dump(out, str(root / CONF_DIR), None, pipeline.config_name, str(root), list(overrides))
         except Exception as exc:  # Hydra's errors already name the key / group
             raise ConfigError(f"cannot compose {root / CONF_DIR}: {_hydra_message(exc)}") from exc
         return out.read_text(encoding="utf-8")
@@ -103,8 +140,9 @@ def _hydra_message(exc: BaseException) -> str:
     return " | ".join(p.strip().replace("\n", " ") for p in parts if p.strip())
 
 
-def compose(root: Path | None = None, overrides: Iterable[str] = (), *, keep_overrides: bool = False) -> Path:
-    """Regenerate ``params.yaml`` exactly as ``dvc exp run`` would, then validate it.
+def compose(root: Path | None = None, overrides: Iterable[str] = (), *, keep_overrides: bool = False,
+            pipeline: Pipeline = EXPERIMENT) -> Path:
+    """Regenerate ``params.yaml`` (``pipeline.params_file``) exactly as ``dvc exp run`` would, then validate it.
 
     Records what the given Hydra overrides changed (:mod:`pipeline.core.overrides`), so
     the stale check accepts the result. ``keep_overrides`` re-applies the overrides
@@ -113,12 +151,13 @@ def compose(root: Path | None = None, overrides: Iterable[str] = (), *, keep_ove
     root = root or project_root()
     if not (root / CONF_DIR).is_dir():
         _require_project(root)
-    kept = recorded.hydra_overrides(recorded.read(root)) if keep_overrides else []
-    text = compose_text(root, [*kept, *overrides])
-    base = yaml.safe_load(compose_text(root)) if (overrides or kept) else None
-    validate(OmegaConf.create(text))
-    path = atomic_write_text(root / PARAMS_FILE, text)
-    recorded.write(root, recorded.diff(base, yaml.safe_load(text)) if base is not None else [])
+    kept = recorded.hydra_overrides(recorded.read(root, pipeline.overrides_file)) if keep_overrides else []
+    text = compose_text(root, [*kept, *overrides], pipeline=pipeline)
+    base = yaml.safe_load(compose_text(root, pipeline=pipeline)) if (overrides or kept) else None
+    validate(OmegaConf.create(text), schema=pipeline.schema)
+    path = atomic_write_text(root / pipeline.params_file, text)
+    recorded.write(root, recorded.diff(base, yaml.safe_load(text)) if base is not None else [],
+                   pipeline.overrides_file)
     return path
 
 
@@ -150,7 +189,7 @@ def _keys(d: Any, prefix: str = "") -> set[str]:
     return out
 
 
-def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
+def _stamp_path(root: Path, params_text: str, params: Any, pipeline: Pipeline = EXPERIMENT) -> Path:
     """Where a passed check of exactly these inputs is remembered.
 
     The name is a hash of everything the check reads: params.yaml's bytes, every file of
@@ -164,9 +203,9 @@ def _stamp_path(root: Path, params_text: str, params: Any) -> Path:
         h.update(f"{name}\0{len(data)}\0".encode())
         h.update(data)
 
-    add(PARAMS_FILE, params_text.encode("utf-8"))
-    record = root / recorded.OVERRIDES_FILE
-    add(recorded.OVERRIDES_FILE, record.read_bytes() if record.is_file() else b"")
+    add(pipeline.params_file, params_text.encode("utf-8"))
+    record = root / pipeline.overrides_file
+    add(pipeline.overrides_file, record.read_bytes() if record.is_file() else b"")
     for sub in (CONF_DIR, "hydra_plugins"):
         folder = root / sub
         if folder.is_dir():
@@ -201,8 +240,9 @@ def _remember(stamp: Path | None) -> None:
         pass
 
 
-def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = False) -> None:
-    """Raise :class:`ConfigError` when params.yaml is stale against conf/.
+def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = False,
+          pipeline: Pipeline = EXPERIMENT) -> None:
+    """Raise :class:`ConfigError` when params.yaml (``pipeline.params_file``) is stale against conf/.
 
     params.yaml is in sync when it is what conf/ composes to, with the overrides recorded
     in ``params.overrides.yaml`` applied (:mod:`pipeline.core.overrides`: an applied
@@ -215,23 +255,26 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
     ``check_params`` skip the Hydra compose; ``use_stamp=False`` always recomposes.
     """
     root = root or project_root()
-    params_path = root / PARAMS_FILE
+    params_path = root / pipeline.params_file
     if not params_path.exists():
         _require_project(root)
-        raise ConfigError(f"{params_path} is missing: run `python -m pipeline.core.config compose`")
+        raise ConfigError(f"{params_path} is missing: run `{_compose_command(pipeline)}`")
     current = params_path.read_text(encoding="utf-8")
     try:
         params = yaml.safe_load(current)
     except yaml.YAMLError as exc:
         raise ConfigError(f"{params_path} is not valid YAML: {exc}") from exc
-    in_exp = bool(os.environ.get("DVC_EXP_BASELINE_REV"))
-    stamp = _stamp_path(root, current, params) if use_stamp and not record else None
+    # DVC composes only the experiment's params.yaml on `dvc exp run` (.dvc/config: conf/config.yaml)
+    in_exp = bool(os.environ.get("DVC_EXP_BASELINE_REV")) and pipeline is EXPERIMENT
+    stamp = _stamp_path(root, current, params, pipeline) if use_stamp and not record else None
     if stamp is not None and stamp.is_file():
         return
-    _refuse_key_in_key_env(root, params)
-    _refuse_credentials_in_base_url(root, params)
-    check_model_source(validate(OmegaConf.create(params)), root)
-    expected = compose_text(root)
+    _refuse_key_in_key_env(root, params, pipeline)
+    _refuse_credentials_in_base_url(root, params, pipeline)
+    typed = validate(OmegaConf.create(params), schema=pipeline.schema)
+    if pipeline is EXPERIMENT:  # the model pipeline builds its model
+        check_model_source(typed, root)
+    expected = compose_text(root, pipeline=pipeline)
     composed = yaml.safe_load(expected)
     if in_exp:
         # dvc exp run composed params.yaml with the experiment's overrides just now.
@@ -242,30 +285,35 @@ def check(root: Path | None = None, *, use_stamp: bool = True, record: bool = Fa
                 + ", ".join(sorted(missing)[:10])
             )
         if record:
-            recorded.write(root, recorded.diff(composed, params))
+            recorded.write(root, recorded.diff(composed, params), pipeline.overrides_file)
         _remember(stamp)
         return
     try:
-        kept = recorded.read(root)
+        kept = recorded.read(root, pipeline.overrides_file)
     except recorded.OverridesError as exc:
         raise ConfigError(str(exc)) from exc
     patched = recorded.apply(composed, kept)
     if current == expected or params == patched:
-        if record and not (root / recorded.OVERRIDES_FILE).exists():
-            recorded.write(root, [])
+        if record and not (root / pipeline.overrides_file).exists():
+            recorded.write(root, [], pipeline.overrides_file)
         _remember(stamp)
         return
     diffs = _leaf_diff(params, patched)
     shown = "; ".join(diffs[:8]) + (f"; ... ({len(diffs)} in all)" if len(diffs) > 8 else "")
-    with_record = (f" with the overrides recorded in {recorded.OVERRIDES_FILE} ({recorded.describe(kept)})"
+    with_record = (f" with the overrides recorded in {pipeline.overrides_file} ({recorded.describe(kept)})"
                    if kept else "")
-    keep = (" `python -m pipeline.core.config compose --keep-overrides` recomposes it with them "
+    keep = (f" `{_compose_command(pipeline)} --keep-overrides` recomposes it with them "
             "(plain `compose`: conf/ alone)." if kept else
-            " Run `python -m pipeline.core.config compose` and commit params.yaml.")
+            f" Run `{_compose_command(pipeline)}` and commit {pipeline.params_file}.")
+    exp = " For an experiment: `dvc exp run -S key=value`." if pipeline is EXPERIMENT else ""
     raise ConfigError(
         f"{params_path} is stale against {root / CONF_DIR}{with_record} ({shown or 'formatting differs'}). "
-        f"`dvc repro` never recomposes it:{keep} For an experiment: `dvc exp run -S key=value`."
+        f"`dvc repro` never recomposes it:{keep}{exp}"
     )
+
+
+def _compose_command(pipeline: Pipeline) -> str:
+    return "python -m pipeline.core.config compose" + ("" if pipeline is EXPERIMENT else f" --pipeline {pipeline.name}")
 
 
 # What `model.api_key_env` must look like: the *name* of an environment variable, never a key.
@@ -312,32 +360,32 @@ def _url_credentials_error(url: Any) -> ConfigError:
                        "environment variable model.api_key_env names")
 
 
-def _refuse_credentials_in_base_url(root: Path, params: Any) -> None:
+def _refuse_credentials_in_base_url(root: Path, params: Any, pipeline: Pipeline = EXPERIMENT) -> None:
     """Refuse a ``model.base_url`` with credentials, and blank them out of ``params.yaml`` and
     ``params.overrides.yaml`` (``dvc exp run -S`` writes params.yaml before any check runs)."""
     value = (params.get("model") or {}).get("base_url") if isinstance(params, dict) else None
     secrets = url_secrets(value) if value else ()
     if not secrets:
         return
-    for name in (PARAMS_FILE, recorded.OVERRIDES_FILE):
+    for name in (pipeline.params_file, pipeline.overrides_file):
         path = root / name
         if path.is_file() and secrets[0] in (text := path.read_text(encoding="utf-8")):
             atomic_write_text(path, text.replace(secrets[0], "***"))
-    raise ConfigError(f"{_url_credentials_error(value)} (they were replaced by *** in {PARAMS_FILE})")
+    raise ConfigError(f"{_url_credentials_error(value)} (they were replaced by *** in {pipeline.params_file})")
 
 
-def _refuse_key_in_key_env(root: Path, params: Any) -> None:
+def _refuse_key_in_key_env(root: Path, params: Any, pipeline: Pipeline = EXPERIMENT) -> None:
     """Refuse a ``model.api_key_env`` that is no variable name, and blank it out of
     ``params.yaml`` and ``params.overrides.yaml`` (``dvc exp run -S`` writes params.yaml
     before any check runs): a key typed into the wrong field must not be committed."""
     value = (params.get("model") or {}).get("api_key_env") if isinstance(params, dict) else None
     if value is None or ENV_VAR_NAME.match(str(value)):
         return
-    for name in (PARAMS_FILE, recorded.OVERRIDES_FILE):
+    for name in (pipeline.params_file, pipeline.overrides_file):
         path = root / name
         if path.is_file() and str(value) in (text := path.read_text(encoding="utf-8")):
             atomic_write_text(path, text.replace(str(value), _REFUSED_KEY))
-    raise ConfigError(f"{_key_env_error(value)} (its value was replaced by {_REFUSED_KEY} in {PARAMS_FILE})")
+    raise ConfigError(f"{_key_env_error(value)} (its value was replaced by {_REFUSED_KEY} in {pipeline.params_file})")
 
 
 def _model_needed(cfg: Config) -> bool:
@@ -350,8 +398,9 @@ def check_model_source(cfg: Config, root: Path) -> None:
 
     ``check_params`` calls it (through :func:`check`), so a bad model setting stops
     ``dvc repro`` before DVC deletes any stage's outputs. Only when a stage runs the model
-    (:func:`_model_needed`); a model the DAG builds itself (``model.train_policy``: the
-    ``policy`` stage; ``model.gguf.file``: the ``convert`` stage) is not looked for.
+    (:func:`_model_needed`); a model the DAG builds itself (``model.gguf.file``: the
+    ``convert`` stage) is not looked for. The default, ``model=policy``, is the committed
+    checkpoint ``models/policy``, checked like any local directory.
 
     - ``model.backend=transformers``: ``model.name_or_path`` is set and is a directory
       holding a model (``config.json`` and weights) and a tokenizer. A name that is no
@@ -372,10 +421,10 @@ def check_model_source(cfg: Config, root: Path) -> None:
         _require(bool(m.api_model), "model.api_model", m.api_model,
                  "the model name the endpoint serves with model.backend=openai")
         return
-    if m.train_policy or m.gguf.file:
-        return  # built by the policy / convert stage
+    if m.gguf.file:
+        return  # built by the convert stage
     _require(bool(m.name_or_path), "model.name_or_path", m.name_or_path,
-             "a local model directory with agent=llm (model=policy trains one)")
+             "a local model directory with agent=llm (model=policy: the committed checkpoint models/policy)")
     name = str(m.name_or_path)
     path = Path(name) if Path(name).is_absolute() else root / name
     parts = Path(name).parts
@@ -397,15 +446,17 @@ def _require(cond: bool, key: str, value: Any, expected: str) -> None:
         raise ConfigError(f"params key {key}={value!r}: expected {expected}")
 
 
-def validate(cfg: DictConfig) -> DictConfig:
-    """Type-check against the schema and check ranges; returns the typed config."""
+def validate(cfg: DictConfig, *, schema: type = Config) -> DictConfig:
+    """Type-check against the schema (``Config``: the experiment's; ``TrainConfig``: the model
+    pipeline's) and check ranges; returns the typed config."""
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(Config), cfg)
+        typed = OmegaConf.merge(OmegaConf.structured(schema), cfg)
     except Exception as exc:
         hint = _REFUSED_HINTS.get(getattr(exc, "full_key", None) or "")
         raise ConfigError(f"invalid params: {_hydra_message(exc)}" + (f" ({hint})" if hint else "")) from exc
-    _check_ranges(Config, typed)
-    _check_conditions(typed)
+    _check_ranges(schema, typed)
+    if schema is Config:  # the model pipeline evaluates no condition
+        _check_conditions(typed)
     _check_model_secrets(typed.model)
     return typed
 
@@ -465,18 +516,18 @@ def _check_conditions(typed: Config) -> None:
                 _require(name in known, key, name, f"a condition defined in conf/condition/ ({', '.join(sorted(known))})")
 
 
-def load_params(root: Path | None = None, *, check_stale: bool = True) -> DictConfig:
-    """Load, validate and (by default) staleness-check ``params.yaml`` for a stage."""
+def load_params(root: Path | None = None, *, check_stale: bool = True, pipeline: Pipeline = EXPERIMENT) -> DictConfig:
+    """Load, validate and (by default) staleness-check ``params.yaml`` (``pipeline.params_file``) for a stage."""
     root = root or project_root()
     if check_stale:
-        check(root)
-    path = root / PARAMS_FILE
+        check(root, pipeline=pipeline)
+    path = root / pipeline.params_file
     try:
         raw = OmegaConf.load(path)
     except FileNotFoundError as exc:
         _require_project(root)
-        raise ConfigError(f"{path} is missing: run `python -m pipeline.core.config compose`") from exc
-    return validate(raw)
+        raise ConfigError(f"{path} is missing: run `{_compose_command(pipeline)}`") from exc
+    return validate(raw, schema=pipeline.schema)
 
 
 def config_hash(cfg: DictConfig | dict, *keys: str, ignore: Iterable[str] = ()) -> str:
@@ -530,20 +581,25 @@ def main(argv: list[str] | None = None) -> int:
     p_check.add_argument("--record", action="store_true",
                          help=f"the check_params stage: inside `dvc exp run` record the experiment's overrides in "
                               f"{recorded.OVERRIDES_FILE}; write <paths.checkpoints>/{CHECKED_FILE}")
+    for p in (p_compose, p_check):
+        p.add_argument("--pipeline", choices=list(PIPELINES), default=EXPERIMENT.name,
+                       help=f"experiment: conf/config.yaml -> params.yaml (default); model: conf/{MODEL.config_name}.yaml "
+                            f"-> {MODEL.params_file} (the model pipeline, `make model`)")
     args = parser.parse_args(argv)
+    pipeline = PIPELINES[args.pipeline]
     try:
         if args.cmd == "compose":
-            path = compose(overrides=args.overrides, keep_overrides=args.keep_overrides)
-            kept = recorded.read(path.parent)
+            path = compose(overrides=args.overrides, keep_overrides=args.keep_overrides, pipeline=pipeline)
+            kept = recorded.read(project_root(), pipeline.overrides_file)
             print(f"wrote {path}" + (f" (overrides: {recorded.describe(kept)})" if kept else ""))
         else:
-            check(record=args.record)
+            check(record=args.record, pipeline=pipeline)
             root = project_root()
             if args.record:  # the check_params stage's output every other stage depends on
-                ckpt = OmegaConf.load(root / PARAMS_FILE).paths.checkpoints
+                ckpt = OmegaConf.load(root / pipeline.params_file).paths.checkpoints
                 atomic_write_text(root / ckpt / CHECKED_FILE, CHECKED_TEXT)
-            kept = recorded.read(root)
-            print("params.yaml is in sync with conf/" + (f" + overrides {recorded.describe(kept)}" if kept else ""))
+            kept = recorded.read(root, pipeline.overrides_file)
+            print(f"{pipeline.params_file} is in sync with conf/" + (f" + overrides {recorded.describe(kept)}" if kept else ""))
     except (ConfigError, recorded.OverridesError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -32,7 +32,7 @@ from pipeline.core.io import atomic_write_text
 
 OVERRIDES_FILE = "params.overrides.yaml"
 HEADER = (
-    "# What params.yaml was composed with on top of conf/ (pipeline/core/overrides.py): written by\n"
+    "# What the params file beside it was composed with on top of conf/ (pipeline/core/overrides.py): written by\n"
     "# `python -m pipeline.core.config compose [overrides]` and by the check_params stage of a\n"
     "# `dvc exp run`; read by the stale check of `dvc repro`. Empty: params.yaml is conf/ as is.\n"
 )
@@ -112,9 +112,9 @@ def hydra_overrides(overrides: list[dict[str, Any]]) -> list[str]:
     return [f"~{o['key']}" if o.get("removed") else f"++{o['key']}={json.dumps(o['value'])}" for o in overrides]
 
 
-def read(root: Path) -> list[dict[str, Any]]:
-    """The recorded overrides (none when the file does not exist)."""
-    path = root / OVERRIDES_FILE
+def read(root: Path, name: str = OVERRIDES_FILE) -> list[dict[str, Any]]:
+    """The recorded overrides of ``root / name`` (none when the file does not exist)."""
+    path = root / name
     if not path.exists():
         return []
     try:
@@ -134,9 +134,9 @@ def text(overrides: list[dict[str, Any]]) -> str:
     return HEADER + body
 
 
-def write(root: Path, overrides: list[dict[str, Any]]) -> Path:
-    """Write the record atomically; unchanged bytes are not rewritten."""
-    path = root / OVERRIDES_FILE
+def write(root: Path, overrides: list[dict[str, Any]], name: str = OVERRIDES_FILE) -> Path:
+    """Write the record to ``root / name`` atomically; unchanged bytes are not rewritten."""
+    path = root / name
     new = text(overrides)
     if path.exists() and path.read_text(encoding="utf-8") == new:
         return path

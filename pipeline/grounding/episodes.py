@@ -26,7 +26,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from pipeline.core.conf_schema import Config, GroundingGenerator
+from pipeline.core.conf_schema import Config, GroundingConfig, GroundingGenerator
 from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_write_json
 from pipeline.core.schemas import FEEDBACK_TYPES
@@ -36,6 +36,8 @@ from pipeline.grounding import (
     GroundingError,
     GroundingFileManager,
     feedback_from_lines,
+    merge_grounding_docs,
+    render_grounding_to_markdown,
     replace_dir,
     write_grounding_files,
     write_latest_files,
@@ -221,3 +223,22 @@ def make_generate(cfg: Config) -> Callable[[str], str] | None:
             raise GenerationFailed(f"{type(exc).__name__}: {exc}") from exc
 
     return generate
+
+
+def scene_groundings(grounding_cfg: GroundingConfig, episodes: list[dict], turns: list[dict]) -> dict[str, str]:
+    """scene_id -> the merged grounding Markdown of its episodes: the ``ground`` stage's documents
+    merged per scene as the ``merge`` stage merges them (its ``<scene_id>.md``, stripped), in memory
+    (:func:`pipeline.grounding.scenes.merge_groundings` is the stage's, from the files).
+
+    The extractive generator is used whatever ``grounding.generator`` says (the episodes of the
+    model pipeline and the studies have no model to ask); merging follows
+    ``grounding.dedupe_contents``. ``tests/test_merge.py`` holds it equal to the stages' files.
+    """
+    docs = ground(episodes, turns, generator="extractive", timestamp=str(grounding_cfg.timestamp),
+                  unknown_type=str(grounding_cfg.unknown_type))
+    by_scene: dict[str, list[dict]] = {}
+    for doc in docs:
+        by_scene.setdefault(doc["expr_info"].get("scene_id") or "unknown", []).append(doc)
+    return {scene: render_grounding_to_markdown(
+        merge_grounding_docs(ds, dedupe_contents=grounding_cfg.dedupe_contents)).strip()
+        for scene, ds in sorted(by_scene.items())}

@@ -5,6 +5,10 @@ The library behind :mod:`pipeline.stages.merge`::
     scenes, configured = merge_groundings(index, "data/grounding", cfg.grounding.files, root=root)
     index = write_merge_outputs(scenes, configured, "data/grounding_merged", "both")
 
+For episodes that never went through the stages' files (the model pipeline's demonstrations,
+the studies), :func:`pipeline.grounding.episodes.scene_groundings` gives the same per-scene
+texts in memory.
+
 ``index`` is the ``ground`` stage's ``index.json``; the output folder holds::
 
     <scene_id>.md      the scene's episodes merged and rendered: what the render stage puts
@@ -101,3 +105,4 @@ def write_merge_outputs(scenes: dict[str, MergedGrounding], configured: MergedGr
         index[CONFIGURED] = _write_one(tmp, CONFIGURED, configured, merge_format)
         atomic_write_json(tmp / "index.json", index)
     return index
+

@@ -23,8 +23,10 @@ from pipeline.memory.store import EpisodicStore, build_entries
 
 
 def build_store(episodes: pa.Table, turns: pa.Table, *, reader: FactReader, splits: list[str] | None,
-                config_hash: str | None, episodes_name: str = "episodes", turns_name: str = "turns") -> EpisodicStore:
-    """The pure core: collected episodes -> store (no files touched).
+                config_hash: str | None, episodes_name: str = "episodes", turns_name: str = "turns",
+                tie_seed: int | None = None) -> EpisodicStore:
+    """The pure core: collected episodes -> store (no files touched), for the ``store`` stage and for
+    every store built in memory from played episodes (the model pipeline's, the studies').
 
     Each entry carries the scene facts its episode's turns show (where objects and keys
     were, locked containers and their keys, routes, containers found empty), from the
@@ -34,7 +36,7 @@ def build_store(episodes: pa.Table, turns: pa.Table, *, reader: FactReader, spli
     """
     entries = build_entries(episodes, turns, reader=reader, splits=splits, config_hash=config_hash,
                             episodes_name=episodes_name, turns_name=turns_name)
-    return EpisodicStore.from_entries(entries)
+    return EpisodicStore.from_entries(entries, tie_seed=tie_seed)
 
 
 def store_metrics(store: EpisodicStore) -> dict[str, Any]:

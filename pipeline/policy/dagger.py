@@ -43,7 +43,7 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.seeding import crc_rng, derive_seed
 from pipeline.envs import scene_preferences
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
-from pipeline.llm.backends import TransformersBackend
+from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.policy.demos import (
     DemoKind,
     RenderedTurn,
@@ -138,7 +138,7 @@ def dagger_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Map
     out = []
     for i, house in enumerate(dagger_houses(cfg, manifest, scenes, round_, n)):
         grounded = crc_rng(cfg.seed, "dagger-grounding", round_, house.scene_id).random() \
-            < cfg.model.policy.generated_grounding
+            < cfg.policy.generated_grounding
         variants = _house_variants(cfg, scenes, memory, organizer, house, rule_cfg, grounded)
         v = variants[i % len(variants)]
         name = f"{round_:02d}_{house.scene_id}"
@@ -153,7 +153,7 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
 
     ``cfg`` should be :func:`rollout_config`'s (greedy)."""
     batch = max(1, int(cfg.agent.batch_size))
-    explore_cap = int(cfg.model.policy.explore_cap)
+    explore_cap = int(cfg.policy.explore_cap)
     out: list[Rollout] = []
     for start in range(0, len(tasks), batch):
         slots = []
@@ -358,7 +358,7 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
     rollouts (default: :class:`InProcess`, on this process's threads)."""
     from pipeline.policy.model import train
 
-    pol = cfg.model.policy
+    pol = cfg.policy
     players = players or InProcess(rollout_config(cfg))
     turns: list[RenderedTurn] = []
     prompts: list[str] = []

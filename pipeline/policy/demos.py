@@ -7,8 +7,8 @@ played here):
    ``policy.rule_epsilon`` random slips so that the simulated user has something to
    say) plays the train quests; its feedback goes through the library the ``ground``
    stage runs (:func:`pipeline.grounding.episodes.ground`), the merge rules of the
-   ``merge`` stage (per scene) and the store's entries
-   (:func:`pipeline.memory.build_entries`). That gives, per scene, a
+   ``merge`` stage (per scene) and the store's entries (:func:`memory_from_episodes`:
+   the stages' own library, in memory). That gives, per scene, a
    ``$grounding_content`` text and an episodic store to retrieve advisories from, built
    by the same code that builds them for the real run.
 2. :func:`play_demos`: for every train quest, prompt *variants* (no grounding / the
@@ -55,9 +55,10 @@ from pipeline.envs import fact_reader, scene_preferences, world_words
 from pipeline.core.seeding import derive_seed
 from pipeline.envs.household.env import HouseholdEnv, LogicHouseholdEnv
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
-from pipeline.grounding import TEXT_JOINER, merge_grounding_docs, render_grounding_to_markdown
-from pipeline.grounding.episodes import ground
-from pipeline.memory import EpisodicStore, build_entries, build_memory_slot
+from pipeline.grounding import TEXT_JOINER
+from pipeline.grounding.episodes import scene_groundings
+from pipeline.memory import EpisodicStore, build_memory_slot
+from pipeline.memory.build import build_store
 from pipeline.policy.demo_workers import DemoWorkers, Shared, WorkerContext
 from pipeline.policy.expert import (
     DemoEpisode,
@@ -216,7 +217,7 @@ def _workers_or_inline(workers: DemoWorkers | None, cfg: Config, root: Path, man
 
 def rule_agent_config(cfg: Config) -> Config:
     """``cfg`` with the rule agent as the agent: ``policy.rule_agent`` with ``policy.rule_epsilon``."""
-    pol = cfg.model.policy
+    pol = cfg.policy
     return OmegaConf.merge(cfg, {"agent": {"name": str(pol.rule_agent), "epsilon": pol.rule_epsilon}})
 
 
@@ -239,7 +240,7 @@ def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str,
 def _rule_agent_job(ctx: WorkerContext, tasks: list[Task]) -> list[dict]:
     """The rule agent's records of some train tasks (each task seeded by its identity: any chunk, the same)."""
     cfg = ctx.cfg
-    pol = cfg.model.policy
+    pol = cfg.policy
     make_env_, make_agent_, make_user_ = ctx.cached("rule_factories", lambda: make_factories(
         rule_agent_config(cfg), ctx.root, dict(ctx.scenes)))
     return play(tasks, make_env=make_env_, make_agent=make_agent_, make_user=make_user_, batch_size=1,
@@ -247,33 +248,23 @@ def _rule_agent_job(ctx: WorkerContext, tasks: list[Task]) -> list[dict]:
                 unknown_feedback=str(cfg.grounding.unknown_type))
 
 
-def scene_groundings(grounding_cfg: GroundingConfig, episodes: list[dict], turns: list[dict]) -> dict[str, str]:
-    """scene_id -> the merged grounding Markdown of its episodes, as ``ground`` + ``merge`` make it.
-
-    The extractive generator is used whatever ``grounding.generator`` says (there is no
-    model yet); merging follows ``grounding.dedupe_contents``.
-    """
-    docs = ground(episodes, turns, generator="extractive", timestamp=str(grounding_cfg.timestamp),
-                  unknown_type=str(grounding_cfg.unknown_type))
-    by_scene: dict[str, list[dict]] = {}
-    for doc in docs:
-        by_scene.setdefault(doc["expr_info"].get("scene_id") or "unknown", []).append(doc)
-    return {scene: render_grounding_to_markdown(
-        merge_grounding_docs(ds, dedupe_contents=grounding_cfg.dedupe_contents)).strip()
-        for scene, ds in sorted(by_scene.items())}
-
-
 def build_scene_memory(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                        *, progress: Callable[[int], None] | None = None,
                        workers: DemoWorkers | None = None) -> SceneMemory:
     """Play the train quests with the rule agent (in ``workers``) and build grounding + store from them."""
     episodes, turns = rule_agent_episodes(cfg, root, manifest, scenes, progress=progress, workers=workers)
-    grounding = scene_groundings(cfg.grounding, episodes, turns)
-    splits = list(cfg.memory.store_splits) or None
-    entries = build_entries(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg), splits=splits,
-                            config_hash=None)
-    store = EpisodicStore.from_entries(entries, tie_seed=cfg.seed)
-    return SceneMemory(grounding=grounding, store=store, episodes=episodes, turns=turns)
+    return memory_from_episodes(cfg, episodes, turns)
+
+
+def memory_from_episodes(cfg: Config, episodes: list[dict], turns: list[dict]) -> SceneMemory:
+    """What played episodes leave for the next prompts, as the experiment's stages leave it from
+    ``collect``'s: per scene, the ``ground`` + ``merge`` stages' grounding text
+    (:func:`pipeline.grounding.episodes.scene_groundings`), and the ``store`` stage's store
+    (:func:`pipeline.memory.build.build_store`, same reader and splits)."""
+    store = build_store(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg),
+                        splits=list(cfg.memory.store_splits) or None, config_hash=None, tie_seed=cfg.seed)
+    return SceneMemory(grounding=scene_groundings(cfg.grounding, episodes, turns), store=store, episodes=episodes,
+                       turns=turns)
 
 
 class _Progress:
@@ -379,7 +370,7 @@ def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], s
 def quest_demos(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], memory: SceneMemory,
                 organizer: PromptOrganizer, eval_objectives: set[str]) -> list[Demo]:
     """A train quest's ``policy.demos_per_quest`` demonstrations, then its plan drills (:func:`plan_drills`)."""
-    pol = cfg.model.policy
+    pol = cfg.policy
     variants = prompt_variants(cfg, memory, row, organizer)
     frozen = [freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block) for v in variants]
     demos: list[Demo] = []
@@ -441,7 +432,7 @@ def house_grounding(rule_cfg: Config, house: GeneratedHouse, scenes: dict[str, A
     ``scenes`` must hold the house's spec (the simulated user reads the scene)."""
     if len(house.quests) < 2:
         return None
-    pol = rule_cfg.model.policy
+    pol = rule_cfg.policy
     row = house.row(1)
     _, make_agent, make_user = make_factories(rule_cfg, Path("."), scenes)
     task = Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
@@ -477,7 +468,7 @@ def _prompt_memory(memory: SceneMemory) -> SceneMemory:
 def _generated_demos(pool: DemoWorkers, shared: Shared, *,
                      progress: Callable[[int], None] | None = None) -> list[Demo]:
     """:func:`generated_demos` on ``pool``, ``shared`` holding ``(memory, organizer)``."""
-    pol = pool.context.cfg.model.policy
+    pol = pool.context.cfg.policy
     n = max(0, pol.generated_houses) + max(0, pol.generated_drills)
     if n == 0:
         return []
@@ -540,7 +531,7 @@ def house_demo(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, orga
     :mod:`pipeline.envs.household.generate`). Everything random is drawn from the house's
     own seeds: the demonstration does not depend on which process makes it, or after what.
     """
-    pol = cfg.model.policy
+    pol = cfg.policy
     n_houses = max(0, pol.generated_houses)
     oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
     rule_cfg = rule_cfg if rule_cfg is not None else rule_agent_config(cfg)
@@ -580,7 +571,7 @@ def play_expert(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     try:
         env.reset()
         know = read_knowledge(prompt, env.world, _scene_prefs(scenes, row))
-        return expert_episode(env, know, slip_prob=slip_prob, rng=rng, explore_cap=cfg.model.policy.explore_cap)
+        return expert_episode(env, know, slip_prob=slip_prob, rng=rng, explore_cap=cfg.policy.explore_cap)
     finally:
         env.close()
 
@@ -597,7 +588,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     renamed house (other names, places, directions), so the plan to copy is new every
     time. The drills of a quest are one training unit (:func:`training_unit`).
     """
-    n = cfg.model.policy.plan_drills
+    n = cfg.policy.plan_drills
     oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
     picks = [i for i, v in enumerate(variants) if v.source in oracle_names]
     if n <= 0 or not picks:

@@ -4,7 +4,7 @@ Built from the games only (:mod:`pipeline.policy.demos`: a rule agent's train ep
 grounding and episodic store -> expert demonstrations -> the ``llm`` agent's chat
 messages), written to ``paths.demos`` and read back by the ``policy`` stage, which trains
 on them and measures the model with the same grounding and store. The demonstrations
-depend on the policy's own config (``model.policy``, ``demos.advisory_variants``), never
+depend on the policy's own config (``policy``, ``demos.advisory_variants``), never
 on the experiment's list of conditions. Files::
 
     turns.parquet          every demonstration turn: variant, chat messages, expert answer, train flag
@@ -65,7 +65,7 @@ TURNS_SCHEMA = pa.schema([
 
 @dataclass
 class DemoSet:
-    """The demonstrations and what the policy stage needs beside them.
+    """The demonstrations and what the policy step needs beside them.
 
     Attributes:
         turns: every demonstration turn, in demonstration order (the order the tokenizer
@@ -92,7 +92,7 @@ def rule_agent_summary(policy_cfg: PolicyConfig, episodes: Sequence[Mapping[str,
 def demo_workers(cfg: Config, manifest: Sequence[Mapping[str, Any]]) -> int:
     """The processes :func:`build_demo_set` uses: ``workers`` (:mod:`pipeline.core.parallel`), at
     most one per job of its largest step (the train quests, the chunks of generated houses)."""
-    pol = cfg.model.policy
+    pol = cfg.policy
     n_train = sum(r["split"] == "train" for r in manifest)
     n_houses = max(0, pol.generated_houses) + max(0, pol.generated_drills)
     return stage_workers(cfg, limit=max(n_train, math.ceil(n_train / RULE_TASKS_PER_JOB),
@@ -129,7 +129,7 @@ def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]
     turns = render_demos(cfg, demos)
     wall["render_s"] = time.perf_counter() - t
     summary = {"demos": demo_stats(demos, turns),
-               "rule_agent_episodes": rule_agent_summary(cfg.model.policy, memory.episodes)}
+               "rule_agent_episodes": rule_agent_summary(cfg.policy, memory.episodes)}
     return DemoSet(turns=turns, memory=memory, summary=summary,
                    run={"workers": n, "wall_s": {k: round(v, 3) for k, v in wall.items()}})
 

@@ -21,7 +21,7 @@ admissible action scored; the backend the ``evaluate`` stage uses):
 The ``policy`` stage logs both every ``policy.incontext_every`` steps (``metrics/
 policy_incontext.csv``, a DVC plot) and at the end (``metrics/policy.json``)::
 
-    probe = InContextProbe.build(cfg, manifest, scenes, memory, n=cfg.model.policy.incontext_tasks)
+    probe = InContextProbe.build(cfg, manifest, scenes, memory, n=cfg.policy.incontext_tasks)
     probe.score(model, tokenizer)
     # {"oracle_first_step": 0.81, "oracle_plan_copied": 0.1, "plain_first_step": 0.33, "tasks": 48}
 """
@@ -35,7 +35,7 @@ from omegaconf import OmegaConf
 
 from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config
-from pipeline.llm.backends import TransformersBackend
+from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.policy.demos import (NoBackend, SceneMemory, freeze_prompt, house_env, prompt_variants,
                                    training_houses)
 from pipeline.prompts import PromptOrganizer

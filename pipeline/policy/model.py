@@ -17,7 +17,7 @@
   of an episode share their prompt prefix (objective, grounding, advisory block): it is
   computed once per step and its keys/values reused by every turn (:class:`Unit`), which
   gives the same gradients as full prompts at a fraction of the cost.
-- **Data parallel** (``model.policy.micro_batches`` > 1): a step's units are cut into that
+- **Data parallel** (``policy.micro_batches`` > 1): a step's units are cut into that
   many contiguous micro-batches, each loss weighted by its share of the step's answer
   tokens; ``min(micro_batches, workers // threads)`` processes compute them (helpers
   spawned once per run, their parameters the parent's, in shared memory) into one gradient
@@ -26,10 +26,10 @@
   guard its entry point (``if __name__ == "__main__":``): the helpers are spawned.
 
     tok = train_tokenizer(texts, vocab_size=2048)
-    model = build_model(tok, cfg.model.policy, seed=cfg.seed)
+    model = build_model(tok, cfg.policy, seed=cfg.seed)
     units = [make_unit([Sample(prompt_ids, answer_ids), ...]), ...]   # one per episode
-    curve = train(model, units, cfg.model.policy, seed=cfg.seed, progress=bar)
-    save_policy("data/policy/model", model, tok)
+    curve = train(model, units, cfg.policy, seed=cfg.seed, progress=bar)
+    save_policy("data/model/policy/model", model, tok)
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def train_tokenizer(texts: Iterable[str], *, vocab_size: int = 2048) -> Any:
 
 
 def build_model(tokenizer: Any, policy_cfg: PolicyConfig, *, seed: int = 0) -> Any:
-    """A randomly initialised Llama-style causal LM sized by ``model.policy`` (seeded)."""
+    """A randomly initialised Llama-style causal LM sized by ``policy`` (seeded)."""
     # deferred: heavy optional dependencies (torch, transformers)
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM

@@ -34,7 +34,7 @@ from pipeline.agents.llm import LLMAgent
 from pipeline.conditions import is_exposed
 from pipeline.core.conf_schema import AdvisoryVariantConfig, Config, DemosConfig, MemoryMode
 from pipeline.envs import fact_reader, world_words
-from pipeline.llm.backends import TransformersBackend
+from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.memory import build_memory_slot
 from pipeline.policy.demos import SceneMemory, _Progress, freeze_prompt, grounding_text
 from pipeline.prompts import PromptOrganizer, extract_json_object
@@ -118,7 +118,7 @@ def evaluate_policy(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any
         progress: called with 1 per finished episode.
     """
     split = cfg.experiment.eval_split
-    manifest = measured_rows(manifest, split, cfg.model.policy.evaluate_tasks)
+    manifest = measured_rows(manifest, split, cfg.policy.evaluate_tasks)
     rows = {(r["scene_id"], r["quest_id"]): r for r in manifest if r["split"] == split}
     llm_cfg = OmegaConf.merge(cfg, {"agent": {"name": "llm"}, "model": {"name_or_path": str(model_dir)}})
     make_env, _, make_user = make_factories(llm_cfg, root, dict(scenes))

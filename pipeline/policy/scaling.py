@@ -15,19 +15,19 @@
 marks a point whose record is not final (stopped, failed or still training: its figures are
 those of its last probe) with ``(partial)`` and says how many there are.
 
-``prepare`` calls the policy stage's own library (``build_demo_set``, ``tokenize_demos``,
-``InContextProbe.build``) on ``params.yaml`` with each variant's ``model.policy`` overrides,
+``prepare`` calls the policy step's own library (``build_demo_set``, ``tokenize_demos``,
+``InContextProbe.build``) on ``params.yaml`` with each variant's ``policy`` overrides,
 and writes per variant: the tokenizer (``save_pretrained``), the training units and the
 probe's tasks as gzipped JSON (no pickle), and the probe's config as YAML. ``run`` trains
 a fresh model per grid point with ``pipeline.policy.model.train`` (the stage's trainer, on
 ``--device``) and scores the probe (``InContextProbe.score``, the stage's scorer) every
 ``--every`` steps and at the end; each point is one process (``--jobs`` at a time), one
 JSON file per point. A grid point is ``DATA[:key=value,...]``, the keys
-``model.policy``'s (sizes, ``epochs``, ``lr``, ``episodes_per_batch``, ...).
+``policy``'s (sizes, ``epochs``, ``lr``, ``episodes_per_batch``, ...).
 
 This is a study tool, not a stage: its results are not DVC outputs, and a GPU's float
 reductions differ from the CPU's, so a point's figures say which device made them; the
-default policy is trained on the CPU by ``dvc repro policy``.
+default policy is trained on the CPU by ``make model``.
 """
 
 from __future__ import annotations
@@ -74,12 +74,12 @@ def _read_json_gz(path: Path) -> Any:
 
 def prepare(out: Path, variants: dict[str, dict[str, Any]]) -> None:
     """Every variant's bundle from ``params.yaml`` and the built games of the project at cwd."""
-    from pipeline.core.config import load_params, project_root
+    from pipeline.core.config import MODEL, load_params, project_root
     from pipeline.core.numerics import pin
     from pipeline.session.collection import load_games
 
-    base = load_params()
-    pin(base.numerics)  # before anything loads torch: the numerics the policy stage trains under
+    base = load_params(pipeline=MODEL)
+    pin(base.numerics)  # before anything loads torch: the numerics the policy step trains under
     root = project_root()
     manifest, scenes = load_games(root, base)
     for name, overrides in variants.items():
@@ -89,7 +89,7 @@ def prepare(out: Path, variants: dict[str, dict[str, Any]]) -> None:
 
 
 def prepare_bundle(base: Any, root: Path, manifest: Any, scenes: Any, d: Path, overrides: dict[str, Any]) -> dict:
-    """One data variant: ``base`` with ``model.policy`` ``overrides``, through the policy
+    """One data variant: ``base`` with ``policy`` ``overrides``, through the policy
     stage's own library, written into ``d``; returns its ``info.json``."""
     from omegaconf import OmegaConf
 
@@ -98,16 +98,16 @@ def prepare_bundle(base: Any, root: Path, manifest: Any, scenes: Any, d: Path, o
     from pipeline.policy.training import tokenize_demos
 
     t0 = time.perf_counter()
-    cfg = OmegaConf.merge(base, {"model": {"policy": overrides}})
+    cfg = OmegaConf.merge(base, {"policy": overrides})
     ds = build_demo_set(cfg, root, manifest, scenes)
     tok = tokenize_demos(cfg, ds.turns)
-    probe = InContextProbe.build(cfg, manifest, scenes, ds.memory, n=int(cfg.model.policy.incontext_tasks))
+    probe = InContextProbe.build(cfg, manifest, scenes, ds.memory, n=int(cfg.policy.incontext_tasks))
     d.mkdir(parents=True, exist_ok=True)
     tok.tokenizer.save_pretrained(d / "tokenizer")
     _write_json_gz(d / "units.json.gz", [[u.prefix, [[p, a] for p, a in u.turns]] for u in tok.units])
     _write_json_gz(d / "probe.json.gz", [dataclasses.asdict(t) for t in probe.tasks])
     atomic_write_text(d / "probe_config.yaml", OmegaConf.to_yaml(probe.cfg, resolve=True))
-    info = {"overrides": overrides, "policy": OmegaConf.to_container(cfg.model.policy, resolve=True),
+    info = {"overrides": overrides, "policy": OmegaConf.to_container(cfg.policy, resolve=True),
             "seed": int(cfg.seed), "units": len(tok.units), "train_turns": sum(len(u.turns) for u in tok.units),
             "tokens_per_epoch": sum(u.tokens for u in tok.units), "probe_tasks": len(probe.tasks),
             "pad_id": int(tok.tokenizer.pad_token_id), "prepare_s": round(time.perf_counter() - t0, 1)}
@@ -136,7 +136,7 @@ def run_point(bundle: Path, point: str, device: str, every: int, out: Path, thre
     fields = {f.name for f in dataclasses.fields(PolicyConfig)}
     unknown = sorted(set(overrides) - fields)
     if unknown:
-        raise SystemExit(f"scaling: grid point {point!r}: unknown model.policy keys {unknown}")
+        raise SystemExit(f"scaling: grid point {point!r}: unknown policy keys {unknown}")
     pol = PolicyConfig(**{k: v for k, v in info["policy"].items() if k in fields})
     pol = dataclasses.replace(pol, **overrides)
     tokenizer = AutoTokenizer.from_pretrained(str(d / "tokenizer"))
@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("prepare", help="build each data variant's bundle (needs the built games)")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--data", nargs="+", required=True, metavar="NAME=JSON",
-                   help='a data variant: name and its model.policy overrides, e.g. d9600=\'{"generated_drills": 9600}\'')
+                   help='a data variant: name and its policy overrides, e.g. d9600=\'{"generated_drills": 9600}\'')
     for name in ("run", "point"):
         r = sub.add_parser(name, help="train and probe grid points" if name == "run" else "one point (run's worker)")
         r.add_argument("--bundle", type=Path, required=True)

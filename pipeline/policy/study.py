@@ -41,7 +41,7 @@ and a Markdown table is printed. The episodes (the arm's round, both probes) are
 ``--workers`` processes (:mod:`pipeline.policy.rollout_workers`: the same rollouts at any count).
 The arms' code is the candidate for the library: an arm
 that wins moves into :mod:`pipeline.policy.dagger` / :mod:`pipeline.policy.demos` with the
-next default run (changing them changes the policy stage's recorded code).
+next default run (changing them changes the model pipeline's recorded code).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.config import load_params, project_root
+from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
 from pipeline.core.parallel import resolve_workers
@@ -65,6 +65,7 @@ from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng, derive_seed, task_seed
 from pipeline.envs import fact_reader
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
+from pipeline.grounding.episodes import scene_groundings
 from pipeline.memory import EpisodicStore, build_entries, table_to_entries
 from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
     HouseTask,
@@ -80,7 +81,6 @@ from pipeline.policy.demos import (
     Variant,
     house_env,
     rule_agent_config,
-    scene_groundings,
     training_houses,
     training_unit,
 )
@@ -165,7 +165,7 @@ def past_visits(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, An
                           preferences=list(row["preferences"]),
                           seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0)))
     records = play(tasks, make_env=lambda t: house_env(rule_cfg, house, index[t.quest_id]), make_agent=make_agent,
-                   make_user=make_user, agent_name=str(rule_cfg.model.policy.rule_agent),
+                   make_user=make_user, agent_name=str(rule_cfg.policy.rule_agent),
                    preference_in_success=rule_cfg.user.preference_in_success,
                    unknown_feedback=str(rule_cfg.grounding.unknown_type))
     return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
@@ -342,7 +342,7 @@ class Study:
         """One round of ``arm`` from the run's model: rollouts, training, both probes."""
         from pipeline.policy.model import train
 
-        cfg, pol = self.cfg, self.cfg.model.policy
+        cfg, pol = self.cfg, self.cfg.policy
         model, tok = self.model()
         r = int(pol.dagger_rounds)
         t = time.perf_counter()
@@ -420,10 +420,10 @@ def main(argv: list[str] | None = None) -> int:
         arms = [Arm.parse(a) for a in args.arm] if args.arm else [Arm(n, **kw) for n, kw in ARMS.items()]
     except ValueError as exc:
         ap.error(str(exc))
-    cfg = load_params(root, check_stale=False)
+    cfg = load_params(root, check_stale=False, pipeline=MODEL)
     demos = root / cfg.paths.policy / DEMOS_FILE
     if not demos.is_file():
-        ap.error(f"{demos}: not found (the run's DAgger labels); run the policy stage first: dvc repro policy")
+        ap.error(f"{demos}: not found (the run's DAgger labels); build the model first: make model")
     try:
         value = cfg.workers if args.workers is None else (int(args.workers) if args.workers.isdigit() else args.workers)
         workers = resolve_workers(value)
@@ -447,7 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         keep({"arm": "the run's model", "workers": workers, "probe": paired_table(results), "results": results,
               "seconds": {"probes": round(time.perf_counter() - t)}})
         for arm in [] if args.before_only else arms:
-            keep(study.arm(arm, int(args.houses if args.houses is not None else cfg.model.policy.dagger_houses)))
+            keep(study.arm(arm, int(args.houses if args.houses is not None else cfg.policy.dagger_houses)))
     print(markdown(rows))
     return 0
 

@@ -3,15 +3,14 @@
 The library behind :mod:`pipeline.stages.policy` (the demonstrations come from
 :mod:`pipeline.policy.demoset`, stage ``demos``)::
 
-    reason = skip_reason(cfg)                         # None: train
     demo_set = load_demo_set(demo_dir, tie_seed=cfg.seed)
     built = build_policy(cfg, demo_set, out_dir)      # writes model/, demos.parquet, training.json
     csv = loss_csv(built["curve"])
 
 Written into ``out_dir`` (``paths.policy``):
 
-- ``model/``: ``save_pretrained`` model (safetensors) + tokenizer, the directory
-  ``model.name_or_path`` points at;
+- ``model/``: ``save_pretrained`` model (safetensors) + tokenizer, what
+  :mod:`pipeline.policy.checkpoint` publishes as the committed checkpoint;
 - ``demos.parquet``: every demonstration turn, prompt (chat template applied) and answer
   verbatim;
 - ``training.json``: data and training summary (no wall-clock times).
@@ -26,11 +25,9 @@ from typing import Any, Callable, Sequence
 
 import pyarrow as pa
 
-from pipeline.agents import plays_with_model
-from pipeline.core.conf_schema import Config, GroundingGenerator, PolicyConfig
-from pipeline.core.config import ConfigError
+from pipeline.core.conf_schema import Config, PolicyConfig
 from pipeline.core.io import atomic_dir, atomic_write_json, write_parquet
-from pipeline.llm.backends import TransformersBackend, is_local
+from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.policy.dagger import run_rounds
 from pipeline.policy.demos import RenderedTurn, demo_rows, training_unit
 from pipeline.policy.demoset import DemoSet
@@ -50,7 +47,6 @@ from pipeline.policy.model import (
 MODEL_DIR = "model"
 DEMOS_FILE = "demos.parquet"
 SUMMARY_FILE = "training.json"
-SKIPPED_FILE = "SKIPPED.json"
 LOSS_CSV = "policy_loss.csv"
 LOSS_COLUMNS = ("step", "epoch", "loss", "lr", "tokens")
 
@@ -65,30 +61,8 @@ DEMOS_SCHEMA = pa.schema([
 
 
 def model_dir(cfg: Config) -> str:
-    """``<paths.policy>/model``: where the stage saves the model (``model.name_or_path``)."""
+    """``<paths.policy>/model``: where the ``policy`` step saves the model (before it is published)."""
     return f"{cfg.paths.policy.rstrip('/')}/{MODEL_DIR}"
-
-
-def skip_reason(cfg: Config) -> str | None:
-    """Why the ``demos`` and ``policy`` stages build nothing (None: they build).
-
-    Raises:
-        ConfigError: ``model.train_policy`` is true but ``model.name_or_path`` is not the
-            directory this stage writes (the trained model would never be used).
-    """
-    m = cfg.model
-    if not m.train_policy:
-        return f"model.train_policy is false (the llm agent uses model.name_or_path={m.name_or_path!r})"
-    if not is_local(m):
-        return f"model.backend={m.backend}: a remote model needs no local policy"
-    if not plays_with_model(cfg.agent) and cfg.grounding.generator != GroundingGenerator.llm:
-        return (f"no stage runs a language model (agent.name={cfg.agent.name}, "
-                f"grounding.generator={cfg.grounding.generator})")
-    expected = model_dir(cfg)
-    if (m.name_or_path or "").rstrip("/") != expected:
-        raise ConfigError(f"model.train_policy=true but model.name_or_path={m.name_or_path!r}: expected {expected!r} "
-                          "(the directory the policy stage writes), or set model.train_policy=false to use your model")
-    return None
 
 
 def loss_csv(curve: list[dict]) -> str:
@@ -118,7 +92,7 @@ class Tokenized:
 
 def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
     """Train the tokenizer on the turns, build the model, and turn every train turn into ids."""
-    pol = cfg.model.policy
+    pol = cfg.policy
     texts = [m["content"] for tr in turns for m in tr.messages] + [tr.response for tr in turns]
     tokenizer = train_tokenizer(texts, vocab_size=pol.vocab_size)
     model = build_model(tokenizer, pol, seed=cfg.seed)
@@ -194,7 +168,7 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
     """Tokenizer -> model -> training on ``demo_set``, saved into ``out_dir`` (swapped in whole).
 
     Args:
-        cfg: the composed config (``model.policy`` sizes and trains the model).
+        cfg: the composed config (``policy`` sizes and trains the model).
         demo_set: the demonstrations (:func:`pipeline.policy.demoset.load_demo_set`).
         out_dir: ``paths.policy``.
         train_progress: called with the number of training steps; returns the per-step
@@ -217,7 +191,7 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         rounds' steps numbered on), the probe's scores by step (``[]`` without a probe) and wall times (with ``train_processes``,
         the processes the data-parallel training used: :func:`pipeline.policy.model.train_processes`).
     """
-    pol = cfg.model.policy
+    pol = cfg.policy
     timings: dict[str, float] = {}
     t = time.perf_counter()
     tok = tokenize_demos(cfg, demo_set.turns)
@@ -249,7 +223,7 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
 
     processes = train_processes(cfg.workers, pol)  # the machine's: wall time only, never a byte
     stage_threads = torch.get_num_threads()
-    torch.set_num_threads(int(pol.threads))  # the training's own fixed thread count (model.policy.threads)
+    torch.set_num_threads(int(pol.threads))  # the training's own fixed thread count (policy.threads)
     try:
         if probe is not None:
             measure(0)

@@ -56,11 +56,10 @@ from pipeline.users import FileFeedback, User, make_user
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
                    "grounding.online", "numerics")
 # Keys of those subtrees that decide how a run is played or judged, never what an episode is:
-# left out, so changing them reuses checkpoints and keeps every recorded config hash. The
-# policy's training threads reach an episode only through the weights, which are an input
-# (:func:`inputs_hash`: the model directory), not the config the episode is played under.
-# (The process count, the top-level ``workers``, is in no hashed subtree at all.)
-CHECKPOINT_IGNORED = ("model.policy.threads", "agent.worker_stall_s", "agent.max_error_fraction",
+# left out, so changing them reuses checkpoints and keeps every recorded config hash. (The
+# model's weights are an input, :func:`inputs_hash`: the model directory; the process count,
+# the top-level ``workers``, is in no hashed subtree at all.)
+CHECKPOINT_IGNORED = ("agent.worker_stall_s", "agent.max_error_fraction",
                       "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb")
 # How often the parent looks at its workers (exit codes, heartbeats).
 WORKER_POLL_S = 1.0

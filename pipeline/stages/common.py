@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig
 
-from pipeline.core.config import load_params, project_root
+from pipeline.core.config import EXPERIMENT, PIPELINES, load_params, project_root
 from pipeline.core.io import ArtifactError
 from pipeline.core.numerics import NumericsError, cpu_model, pin
 
@@ -33,7 +33,8 @@ Body = Callable[[DictConfig, Path, argparse.Namespace], None]
 
 def run_stage(name: str, body: Body, argv: list[str] | None = None, *, doc: str | None = None,
               arguments: Callable[[argparse.ArgumentParser], None] | None = None,
-              log_level: int = logging.WARNING, expected: tuple[type[BaseException], ...] = ()) -> int:
+              log_level: int = logging.WARNING, expected: tuple[type[BaseException], ...] = (),
+              pipelines: tuple[str, ...] = (EXPERIMENT.name,)) -> int:
     """Run one stage: parse its arguments, set up logging, load and check ``params.yaml``, call
     ``body(cfg, root, args)``; 0 when it returns.
 
@@ -47,6 +48,8 @@ def run_stage(name: str, body: Body, argv: list[str] | None = None, *, doc: str 
         log_level: ``logging.INFO`` for a stage that narrates its steps, else warnings only.
         expected: what else this stage's library raises as an expected failure
             (``BackendError`` for a stage that runs a model), beside :data:`EXPECTED`.
+        pipelines: the pipelines whose ``dvc.yaml`` runs this stage (:data:`pipeline.core.config.PIPELINES`);
+            with more than one, ``--pipeline NAME`` picks the params file it reads (the first by default).
 
     Returns:
         0, or 1 with ``error: <message>`` on stderr for an expected failure; anything else
@@ -56,10 +59,14 @@ def run_stage(name: str, body: Body, argv: list[str] | None = None, *, doc: str 
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     if arguments is not None:
         arguments(parser)
+    if len(pipelines) > 1:
+        parser.add_argument("--pipeline", choices=pipelines, default=pipelines[0],
+                            help="whose params file this run reads: " + ", ".join(
+                                f"{n} ({PIPELINES[n].params_file})" for n in pipelines))
     args = parser.parse_args([] if argv is None else argv)
     logging.basicConfig(level=log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        cfg = load_params()
+        cfg = load_params(pipeline=PIPELINES[getattr(args, "pipeline", pipelines[0])])
         body(cfg, project_root(), args)
     except (*EXPECTED, *expected) as exc:
         print(f"error: {exc}", file=sys.stderr)

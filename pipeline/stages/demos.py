@@ -1,26 +1,25 @@
-"""``demos`` stage: the default policy's expert demonstrations, built from the games.
+"""``demos`` step of the model pipeline: the default policy's expert demonstrations, built from its games.
 
-    python -m pipeline.stages.demos          # what `dvc repro demos` runs
+    python -m pipeline.stages.demos          # a step of `make model` (models/dvc.yaml), on models/params.yaml
 
-A rule agent (``model.policy.rule_agent``) plays the *train* quests; its feedback becomes
+A rule agent (``policy.rule_agent``) plays the *train* quests; its feedback becomes
 per-scene grounding and an episodic store, from which the prompt variants of
 :mod:`pipeline.policy.demos` are built (no grounding / the scene's grounding, times no
 advisory / each of ``demos.advisory_variants``); a knowledge-limited expert plays
-``model.policy.demos_per_quest`` demonstrations per quest and every turn is rendered by
+``policy.demos_per_quest`` demonstrations per quest and every turn is rendered by
 the ``llm`` agent's own code. All of it by the library (:mod:`pipeline.policy.demoset`),
 from the games and the policy's own config: the experiment's list of conditions is never
 read, so adding a condition does not change the demonstrations or the model the
-``policy`` stage trains on them.
+``policy`` step trains on them.
 
 The rule agent's episodes and the demonstrations are played in ``workers`` processes
 (:mod:`pipeline.core.parallel`; :class:`pipeline.policy.demo_workers.DemoWorkers`): jobs
 fixed by the config, each item seeded by its identity, merged in job order, so any count
 writes the same bytes.
 
-Writes ``data/demos/`` (:mod:`pipeline.policy.demoset`: ``turns.parquet``,
-``grounding.json``, ``store/``, ``summary.json``) and ``metrics/demos.json`` (the summary,
-the worker count and wall times: those in the metrics only). Skipped (a marker ``data/demos/SKIPPED.json``) exactly when the
-``policy`` stage is (:func:`pipeline.policy.training.skip_reason`).
+Writes ``<paths.demos>/`` (``data/model/demos``; :mod:`pipeline.policy.demoset`: ``turns.parquet``,
+``grounding.json``, ``store/``, ``summary.json``) and ``<paths.metrics>/demos.json``
+(``models/metrics``: the summary, the worker count and wall times: those in the metrics only).
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.io import atomic_dir, atomic_write_json
 from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import build_demo_set, write_demo_set
-from pipeline.policy.training import SKIPPED_FILE, skip_reason
 from pipeline.session.collection import load_games
 from pipeline.stages.common import pin_numerics, run_stage
 
@@ -43,22 +41,14 @@ METRICS_FILE = "demos.json"
 
 
 def demos(cfg: Config, root: Path, _args: object) -> None:
-    """Build and write the demonstrations, or the skip marker (module docstring)."""
+    """Build and write the demonstrations (module docstring)."""
     pin_numerics(cfg, runs_model=False)  # rule agent and expert only: the environment, no torch
     out_dir = root / cfg.paths.demos
     metrics_path = root / cfg.paths.metrics / METRICS_FILE
-    reason = skip_reason(cfg)
-    if reason is not None:
-        with atomic_dir(out_dir) as tmp:
-            atomic_write_json(tmp / SKIPPED_FILE, {"built": False, "reason": reason})
-        atomic_write_json(metrics_path, {"built": False, "reason": reason})
-        print(f"demos: skipped ({reason})")
-        return
-
     t0 = time.perf_counter()
     manifest, scenes = load_games(root, cfg)
     n_train = sum(r["split"] == "train" for r in manifest)
-    pol = cfg.model.policy
+    pol = cfg.policy
     with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
             tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2:
         demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,
@@ -75,7 +65,7 @@ def demos(cfg: Config, root: Path, _args: object) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("demos", demos, argv, doc=__doc__, expected=(BackendError,))
+    return run_stage("demos", demos, argv, doc=__doc__, expected=(BackendError,), pipelines=("model",))
 
 
 if __name__ == "__main__":

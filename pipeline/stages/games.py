@@ -2,7 +2,8 @@
 
 Run it (DVC runs exactly this)::
 
-    python -m pipeline.stages.games
+    python -m pipeline.stages.games                   # the experiment's (dvc.yaml, params.yaml)
+    python -m pipeline.stages.games --pipeline model  # the model pipeline's own world (models/dvc.yaml)
 
 Reads ``seed``, ``env.*``, ``user.preferences_per_scene`` and ``paths.games`` /
 ``paths.metrics`` from params.yaml; writes ``<paths.games>/<scene_id>/<quest_id>.z8``
@@ -30,7 +31,8 @@ def games(cfg: Config, root: Path, _args: object) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     # RuntimeError: a game that does not compile or verify, a world's engine that is missing or fails
-    return run_stage("games", games, argv, doc=__doc__, log_level=logging.INFO, expected=(RuntimeError,))
+    return run_stage("games", games, argv, doc=__doc__, log_level=logging.INFO, expected=(RuntimeError,),
+                     pipelines=("experiment", "model"))
 
 
 if __name__ == "__main__":

@@ -1,33 +1,27 @@
-"""``policy`` stage: train the default offline policy model the ``llm`` agent runs with.
+"""``policy`` step of the model pipeline: train the default offline model the ``llm`` agent plays.
 
-    python -m pipeline.stages.policy          # what `dvc repro policy` runs
-    dvc exp run -S model=local -S model.name_or_path=/path/to/model   # your own model: stage skipped
+    python -m pipeline.stages.policy          # a step of `make model` (models/dvc.yaml), on models/params.yaml
 
-Nothing can be downloaded here, so the pipeline trains its own small causal LM on the
-expert demonstrations of the *train* quests that the ``demos`` stage wrote to
-``data/demos`` (:mod:`pipeline.policy.demoset`): a byte-level BPE tokenizer and a small
-Llama-style model trained on two CPU cores (:mod:`pipeline.policy.training`). Then it
-measures the model on the eval quests against the ``react`` and ``rag`` agents
-(:mod:`pipeline.policy.quality`), with the demonstrations' grounding and store. Its inputs
-are the games, the demonstrations and the policy's own config; it runs no other stage and
-never reads the experiment's list of conditions.
+Nothing can be downloaded here, so the project trains its own small causal LM on the
+expert demonstrations that the ``demos`` step wrote to ``<paths.demos>``
+(:mod:`pipeline.policy.demoset`): a byte-level BPE tokenizer and a small Llama-style model
+trained on two CPU cores (:mod:`pipeline.policy.training`), then DAgger rounds and the
+probes on held-out generated houses (optionally its own check on the eval quests against the
+``react`` and ``rag`` agents: :mod:`pipeline.policy.quality`). Its inputs are the model
+pipeline's games, the demonstrations and the recipe (``policy``); it never reads the
+experiment's list of conditions. The experiment plays what :mod:`pipeline.policy.checkpoint`
+publishes of it (``models/policy``), never this folder.
 
 Writes:
 
-- ``data/policy/model/``: ``save_pretrained`` model (safetensors) + tokenizer, the
-  directory ``model.name_or_path`` points at (``conf/model/policy.yaml``);
-- ``data/policy/demos.parquet``: every demonstration turn, prompt and answer verbatim;
-- ``data/policy/training.json``: data and training summary (no wall-clock times);
-- ``metrics/policy.json``: the quality figures, training summary and wall times;
-- ``metrics/policy_loss.csv``: the loss of every training step (``dvc plots``);
-- ``metrics/policy_incontext.csv``: the in-context probe by training step
+- ``<paths.policy>/model/``: ``save_pretrained`` model (safetensors) + tokenizer;
+- ``<paths.policy>/demos.parquet``: every demonstration turn, prompt and answer verbatim;
+- ``<paths.policy>/training.json``: data and training summary (no wall-clock times);
+- ``<paths.metrics>/policy.json``: the probes' figures, training summary and wall times;
+- ``<paths.metrics>/policy_loss.csv``: the loss of every training step (``dvc plots``);
+- ``<paths.metrics>/policy_incontext.csv``: the in-context probe by training step
   (:mod:`pipeline.policy.incontext`: does the model copy a verified plan in a house it
   has never seen? ``dvc plots``).
-
-Skipped (a marker ``data/policy/SKIPPED.json``, metrics saying why, an empty loss curve)
-when ``model.train_policy`` is false, or when nothing runs a language model (the agent
-does not play with a model and ``grounding.generator`` is not ``llm``), or for a remote
-backend (:func:`pipeline.policy.training.skip_reason`).
 """
 
 from __future__ import annotations
@@ -41,7 +35,7 @@ from typing import Any, Callable
 from tqdm import tqdm
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.io import atomic_dir, atomic_write_json, atomic_write_text
+from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.core.parallel import stage_workers
 from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import load_demo_set
@@ -49,22 +43,11 @@ from pipeline.policy.quality import evaluate_policy, summary as quality_summary
 from pipeline.policy.dagger import EpisodeProbe, rollout_config
 from pipeline.policy.incontext import InContextProbe
 from pipeline.policy.rollout_workers import RolloutWorkers
-from pipeline.policy.training import (INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, SKIPPED_FILE, build_policy, incontext_csv,
-                                      loss_csv, model_dir, skip_reason)
+from pipeline.policy.training import INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, build_policy, incontext_csv, loss_csv, model_dir
 from pipeline.session.collection import load_games
 from pipeline.stages.common import pin_numerics, run_stage
 
 log = logging.getLogger(__name__)
-
-
-def write_skipped(cfg: Config, root: Path, reason: str) -> None:
-    """The marker, the metrics saying why, and an empty loss curve."""
-    metrics_dir = root / cfg.paths.metrics
-    with atomic_dir(root / cfg.paths.policy) as tmp:
-        atomic_write_json(tmp / SKIPPED_FILE, {"trained": False, "reason": reason})
-    atomic_write_json(metrics_dir / "policy.json", {"trained": False, "reason": reason})
-    atomic_write_text(metrics_dir / LOSS_CSV, loss_csv([]))
-    atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv([]))
 
 
 def train_bar(bar: tqdm) -> Callable[[int], Callable[[int, float], None]]:
@@ -117,7 +100,7 @@ def rollout_workers(cfg: Config, episode_probe: EpisodeProbe | None) -> int:
     """Processes for the policy's whole episodes (the DAgger rounds', the whole-episode probe's):
     the run's ``workers``, at most one per batch of the largest round; 1 (this process, no worker
     to start) when there are none. The rollouts do not depend on it (:class:`RolloutWorkers`)."""
-    pol = cfg.model.policy
+    pol = cfg.policy
     tasks = max(int(pol.dagger_houses) if int(pol.dagger_rounds) > 0 else 0,
                 len(episode_probe.tasks) if episode_probe is not None else 0)
     return stage_workers(cfg, limit=max(1, -(-tasks // max(1, int(cfg.agent.batch_size)))))
@@ -131,10 +114,10 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     manifest, scenes = load_games(root, cfg)
     demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=cfg.seed)
     load_s = time.perf_counter() - t0
-    probe = InContextProbe.build(cfg, manifest, scenes, demo_set.memory, n=cfg.model.policy.incontext_tasks)
+    probe = InContextProbe.build(cfg, manifest, scenes, demo_set.memory, n=cfg.policy.incontext_tasks)
     episode_probe = EpisodeProbe.build(cfg, manifest, scenes, demo_set.memory,
-                                       n=cfg.model.policy.episode_probe_houses) \
-        if cfg.model.policy.episode_probe_houses > 0 else None
+                                       n=cfg.policy.episode_probe_houses) \
+        if cfg.policy.episode_probe_houses > 0 else None
     workers = rollout_workers(cfg, episode_probe)
     with RolloutWorkers(rollout_config(cfg), workers) as players, \
             tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
@@ -147,7 +130,7 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
     if numerics is not None:  # what ran: the pinned numerics and the CPU (never in data/policy)
         metrics["numerics"] = numerics
     timings = {"load_demos_s": load_s, **built["timings"], "rollout_workers": workers}
-    if cfg.model.policy.evaluate:
+    if cfg.policy.evaluate:
         t = time.perf_counter()
         n_eval = sum(r["split"] == cfg.experiment.eval_split for r in manifest)
         with tqdm(total=n_eval * 6, desc="policy: eval quests", unit="ep", file=sys.stderr) as bar:
@@ -163,18 +146,13 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
 
 
 def policy(cfg: Config, root: Path, _args: object) -> None:
-    """Train and measure the default policy, or write the skip marker (module docstring)."""
+    """Train and measure the default policy (module docstring)."""
     numerics = pin_numerics(cfg)  # before anything loads torch
-    reason = skip_reason(cfg)
-    if reason is not None:
-        write_skipped(cfg, root, reason)
-        print(f"policy: skipped ({reason})")
-        return
     print(summary_line(run(cfg, root, numerics)))
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage("policy", policy, argv, doc=__doc__, expected=(BackendError,))
+    return run_stage("policy", policy, argv, doc=__doc__, expected=(BackendError,), pipelines=("model",))
 
 
 if __name__ == "__main__":

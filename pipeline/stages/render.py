@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from pathlib import Path
 
 from pipeline.conditions import (
@@ -45,6 +46,7 @@ def _arguments(parser: argparse.ArgumentParser) -> None:
 
 def render(cfg: Config, root: Path, args: argparse.Namespace) -> None:
     """Render ``--condition`` (module docstring)."""
+    t0 = time.perf_counter()
     if args.condition not in cfg.condition:
         raise ConfigError(f"--condition {args.condition!r}: not a configured condition "
                           f"(condition: {', '.join(cfg.condition)})")
@@ -57,7 +59,8 @@ def render(cfg: Config, root: Path, args: argparse.Namespace) -> None:
     out = root / cfg.paths.prompts / f"{args.condition}.parquet"
     write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"],
                   schema_version=PROMPTS_SCHEMA_VERSION)
-    atomic_write_json(root / cfg.paths.metrics / "render" / f"{args.condition}.json", report)
+    atomic_write_json(root / cfg.paths.metrics / "render" / f"{args.condition}.json",
+                      {**report, "wall_time_s": round(time.perf_counter() - t0, 3)})  # the time: metrics only
     if report.get("placebo_unavailable"):
         print(f"warning: {args.condition}: the store has too few entries of other scenes for a matched placebo "
               f"on {len(report['placebo_unavailable'])} of {report['tasks']} tasks (nothing injected there); "

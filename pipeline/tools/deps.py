@@ -1,15 +1,33 @@
-"""Which ``pipeline/`` files each DVC stage runs, and whether ``dvc.yaml`` lists them.
+"""What can change a DVC stage's outputs, and whether ``dvc.yaml`` (and ``models/dvc.yaml``) list it.
 
-A stage's code is the closure of its module's imports inside the ``pipeline`` package,
-found statically with :mod:`ast`: ``import pipeline.x``, ``from pipeline.x import y``
-(``y`` a name or a submodule), relative imports, and imports inside functions all count.
-Importing ``pipeline.a.b`` also runs ``pipeline/a/__init__.py``: a package's
-``__init__.py`` is part of the closure unless it is trivial (empty or a docstring only).
-The stage's module is read from its ``cmd`` (``python -m pipeline.stages.<name>``)::
+**Code.** A stage's code is the closure of its modules' imports inside the ``pipeline``
+package (every ``python -m pipeline.<module>`` of its ``cmd``, a list of commands included),
+found statically with :mod:`ast`: ``import pipeline.x``, ``from pipeline.x import y`` (``y``
+a name or a submodule), relative imports, and imports inside functions all count. Importing
+``pipeline.a.b`` also runs ``pipeline/a/__init__.py``: a package's ``__init__.py`` is part of
+the closure unless it is trivial (empty or a docstring only). Two refinements, each because
+the file cannot change the outputs in any other way:
+
+- the config route (:data:`CONFIG_ROUTE`: the schema and the overrides record) is no code
+  dependency of a stage but the params check (``python -m pipeline.core.config``): its
+  values reach every stage as ``params.yaml``, which DVC compares key by key, and its checks
+  only pass or stop a run, so a docstring or an unrelated section reruns nothing;
+- an implementation chosen by a config value (:data:`SELECTED`: the backends of
+  ``pipeline.llm.backends.IMPLEMENTATIONS``, imported by name when a run makes one) is a
+  templated dependency, ``pipeline/llm/backends/${model.backend}.py``: an edit of the one not
+  selected reruns nothing.
+
+**Params.** Every config field a stage reads must be among its ``params:`` (a listed key or
+a section containing it). :func:`recording_reads` records what a run reads through OmegaConf,
+``python -m pipeline.tools.deps record`` runs one stage under it, and
+``tests/test_params_deps.py`` runs the tiny DAG so and fails on a field read but not
+listed; ``collect``'s params are written from the list its checkpoints are keyed by
+(:data:`GENERATED_PARAMS`). ::
 
     python -m pipeline.tools.deps            # each stage's closure and a suggested deps: block
-    python -m pipeline.tools.deps --check    # exit 1 when a closure file is not in the stage's deps
-    python -m pipeline.tools.deps --write    # rewrite each stage's code deps in dvc.yaml from its closure
+    python -m pipeline.tools.deps --check    # exit 1 when a stage's code deps or generated params drift
+    python -m pipeline.tools.deps --write    # rewrite each stage's code deps (and generated params)
+    python -m pipeline.tools.deps record --out reads.jsonl pipeline.stages.store   # one stage's reads
 
 A file is covered when ``deps`` lists it or a directory containing it.
 """
@@ -18,22 +36,45 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import io
+import json
 import re
+import runpy
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 import yaml
 from ruamel.yaml import YAML
 
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
+from pipeline.llm.backends import IMPLEMENTATIONS
+from pipeline.session.collection import CHECKPOINT_KEYS
 
 PACKAGE = "pipeline"
 DVC_FILE = "dvc.yaml"
+# The experiment's pipeline, then the model pipeline (models/dvc.yaml: `make model`).
+DVC_FILES = (DVC_FILE, "models/dvc.yaml")
 _CMD_MODULE = re.compile(r"python\s+-m\s+(pipeline(?:\.\w+)+)")
+# The params check's module: the one command whose code deps include the config route.
+CHECK_MODULE = "pipeline.core.config"
+# Modules whose content reaches a stage only as params.yaml's values (the schema's defaults and
+# types, composed into it) or as a check that passes or stops a run (its ranges; the overrides
+# record read by the stale check): no code dependency of a stage but the params check.
+CONFIG_ROUTE = ("pipeline/core/conf_schema.py", "pipeline/core/overrides.py")
+# A factory module -> (the config key that selects its implementation, {name: implementation module}).
+SELECTED = {"pipeline/llm/backends/__init__.py": ("model.backend", {str(k): m for k, (m, _) in IMPLEMENTATIONS.items()})}
+# Stages whose params are written from a list in the code, not by hand: collect's checkpoints are
+# keyed by exactly what its params list (pipeline/session/collection.py).
+GENERATED_PARAMS = {(DVC_FILE, "collect"): CHECKPOINT_KEYS}
+# Keys read by a stage that cannot change its outputs, so they are never params: the process count
+# (results merged in a fixed partition), paths (DVC deps and outs, not values), and how a run is
+# supervised (stall and failure budgets: a run fails or completes, with the same bytes).
+NEVER_PARAMS = ("workers", "paths", "agent.worker_stall_s", "agent.max_error_fraction",
+                "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb")
 
 
 @lru_cache(maxsize=None)
@@ -104,13 +145,15 @@ def _trivial(path: Path) -> bool:
     return all(isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant) for n in body)
 
 
-def closure(root: Path, module: str) -> list[str]:
-    """Repo-relative paths (sorted) of every ``pipeline/`` file running ``module`` imports."""
+def closure(root: Path, module: str, *, skip: Iterable[str] = ()) -> list[str]:
+    """Repo-relative paths (sorted) of every ``pipeline/`` file running ``module`` imports,
+    without the files in ``skip`` (nor what only they import)."""
+    skipped = {root / s for s in skip}
     seen: set[Path] = set()
     todo = list(_with_parents(module))
     while todo:
         path = module_file(root, todo.pop())
-        if path is None or path in seen:
+        if path is None or path in seen or path in skipped:
             continue
         seen.add(path)
         for dep in imported_modules(root, path):
@@ -118,24 +161,63 @@ def closure(root: Path, module: str) -> list[str]:
     return sorted(p.relative_to(root).as_posix() for p in seen if not _trivial(p))
 
 
-def stage_modules(root: Path) -> dict[str, str]:
-    """``{stage name: module}`` for every ``dvc.yaml`` stage whose cmd is ``python -m pipeline...``."""
-    stages = yaml.safe_load((root / DVC_FILE).read_text(encoding="utf-8")).get("stages") or {}
+def stage_closure(root: Path, modules: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(files, templated)`` a stage running ``modules`` depends on: the union of their closures
+    (the config route left out but for the params check's), with each selected implementation
+    (:data:`SELECTED`) replaced by its templated path and the rest of every implementation's closure."""
+    files: set[str] = set()
+    for module in modules:
+        files.update(closure(root, module, skip=() if module == CHECK_MODULE else CONFIG_ROUTE))
+    templated = []
+    for factory, (key, impls) in SELECTED.items():
+        if factory not in files:
+            continue
+        impl_files = {module_file(root, m).relative_to(root).as_posix() for m in impls.values()}
+        folder = Path(factory).parent.as_posix()
+        templated.append(f"{folder}/${{{key}}}.py")
+        for m in impls.values():
+            files.update(f for f in closure(root, m, skip=CONFIG_ROUTE) if f not in impl_files)
+    return sorted(files), templated
+
+
+def _stages(root: Path, dvc_file: str) -> dict[str, Any]:
+    path = root / dvc_file
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text(encoding="utf-8")).get("stages") or {}
+
+
+def stage_modules(root: Path, dvc_file: str = DVC_FILE) -> dict[str, list[str]]:
+    """``{stage name: [module, ...]}`` of every stage of ``dvc_file`` whose cmd runs ``python -m pipeline...``
+    (a cmd list: every such command, in order)."""
     out = {}
-    for name, stage in stages.items():
+    for name, stage in _stages(root, dvc_file).items():
         cmds = stage.get("cmd") or ""
-        for cmd in [cmds] if isinstance(cmds, str) else cmds:
-            match = _CMD_MODULE.search(cmd)
-            if match:
-                out[name] = match.group(1)
-                break
+        mods = [m.group(1) for cmd in ([cmds] if isinstance(cmds, str) else cmds) for m in [_CMD_MODULE.search(cmd)]
+                if m]
+        if mods:
+            out[name] = mods
     return out
 
 
-def stage_deps(root: Path) -> dict[str, list[str]]:
-    """``{stage name: its deps entries}`` as ``dvc.yaml`` writes them (``${...}`` unresolved)."""
-    stages = yaml.safe_load((root / DVC_FILE).read_text(encoding="utf-8")).get("stages") or {}
-    return {name: [str(d) for d in stage.get("deps") or []] for name, stage in stages.items()}
+def stage_deps(root: Path, dvc_file: str = DVC_FILE) -> dict[str, list[str]]:
+    """``{stage name: its deps entries}`` as ``dvc_file`` writes them (``${...}`` unresolved)."""
+    return {name: [str(d) for d in stage.get("deps") or []] for name, stage in _stages(root, dvc_file).items()}
+
+
+def stage_params(root: Path, dvc_file: str = DVC_FILE) -> dict[str, list[str]]:
+    """``{stage name: the params keys it lists}`` (a ``{file: [keys]}`` entry's keys included)."""
+    out = {}
+    for name, stage in _stages(root, dvc_file).items():
+        keys: list[str] = []
+        for p in stage.get("params") or []:
+            if isinstance(p, dict):
+                for listed in p.values():
+                    keys += [str(k) for k in listed or []]
+            else:
+                keys.append(str(p))
+        out[name] = keys
+    return out
 
 
 def covered(path: str, deps: Iterable[str]) -> bool:
@@ -148,14 +230,22 @@ def covered(path: str, deps: Iterable[str]) -> bool:
 
 
 def missing(root: Path) -> dict[str, list[str]]:
-    """``{stage: closure files its deps do not cover}``, only the stages missing some."""
-    deps = stage_deps(root)
+    """``{stage: closure files (and templated deps) its deps do not list}``, only the stages missing
+    some; a stage of ``models/dvc.yaml`` is named ``models/dvc.yaml:<stage>``, as DVC names it."""
     out = {}
-    for stage, module in stage_modules(root).items():
-        lost = [p for p in closure(root, module) if not covered(p, deps.get(stage, []))]
-        if lost:
-            out[stage] = lost
+    for dvc_file in DVC_FILES:
+        deps = stage_deps(root, dvc_file)
+        for stage, modules in stage_modules(root, dvc_file).items():
+            files, templated = stage_closure(root, modules)
+            listed = deps.get(stage, [])
+            lost = [p for p in files if not covered(p, listed)] + [t for t in templated if t not in listed]
+            if lost:
+                out[_label(dvc_file, stage)] = lost
     return out
+
+
+def _label(dvc_file: str, stage: str) -> str:
+    return stage if dvc_file == DVC_FILE else f"{dvc_file}:{stage}"
 
 
 def compact(root: Path, files: Iterable[str]) -> list[str]:
@@ -177,74 +267,218 @@ def compact(root: Path, files: Iterable[str]) -> list[str]:
     return sorted(out)
 
 
-def suggested_deps(root: Path, stage: str, module: str) -> list[str]:
+def _is_code(dep: str) -> bool:
+    return dep == PACKAGE or dep.startswith(PACKAGE + "/")
+
+
+def suggested_deps(root: Path, stage: str, modules: Iterable[str], dvc_file: str = DVC_FILE) -> list[str]:
     """The stage's deps with its code part replaced by its closure: data and conf/ entries first."""
-    kept = [d for d in stage_deps(root).get(stage, []) if not d.startswith(PACKAGE + "/") and d != PACKAGE]
-    return kept + compact(root, closure(root, module))
+    kept = [d for d in stage_deps(root, dvc_file).get(stage, []) if not _is_code(d)]
+    files, templated = stage_closure(root, modules)
+    return kept + compact(root, files) + templated
+
+
+def generated_params(dvc_file: str, stage: str) -> list[str] | None:
+    """The params a stage's list is written from (:data:`GENERATED_PARAMS`), or None: by hand."""
+    keys = GENERATED_PARAMS.get((dvc_file, stage))
+    return list(keys) if keys is not None else None
+
+
+def params_drift(root: Path) -> dict[str, list[str]]:
+    """``{stage: [generated params, listed]}`` of every stage whose generated params list differs."""
+    out = {}
+    for (dvc_file, stage), _ in GENERATED_PARAMS.items():
+        want = generated_params(dvc_file, stage)
+        have = stage_params(root, dvc_file).get(stage)
+        if have != want:
+            out[_label(dvc_file, stage)] = [f"want {want}", f"have {have}"]
+    return out
 
 
 def write_deps(root: Path) -> list[str]:
-    """Rewrite the code part of every stage's ``deps`` in ``dvc.yaml`` to its closure.
+    """Rewrite the code part of every stage's ``deps`` (and its generated ``params``) in each
+    pipeline's ``dvc.yaml`` from its closure.
 
     Data and ``conf/`` entries keep their place and comments (a round-trip YAML edit);
     the ``pipeline/`` entries are replaced by :func:`suggested_deps`. Returns the names of
-    the stages whose deps changed. The file is replaced atomically.
+    the stages whose deps changed. Each file is replaced atomically.
     """
-    path = root / DVC_FILE
-    rt = YAML()  # round trip: comments, order and quoting survive
-    rt.indent(mapping=2, sequence=4, offset=2)
-    rt.width = 120
-    doc = rt.load(path.read_text(encoding="utf-8"))
     changed = []
-    for stage, module in stage_modules(root).items():
-        deps = doc["stages"][stage].setdefault("deps", [])
-        want = suggested_deps(root, stage, module)
-        if [str(d) for d in deps] == want:
+    for dvc_file in DVC_FILES:
+        path = root / dvc_file
+        if not path.is_file():
             continue
-        # In place, from the end: a kept entry keeps its index, so its comment stays with it
-        # (a slice assignment would drop every item comment of the round-tripped sequence).
-        for i in reversed(range(len(deps))):
-            if str(deps[i]).startswith(PACKAGE + "/") or str(deps[i]) == PACKAGE:
-                del deps[i]
-        deps.extend(d for d in want if d not in [str(k) for k in deps])
-        changed.append(stage)
-    if changed:
-        buf = io.StringIO()
-        rt.dump(doc, buf)
-        atomic_write_text(path, buf.getvalue())
+        rt = YAML()  # round trip: comments, order and quoting survive
+        rt.indent(mapping=2, sequence=4, offset=2)
+        rt.width = 120
+        doc = rt.load(path.read_text(encoding="utf-8"))
+        touched = False
+        for stage, modules in stage_modules(root, dvc_file).items():
+            node = doc["stages"][stage]
+            deps = node.setdefault("deps", [])
+            want = suggested_deps(root, stage, modules, dvc_file)
+            if [str(d) for d in deps] != want:
+                # In place, from the end: a kept entry keeps its index, so its comment stays with it
+                # (a slice assignment would drop every item comment of the round-tripped sequence).
+                for i in reversed(range(len(deps))):
+                    if _is_code(str(deps[i])):
+                        del deps[i]
+                deps.extend(d for d in want if d not in [str(k) for k in deps])
+                changed.append(_label(dvc_file, stage))
+                touched = True
+            params = generated_params(dvc_file, stage)
+            if params is not None and [str(p) for p in node.get("params") or []] != params:
+                node["params"] = params
+                touched = True
+                if _label(dvc_file, stage) not in changed:
+                    changed.append(_label(dvc_file, stage))
+        if touched:
+            buf = io.StringIO()
+            rt.dump(doc, buf)
+            atomic_write_text(path, buf.getvalue())
     return changed
 
 
+# --------------------------------------------------------------------------- params: what a run reads
+
+
+def _leaf(value: Any) -> bool:
+    from omegaconf import DictConfig  # deferred: only the recorder needs it
+
+    return not isinstance(value, DictConfig)
+
+
+@contextlib.contextmanager
+def recording_reads() -> Iterator[set[str]]:
+    """Record the full key of every config value read through OmegaConf while inside.
+
+    A read is a value taken from a ``DictConfig`` (attribute, item, ``get``, ``items``: the key
+    of every value that is not itself a section; a list is read whole) or a section converted
+    whole (``OmegaConf.to_container`` / ``to_object``: its key; ``""`` for the root, which
+    reads everything). Reads in spawned worker processes are not seen: record at ``workers=1``.
+    """
+    from omegaconf import DictConfig
+    from omegaconf.basecontainer import BaseContainer
+
+    reads: set[str] = set()
+    get_impl, to_content = DictConfig._get_impl, BaseContainer._to_content
+
+    def _get_impl(self, key, default_value, validate_key=True):  # noqa: ANN001 - OmegaConf's signature
+        value = get_impl(self, key, default_value, validate_key)
+        if _leaf(value):
+            with contextlib.suppress(Exception):
+                reads.add(self._get_full_key(key))
+        return value
+
+    def _to_content(conf, *args, **kwargs):  # noqa: ANN001
+        with contextlib.suppress(Exception):
+            reads.add(conf._get_full_key(None) or "")
+        return to_content(conf, *args, **kwargs)
+
+    DictConfig._get_impl = _get_impl
+    BaseContainer._to_content = staticmethod(_to_content)
+    try:
+        yield reads
+    finally:
+        DictConfig._get_impl = get_impl
+        BaseContainer._to_content = staticmethod(to_content)
+
+
+def unlisted_reads(reads: Iterable[str], params: Iterable[str]) -> list[str]:
+    """The reads no listed param covers (a read ``a.b.c`` is covered by ``a``, ``a.b`` or ``a.b.c``;
+    :data:`NEVER_PARAMS` need none); ``""`` (the whole config read) is never covered."""
+    listed = list(params)
+    out = []
+    for key in sorted(set(reads)):
+        if key and (covered(key.replace(".", "/"), [p.replace(".", "/") for p in listed])
+                    or covered(key.replace(".", "/"), [n.replace(".", "/") for n in NEVER_PARAMS])):
+            continue
+        out.append(key or "<the whole config>")
+    return out
+
+
+def read_records(path: Path) -> list[dict[str, Any]]:
+    """The records :func:`record` appended to ``path``."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def params_violations(root: Path, records: Iterable[dict[str, Any]], dvc_file: str = DVC_FILE) -> dict[str, list[str]]:
+    """``{stage: config keys it read that its params do not list}`` for recorded runs of ``dvc_file``'s
+    stages (each record's module mapped to the stage whose cmd runs it; a module no stage runs is an error)."""
+    by_module: dict[str, str] = {}
+    for stage, modules in stage_modules(root, dvc_file).items():
+        for m in modules:
+            by_module.setdefault(m, stage)
+    params = stage_params(root, dvc_file)
+    out: dict[str, set[str]] = {}
+    for rec in records:
+        stage = by_module.get(rec["module"])
+        if stage is None:
+            raise ValueError(f"{rec['module']}: no stage of {dvc_file} runs it")
+        lost = unlisted_reads(rec["reads"], params.get(stage, []))
+        if lost:
+            out.setdefault(_label(dvc_file, stage), set()).update(lost)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def record(module: str, args: list[str], out: Path) -> int:
+    """Run ``python -m module args`` here under :func:`recording_reads`; append ``{module, args,
+    reads}`` to ``out`` (JSON lines); its exit code."""
+    code: Any = 0
+    argv = sys.argv
+    sys.argv = [module, *args]
+    with recording_reads() as reads:
+        try:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            code = exc.code
+        finally:
+            sys.argv = argv
+    with open(out, "a", encoding="utf-8") as fh:
+        fh.write(json.dumps({"module": module, "args": args, "reads": sorted(reads)}) + "\n")
+    return code if isinstance(code, int) else (0 if code is None else 1)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["record"]:
+        p = argparse.ArgumentParser(prog="python -m pipeline.tools.deps record",
+                                    description="run one stage module and append the config keys it read to --out")
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("module")
+        p.add_argument("args", nargs=argparse.REMAINDER)
+        a = p.parse_args(argv[1:])
+        return record(a.module, a.args, a.out)
     parser = argparse.ArgumentParser(prog="python -m pipeline.tools.deps", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 when a stage's deps in dvc.yaml miss a file of its closure")
+                        help="exit 1 when a stage's deps miss a file of its closure, or its generated params drift")
     parser.add_argument("--write", action="store_true",
-                        help="rewrite each stage's code deps in dvc.yaml to its closure (data deps kept)")
+                        help="rewrite each stage's code deps (and generated params) from its closure (data deps kept)")
     args = parser.parse_args(argv)
     root = project_root()
     if args.write:
         changed = write_deps(root)
-        print(f"{DVC_FILE}: code deps rewritten for {', '.join(changed)}" if changed
-              else f"{DVC_FILE}: code deps already match the import closures")
+        print(f"{', '.join(DVC_FILES)}: code deps rewritten for {', '.join(changed)}" if changed
+              else f"{', '.join(DVC_FILES)}: code deps already match the import closures")
         return 0
-    modules = stage_modules(root)
-    for stage, module in modules.items():
-        print(f"{stage} ({module}):")
-        for path in closure(root, module):
-            print(f"  {path}")
-    print("\n# suggested deps (dvc.yaml):")
-    for stage, module in modules.items():
-        print(f"  {stage}:\n    deps:")
-        for dep in suggested_deps(root, stage, module):
-            print(f"      - {dep}")
+    for dvc_file in DVC_FILES:
+        modules = stage_modules(root, dvc_file)
+        for stage, mods in modules.items():
+            files, templated = stage_closure(root, mods)
+            print(f"{_label(dvc_file, stage)} ({', '.join(mods)}):")
+            for path in files + templated:
+                print(f"  {path}")
     if not args.check:
         return 0
     lost = missing(root)
     for stage, paths in lost.items():
-        print(f"error: stage {stage}: deps in {DVC_FILE} miss {', '.join(paths)}", file=sys.stderr)
-    return 1 if lost else 0
+        print(f"error: stage {stage}: deps miss {', '.join(paths)}", file=sys.stderr)
+    drift = params_drift(root)
+    for stage, (want, have) in drift.items():
+        print(f"error: stage {stage}: params are generated ({want}), dvc.yaml has {have}: run --write",
+              file=sys.stderr)
+    return 1 if lost or drift else 0
 
 
 if __name__ == "__main__":

@@ -52,8 +52,8 @@ from pipeline.core.cpu import cpu_level
 from pipeline.core.numerics import cpu_model
 from pipeline.tools import git_revision
 
-# What a scratch project needs to run the DAG (data and caches are never copied).
-SCRATCH_COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "pyproject.toml")
+# What a scratch project needs to run the DAG (data and caches are never copied; models/: the checkpoint it plays).
+SCRATCH_COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "pyproject.toml", "models")
 
 
 class ReproCheckError(RuntimeError):

@@ -16,11 +16,14 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
   memory and the grounding are worth to it, the model's positive control and C2 vs C1), as ``compare`` writes them;
 - ``targets``: the design's targets for the reader (docs/memory.md) with the default run's figure
   and met / missed, each computed from ``metrics/compare.json``;
-- ``policy``: the default model's in-context probe (``metrics/policy.json``), before and after training;
-- ``episodes``: the default model's whole-episode probe (``metrics/policy.json``): success in held-out generated
-  houses under plain, grounded and oracle prompts after the demonstrations and after each DAgger round;
-- ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), and the
-  scaling benchmark's projection of the cold run to more cores (``benchmarks/results.json``).
+- ``policy``: the default model's in-context probe (``models/metrics/policy.json``), before and after training;
+- ``episodes``: the default model's whole-episode probe (``models/metrics/policy.json``): success in held-out
+  generated houses under plain, grounded and oracle prompts after the demonstrations and after each DAgger round;
+- ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), the model
+  pipeline's (``make model``: ``models/metrics/*.json``), and the scaling benchmark's projection of the cold run
+  to more cores (``benchmarks/results.json``).
+
+The model's metrics are the model pipeline's (``models/metrics/``, beside the checkpoint they describe).
 
 Documents: README.md and every docs/*.md (:func:`documents`); a block may appear in any of them.
 """
@@ -181,12 +184,17 @@ def headline(metrics: Path) -> str:
     return "\n".join(f"- {line}" for line in lines) if lines else "_no comparison in metrics/compare.json_"
 
 
+def model_metrics(metrics: Path) -> Path:
+    """The model pipeline's metrics folder beside the experiment's ``metrics/``: ``models/metrics``."""
+    return metrics.parent / "models" / "metrics"
+
+
 def policy_table(metrics: Path) -> str:
     """The in-context probe of the default model: first step with / without the plan, plan copied."""
-    policy = _read(metrics / "policy.json")
+    policy = _read(model_metrics(metrics) / "policy.json")
     probe = policy.get("incontext") or {}
     if not probe:
-        return "_no in-context probe in metrics/policy.json_"
+        return "_no in-context probe in models/metrics/policy.json_"
     before = probe.get("before_training") or {}
     row = lambda name, d: [name, format_value(d.get("oracle_first_step")), format_value(d.get("plain_first_step")),  # noqa: E731
                            format_value(d.get("oracle_plan_copied"))]
@@ -200,10 +208,10 @@ def policy_table(metrics: Path) -> str:
 
 def episodes_table(metrics: Path) -> str:
     """The whole-episode probe: success (and turns) per prompt kind, after the demonstrations and each round."""
-    policy = _read(metrics / "policy.json")
+    policy = _read(model_metrics(metrics) / "policy.json")
     probe = policy.get("episode_probe") or {}
     if not probe:
-        return "_no whole-episode probe in metrics/policy.json_"
+        return "_no whole-episode probe in models/metrics/policy.json_"
     stages = [("after the demonstrations", probe.get("after_demonstrations") or {})]
     for r in (policy.get("dagger") or {}).get("rounds") or []:
         stages.append((f"after DAgger round {r['round'] + 1} ({_count(r.get('labelled_turns'))} labelled turns)",
@@ -222,38 +230,61 @@ def episodes_table(metrics: Path) -> str:
               f"{first.get('grounded_episodes', '?')} whose rule agent drew feedback); whole episodes, greedy.")
 
 
+def _summed(metrics: Path, folder: str) -> tuple[float | None, int]:
+    """The summed ``wall_time_s`` of a matrix stage's conditions (None: one not recorded), and their count."""
+    files = sorted((metrics / folder).glob("*.json"))
+    times = [_read(f).get("wall_time_s") for f in files]
+    return (sum(times) if times and all(isinstance(t, (int, float)) for t in times) else None), len(files)
+
+
+def _games_time(games: Mapping[str, Any]) -> float | None:
+    return (games.get("plan_wall_s") or 0) + (games.get("compile_wall_s") or 0) if "compile_wall_s" in games else None
+
+
 def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
-    """``(stage, wall seconds, processes)`` of each stage as its metrics recorded them (None: not
-    recorded); the conditions' ``evaluate`` / ``evaluate_reader`` / ``render`` summed."""
-    games, demos, policy = _read(metrics / "games.json"), _read(metrics / "demos.json"), _read(metrics / "policy.json")
-    curve, collect = _read(metrics / "curve.json"), _read(metrics / "collect.json")
-    ptimes = policy.get("wall_time_s") if isinstance(policy.get("wall_time_s"), dict) else {}
-
-    def summed(folder: str) -> tuple[float | None, int]:
-        files = sorted((metrics / folder).glob("*.json"))
-        times = [_read(f).get("wall_time_s") for f in files]
-        return (sum(times) if times and all(isinstance(t, (int, float)) for t in times) else None), len(files)
-
-    evaluate, n_eval = summed("eval")
-    reader, n_reader = summed("eval_reader")
-    gtime = (games.get("plan_wall_s") or 0) + (games.get("compile_wall_s") or 0) if "compile_wall_s" in games else None
-    return [("games", gtime, games.get("compile_workers")),
-            ("demos", demos.get("wall_time_s"), demos.get("workers")),
-            ("policy", ptimes.get("total_s"), _policy_processes(ptimes)),
+    """``(stage, wall seconds, processes)`` of each experiment stage as its metrics recorded them
+    (None: not recorded); the conditions' ``render`` / ``evaluate`` / ``evaluate_reader`` summed."""
+    games, curve, collect = _read(metrics / "games.json"), _read(metrics / "curve.json"), _read(metrics / "collect.json")
+    render, n_render = _summed(metrics, "render")
+    evaluate, n_eval = _summed(metrics, "eval")
+    reader, n_reader = _summed(metrics, "eval_reader")
+    return [("games", _games_time(games), games.get("compile_workers")),
             ("collect", collect.get("wall_time_s"), 1),
             ("ground", _read(metrics / "ground.json").get("wall_time_s"), 1),
+            ("store", _read(metrics / "store.json").get("wall_time_s"), 1),
+            (f"render ({n_render} conditions)", render, None),
             (f"evaluate ({n_eval} conditions)", evaluate, None),
             (f"evaluate_reader ({n_reader} conditions)", reader, None),
             ("curve", curve.get("wall_time_s"), curve.get("workers"))]
 
 
+def _model_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
+    """``(step, wall seconds, processes)`` of the model pipeline's steps (``make model``) as its
+    metrics recorded them (``models/metrics``)."""
+    games, demos = _read(metrics / "games.json"), _read(metrics / "demos.json")
+    policy, ckpt = _read(metrics / "policy.json"), _read(metrics / "checkpoint.json")
+    ptimes = policy.get("wall_time_s") if isinstance(policy.get("wall_time_s"), dict) else {}
+    return [("games", _games_time(games), games.get("compile_workers")),
+            ("demos", demos.get("wall_time_s"), demos.get("workers")),
+            ("policy", ptimes.get("total_s"), _policy_processes(ptimes)),
+            ("checkpoint", ckpt.get("wall_time_s"), 1)]
+
+
 def _policy_processes(ptimes: dict) -> Any:
-    """The policy stage's processes: its training's, and its whole episodes' where they differ
+    """The policy step's processes: its training's, and its whole episodes' where they differ
     (``rollout_workers``: the DAgger rounds and the episode probe, recorded since 2026-11-29)."""
     train, episodes = ptimes.get("train_processes"), ptimes.get("rollout_workers")
     if episodes is None or train is None or episodes == train:
         return train
     return f"{train} (its episodes: {episodes})"
+
+
+def _times_table(times: list[tuple[str, float | None, Any]], first: str) -> str:
+    rows, total = [], 0.0
+    for stage, secs, procs in times:
+        rows.append([stage, "–" if secs is None else f"{secs / 60:.1f}", "–" if procs is None else str(procs)])
+        total += secs or 0.0
+    return markdown_table([first, "minutes", "processes"], rows + [["**the sum**", f"**{total / 60:.1f}**", ""]])
 
 
 def _fraction(x: Any) -> str:
@@ -273,13 +304,13 @@ def _measured_where(meta: Mapping[str, Any], measured_at: Mapping[str, Any] | No
 
 
 def runtime_table(metrics: Path) -> str:
-    """The default run's stage wall times as its metrics recorded them, and the scaling
-    benchmark's projection of the cold run to more cores (``benchmarks/results.json``)."""
-    rows, total = [], 0.0
-    for stage, secs, procs in _stage_times(metrics):
-        rows.append([stage, "–" if secs is None else f"{secs / 60:.1f}", "–" if procs is None else str(procs)])
-        total += secs or 0.0
-    text = markdown_table(["stage", "minutes", "processes"], rows + [["**the stages' sum**", f"**{total / 60:.1f}**", ""]])
+    """The default run's stage wall times as its metrics recorded them, the model pipeline's
+    (``make model``), and the scaling benchmark's projection of the cold run to more cores
+    (``benchmarks/results.json``)."""
+    text = _times_table(_stage_times(metrics), "stage (`make repro`)")
+    model = model_metrics(metrics)
+    if model.is_dir():
+        text += "\n\n" + _times_table(_model_times(model), "step (`make model`)")
     bench = _read(metrics.parent / "benchmarks" / "results.json").get("benchmarks", {}).get("scaling") or {}
     runs = bench.get("runs") or [{}]
     details = runs[0].get("details") or {}

@@ -2,7 +2,7 @@
 or a clear stage failure (``agent.on_backend_error``), never a hang, never a lost episode.
 
 The server (:class:`~tests.reliability.helpers.FakeOpenAI`) runs on 127.0.0.1 in this
-process; the backend is the real :class:`pipeline.llm.backends.OpenAIBackend`, and the
+process; the backend is the real :class:`pipeline.llm.backends.openai.OpenAIBackend`, and the
 stage tests run the real ``collect`` stage against it in a subprocess.
 """
 
@@ -18,7 +18,7 @@ import pipeline.llm.backends.openai as openai_backend
 from pipeline.core.conf_schema import ModelConfig, SamplingConfig
 from pipeline.core.config import section
 from pipeline.core.io import read_parquet
-from pipeline.llm.backends import OpenAIBackend
+from pipeline.llm.backends.openai import OpenAIBackend
 
 from .helpers import ANSWER, FakeOpenAI
 

@@ -348,14 +348,12 @@ def test_llm_evaluate_in_two_worker_processes_gives_the_same_bytes(rendered_proj
 
 
 def test_how_a_run_is_played_or_judged_is_not_part_of_its_config_hash(tiny_cfg):
-    """workers, agent.max_error_fraction and the policy's training threads never change what an
-    episode is (the weights are an input): checkpoints stay valid, and the config hash recorded
-    in every episode (and the store) keeps its bytes."""
+    """workers and agent.max_error_fraction never change what an episode is: checkpoints stay
+    valid, and the config hash recorded in every episode (and the store) keeps its bytes."""
     from omegaconf import OmegaConf
 
     from pipeline.session.collection import collection_hash
 
-    other = OmegaConf.merge(tiny_cfg, {"workers": 3, "agent": {"max_error_fraction": 0.1},
-                                       "model": {"policy": {"threads": 4}}})
+    other = OmegaConf.merge(tiny_cfg, {"workers": 3, "agent": {"max_error_fraction": 0.1}})
     assert collection_hash(other) == collection_hash(tiny_cfg)
     assert collection_hash(OmegaConf.merge(tiny_cfg, {"agent": {"batch_size": 3}})) != collection_hash(tiny_cfg)

@@ -30,11 +30,17 @@ agent decides whether that is a recorded failed turn or a stage failure
 (``agent.on_backend_error``). Configuration errors raise :class:`BackendError`.
 
 :func:`make_backend` and :func:`is_local` are the only places that look at
-``model.backend``.
+``model.backend``. The implementation a run uses is imported when it is made, by its name in
+:data:`IMPLEMENTATIONS` (one door per backend): a stage whose closure reaches only this
+factory depends on ``pipeline/llm/backends/${model.backend}.py``, the selected one, so an edit
+of the other reruns nothing (``python -m pipeline.tools.deps`` writes that templated dep).
+Code that needs a class itself imports it from its module
+(``from pipeline.llm.backends.transformers import TransformersBackend``).
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from pipeline.core.conf_schema import Backend as BackendName
@@ -54,11 +60,13 @@ from pipeline.llm.backends.base import (
     plain_prompt,
     render_prompt,
 )
-from pipeline.llm.backends.openai import RETRY_STATUS, OpenAIBackend, parse_chat_response
-from pipeline.llm.backends.transformers import TransformersBackend
+
+# model.backend -> (module, class): the backends, each imported only when a run makes it.
+IMPLEMENTATIONS = {BackendName.transformers: ("pipeline.llm.backends.transformers", "TransformersBackend"),
+                   BackendName.openai: ("pipeline.llm.backends.openai", "OpenAIBackend")}
 
 __all__ = [
-    "RETRY_STATUS",
+    "IMPLEMENTATIONS",
     "ActionConstrainedBackend",
     "Backend",
     "BackendConfigError",
@@ -67,27 +75,23 @@ __all__ = [
     "ConstraintProbe",
     "Generation",
     "Messages",
-    "OpenAIBackend",
     "ProbeResult",
     "SettlesConstraint",
-    "TransformersBackend",
     "is_local",
     "make_backend",
     "make_text_generator",
-    "parse_chat_response",
     "plain_prompt",
     "render_prompt",
 ]
 
 
 def make_backend(model_cfg: ModelConfig, sampling_cfg: SamplingConfig) -> Backend:
-    """The backend named by ``model.backend``."""
+    """The backend named by ``model.backend`` (its module imported now: :data:`IMPLEMENTATIONS`)."""
     name = str(model_cfg.backend)
-    if name == BackendName.transformers:
-        return TransformersBackend(model_cfg, sampling_cfg)
-    if name == BackendName.openai:
-        return OpenAIBackend(model_cfg, sampling_cfg)
-    raise BackendError(f"model.backend={name!r}: expected transformers | openai")
+    if name not in IMPLEMENTATIONS:
+        raise BackendError(f"model.backend={name!r}: expected {' | '.join(IMPLEMENTATIONS)}")
+    module, cls = IMPLEMENTATIONS[BackendName(name)]
+    return getattr(importlib.import_module(module), cls)(model_cfg, sampling_cfg)
 
 
 def is_local(model_cfg: ModelConfig) -> bool:

@@ -1,0 +1,104 @@
+"""The model pipeline end to end: `dvc repro models/dvc.yaml` (what `make model` runs) on a tiny recipe.
+
+In a scratch repo: its own games, the demonstrations, the training and the published checkpoint
+with its card, each step a process over ``models/params.yaml``; then the checkpoint loads, its
+files match the card, a rebuild from the same data changes nothing, and every config field a
+step read is among the stage's params (the steps run under ``python -m pipeline.tools.deps
+record``). That the same recipe trains the same bytes anywhere is tests/test_numerics.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import SMALL_POLICY_OVERRIDES, TINY_OVERRIDES
+
+ROOT = Path(__file__).resolve().parents[1]
+COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", "models/dvc.yaml", ".dvc/config")
+WORLD = [o for o in TINY_OVERRIDES if o.startswith("env.")]
+RECIPE = [*WORLD, "workers=1", "policy.demos_per_quest=2", "policy.vocab_size=400", "policy.max_positions=1024",
+          "policy.dagger_rounds=1", "policy.evaluate=false", *SMALL_POLICY_OVERRIDES]
+READS = "reads.jsonl"
+
+
+def _run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    repo = tmp_path_factory.mktemp("model_pipeline")
+    for name in COPY:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, repo / name)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.pop("DVC_EXP_BASELINE_REV", None)
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q", "-f"]):
+        assert _run(cmd, repo, env).returncode == 0
+    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
+    composed = _run([sys.executable, "-m", "pipeline.core.config", "compose", "--pipeline", "model", *RECIPE],
+                    repo, env)
+    assert composed.returncode == 0, composed.stdout + composed.stderr
+    dvc_yaml = repo / "models" / "dvc.yaml"
+    dvc_yaml.write_text(re.sub(r"python -m (pipeline\.stages\.\w+)",
+                               rf"python -m pipeline.tools.deps record --out {READS} \1", dvc_yaml.read_text()))
+    run = _run([sys.executable, "-m", "dvc", "repro", "models/dvc.yaml"], repo, env)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return repo, env, run
+
+
+@pytest.mark.slow
+def test_make_model_builds_a_checkpoint_with_its_card(built):
+    from transformers import AutoModelForCausalLM
+
+    from pipeline.policy.checkpoint import publish, read_card, verify
+
+    repo, env, run = built
+    ckpt = repo / "models" / "policy"
+    card = read_card(ckpt)
+    assert verify(ckpt) == [] and {"model.safetensors", "config.json", "tokenizer.json"} <= set(card["files"])
+    params = yaml.safe_load((repo / "models" / "params.yaml").read_text())
+    assert card["recipe"] == params["policy"] and card["world"]["env"] == "tiny"
+    assert set(card["training_data"]) == {"games/manifest.parquet", "demos/turns.parquet", "policy/demos.parquet"}
+    assert card["probes"]["episode_probe"]["houses"] == 1 and card["dagger_rounds"] == 1
+    model = AutoModelForCausalLM.from_pretrained(ckpt)
+    assert sum(p.numel() for p in model.parameters()) == card["parameters"]
+    assert "checkpoint: models/policy replaced" in run.stdout
+    metrics = json.loads((repo / "models" / "metrics" / "checkpoint.json").read_text())
+    assert metrics["identical"] is False and metrics["files"] == card["files"]
+    # the experiment's own outputs are untouched: the model pipeline writes under data/model/ and models/
+    assert not (repo / "data" / "games").exists() and (repo / "data" / "model" / "games" / "manifest.parquet").exists()
+
+    # Published again from the same training: nothing is written, the card keeps its first provenance.
+    text = (ckpt / "README.md").read_text()
+    again = publish(repo / "data" / "model" / "policy" / "model", ckpt, {**card, "built": {"commit": "other"}})
+    assert again.identical and (ckpt / "README.md").read_text() == text
+
+    # DVC knows the checkpoint now: a second repro runs nothing.
+    second = _run([sys.executable, "-m", "dvc", "repro", "models/dvc.yaml"], repo, env)
+    assert second.returncode == 0 and "Running stage" not in second.stdout, second.stdout
+
+
+@pytest.mark.slow
+def test_every_config_field_a_model_step_reads_is_among_its_params(built):
+    from pipeline.tools import deps
+
+    repo, _, _ = built
+    records = deps.read_records(repo / READS)
+    assert [r["module"] for r in records] == ["pipeline.stages.games", "pipeline.stages.demos",
+                                              "pipeline.stages.policy", "pipeline.stages.checkpoint"]
+    assert deps.params_violations(ROOT, records, "models/dvc.yaml") == {}
