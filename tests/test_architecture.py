@@ -172,11 +172,56 @@ def test_library_code_never_imports_the_stages():
 
 
 def test_dvc_yaml_deps_cover_every_stage_closure():
-    """`python -m pipeline.tools.deps --check` passes for the real dvc.yaml."""
+    """`python -m pipeline.tools.deps --check` passes for the real dvc.yaml and models/dvc.yaml."""
     modules = deps.stage_modules(ROOT)
-    assert "collect" in modules and modules["render"] == "pipeline.stages.render"
+    assert "collect" in modules and modules["render"] == ["pipeline.stages.render"]
+    assert deps.stage_modules(ROOT, "models/dvc.yaml")["checkpoint"] == [
+        "pipeline.stages.games", "pipeline.stages.demos", "pipeline.stages.policy", "pipeline.stages.checkpoint"]
     missing = deps.missing(ROOT)
     assert not missing, f"dvc.yaml deps miss {missing}: see `python -m pipeline.tools.deps` for the deps to list"
+    assert deps.params_drift(ROOT) == {}, "collect's params are written from CHECKPOINT_KEYS: run --write"
+
+
+def test_code_deps_are_what_can_change_a_stage_outputs():
+    """The schema reaches the stages as params.yaml's values (no stage but check_params depends on
+    its source: a docstring edit reruns nothing else), and a backend not selected is no dependency:
+    an edit of the openai backend reruns none of games, ground, merge, store."""
+    listed = deps.stage_deps(ROOT)
+    schema = "pipeline/core/conf_schema.py"
+    assert deps.covered(schema, listed["check_params"])
+    assert [s for s, d in listed.items() if s != "check_params" and deps.covered(schema, d)] == []
+    assert not deps.covered(schema, deps.stage_deps(ROOT, "models/dvc.yaml")["checkpoint"])
+    for stage in ("games", "ground", "merge", "store"):
+        assert not deps.covered("pipeline/llm/backends/openai.py", listed[stage]), stage
+    assert "pipeline/llm/backends/${model.backend}.py" in listed["ground"]  # grounding.generator=llm: the selected one
+    assert "pipeline/llm/backends/${model.backend}.py" in listed["collect"]
+
+
+def test_a_factory_reached_statically_makes_its_selected_implementation_a_templated_dep(tmp_path):
+    files = {
+        "__init__.py": "", "stages/__init__.py": "",
+        "stages/s.py": "from pipeline.llm.backends import make_backend\n",
+        "llm/__init__.py": "", "llm/backends/__init__.py": "import importlib\n",
+        "llm/backends/openai.py": "from pipeline.llm.backends import cache\n",
+        "llm/backends/transformers.py": "from pipeline.llm import kvcache\n",
+        "llm/backends/cache.py": "", "llm/kvcache.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / "pipeline" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pipeline" / rel).write_text(text)
+    found, templated = deps.stage_closure(tmp_path, ["pipeline.stages.s"])
+    assert templated == ["pipeline/llm/backends/${model.backend}.py"]
+    # each implementation's own helpers stay literal deps; the implementations themselves do not
+    assert found == ["pipeline/llm/backends/__init__.py", "pipeline/llm/backends/cache.py", "pipeline/llm/kvcache.py",
+                     "pipeline/stages/s.py"]
+
+
+def test_a_read_is_covered_by_its_key_or_a_section_containing_it():
+    assert deps.unlisted_reads(["env.reward.win", "env.max_steps", "seed", "workers", "paths.games"],
+                               ["env.reward", "seed"]) == ["env.max_steps"]
+    assert deps.unlisted_reads([""], ["env"]) == ["<the whole config>"]
+    assert deps.unlisted_reads(["agent.worker_stall_s"], []) == []  # supervision: never a param
+    assert deps.unlisted_reads(["envx.a"], ["env"]) == ["envx.a"]
 
 
 @pytest.mark.parametrize("module", STAGE_MODULES)
@@ -245,3 +290,26 @@ def test_the_seam_factories_name_an_unknown_world(tiny_cfg, tiny_games, tmp_path
         env.close()
     user = make_user(tiny_cfg, tiny_games.scenes, task)
     assert callable(user.step_feedback) and callable(user.end_feedback)
+
+
+def test_the_experiment_never_runs_the_model_pipeline():
+    """`dvc repro` reproduces a stage's upstream across dvc.yaml files: an output of the model
+    pipeline that an experiment stage depends on (the checkpoint) would make every `make repro`
+    train the model. The checkpoint is a dependency of the experiment, no output of the model's."""
+    import yaml
+
+    def resolve(path: str, params: dict) -> str:
+        for key, value in params["paths"].items():
+            path = path.replace("${paths.%s}" % key, str(value))
+        return path.rstrip("/")
+
+    exp_params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    model_params = yaml.safe_load((ROOT / "models" / "params.yaml").read_text())
+    model_outs = []
+    for stage in yaml.safe_load((ROOT / "models" / "dvc.yaml").read_text())["stages"].values():
+        for kind in ("outs", "metrics", "plots"):
+            model_outs += [resolve(next(iter(o)) if isinstance(o, dict) else o, model_params) for o in stage.get(kind, [])]
+    exp_deps = {resolve(d, exp_params) for s in deps.stage_deps(ROOT).values() for d in s}
+    assert resolve("${paths.model}", exp_params) in exp_deps  # the experiment plays the checkpoint
+    clash = [o for o in model_outs if any(d == o or d.startswith(o + "/") or o.startswith(d + "/") for d in exp_deps)]
+    assert model_outs and clash == []

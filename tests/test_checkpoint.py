@@ -98,8 +98,6 @@ def test_the_committed_checkpoint_loads_and_matches_its_card():
     tok = AutoTokenizer.from_pretrained(path)
     assert sum(p.numel() for p in model.parameters()) == card["parameters"] and tok.chat_template
     assert card["recipe"] == yaml.safe_load((ROOT / "models" / "params.yaml").read_text())["policy"]
-    lock = yaml.safe_load((ROOT / "models" / "dvc.lock").read_text())
-    assert [o["path"] for o in lock["stages"]["checkpoint"]["outs"]] == ["models/policy"]
 
 
 def test_verify_against_a_git_revision_reads_the_committed_card():

@@ -272,7 +272,8 @@ def test_no_conf_file_restates_a_default():
     conf = ROOT / "conf"
     found = {}
     for path in sorted(conf.rglob("*.yaml")):
-        restated = _restated(_rooted(path, conf), conf_schema.Config, _inherited(path, conf))
+        # TrainConfig: the experiment's schema and the model pipeline's sections (demos, policy)
+        restated = _restated(_rooted(path, conf), conf_schema.TrainConfig, _inherited(path, conf))
         if restated:
             found[path.relative_to(ROOT).as_posix()] = restated
     assert not found, f"conf/ files restating a default: {found}"
@@ -314,11 +315,13 @@ def test_restated_default_check_sees_one(tmp_path: Path):
     ],
 )
 def test_out_of_range_values_are_refused_at_compose_naming_the_key(repo: Path, override: str, key: str):
-    before = (repo / "params.yaml").read_bytes()
+    pipeline = C.MODEL if override.startswith("policy.") else C.EXPERIMENT  # the recipe: the model pipeline's
+    params = repo / pipeline.params_file
+    before = params.read_bytes() if params.exists() else None
     with pytest.raises(C.ConfigError) as err:
-        C.compose(repo, [override])
+        C.compose(repo, [override], pipeline=pipeline)
     assert f"params key {key}" in str(err.value)
-    assert (repo / "params.yaml").read_bytes() == before  # nothing written
+    assert (params.read_bytes() if params.exists() else None) == before  # nothing written
 
 
 KEY = "sk-proj-4f9Q2xY7Lm3Nq8Rt"  # what a key typed into the wrong field looks like (made up)

@@ -1,12 +1,12 @@
 """The default policy does not depend on the experiment's list of conditions.
 
-The ``demos`` and ``policy`` stages are built from the DAG: their inputs are the games,
-the demonstrations and the policy's own config (``demos.advisory_variants``), so
-selecting other conditions (``condition:`` in params.yaml) leaves ``data/demos``,
-``data/policy`` and their dvc.lock entries unchanged:
+The model is built by a pipeline of its own (``models/dvc.yaml``, ``models/params.yaml`` composed
+from ``conf/train.yaml``): its inputs are its games, the demonstrations and its own config
+(``demos.advisory_variants``, the recipe), so selecting other conditions (``condition:`` of the
+experiment's params.yaml) changes nothing it reads:
 
-- every parameter and dependency dvc.yaml declares for the two stages has the same value
-  under any condition selection, and none is another stage's per-condition output;
+- the model pipeline's params compose to the same values under any condition selection of the
+  experiment, with no condition at all, and its stage lists no condition or experiment output;
 - the demonstrations built on the tiny world are byte-identical under three selections.
 """
 
@@ -15,69 +15,36 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import pytest
 import yaml
 from omegaconf import OmegaConf
 
 from tests.conftest import train_config
 
 ROOT = Path(__file__).resolve().parents[1]
-STAGES = ("demos", "policy")
 SELECTIONS = ((), ("condition=[C1,C2]",), ("condition=[C2_placebo,C2_silent]",))
-# Outputs of the stages that run per condition or after the evaluation: never a policy input.
+# Outputs of the experiment's stages that run per condition or after the evaluation: never a model input.
 FOREIGN_PATHS = ("episodes", "grounding", "grounding_merged", "store", "prompts", "eval", "reports", "plots")
 
 
-@pytest.fixture(scope="module")
-def composed():
-    """The project's conf/ composed as DVC does, under each condition selection."""
-    from pipeline.core.config import compose_text, validate
+def test_the_model_pipeline_reads_no_condition():
+    from pipeline.core.config import MODEL, compose_text, validate
+    from pipeline.tools.deps import stage_deps, stage_params
 
-    return [validate(OmegaConf.create(compose_text(ROOT, list(sel)))) for sel in SELECTIONS]
-
-
-def _stage(name: str) -> dict:
-    return yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"][name]
-
-
-def _param_keys(stage: dict) -> list[str]:
-    keys: list[str] = []
-    for p in stage.get("params", []):
-        keys += [p] if isinstance(p, str) else [k for ks in p.values() for k in ks]
-    return keys
-
-
-def _resolve(text: str, cfg) -> str:
-    for key, value in OmegaConf.to_container(cfg.paths).items():
-        text = text.replace("${paths.%s}" % key, str(value))
-    return text
-
-
-def test_selections_differ(composed):
-    assert len({tuple(c.condition) for c in composed}) == len(SELECTIONS)
-
-
-@pytest.mark.parametrize("name", STAGES)
-def test_stage_params_and_deps_ignore_the_conditions(name, composed):
-    stage = _stage(name)
-    assert "matrix" not in stage and "condition" not in stage["cmd"]
-    keys = _param_keys(stage)
-    assert keys
-    for key in keys:
-        assert key != "condition" and not key.startswith("condition.") and key != "experiment", key
-        values = [OmegaConf.to_container(OmegaConf.create({"v": OmegaConf.select(c, key)}), resolve=True)
-                  for c in composed]
-        assert all(v == values[0] for v in values), key
-    cfg = composed[0]
-    foreign = [str(cfg.paths[k]).rstrip("/") for k in FOREIGN_PATHS]
-    for dep in stage["deps"]:
-        path = _resolve(dep, cfg).rstrip("/")
+    experiment = [validate(OmegaConf.create(compose_text(ROOT, list(sel)))) for sel in SELECTIONS]
+    assert len({tuple(c.condition) for c in experiment}) == len(SELECTIONS)
+    model = yaml.safe_load(compose_text(ROOT, pipeline=MODEL))
+    assert model == yaml.safe_load((ROOT / MODEL.params_file).read_text()) and model["condition"] == {}
+    keys = stage_params(ROOT, "models/dvc.yaml")["checkpoint"]
+    assert keys and all(k != "condition" and not k.startswith("condition.") and k != "experiment" for k in keys)
+    paths = model["paths"]
+    foreign = [str(experiment[0].paths[k]).rstrip("/") for k in FOREIGN_PATHS]
+    for dep in stage_deps(ROOT, "models/dvc.yaml")["checkpoint"]:
+        path = dep
+        for key, value in paths.items():
+            path = path.replace("${paths.%s}" % key, str(value))
         assert not any(path == f or path.startswith(f + "/") for f in foreign), dep
-        # no other stage's code (stages/common.py is the stages' shared error reporting, not a stage)
-        assert not (path.startswith("pipeline/stages/")
-                    and path not in (f"pipeline/stages/{name}.py", "pipeline/stages/common.py")), dep
-    if name == "policy":
-        assert any(_resolve(d, cfg).rstrip("/") == str(cfg.paths.demos) for d in stage["deps"])
+        assert not (path.startswith("pipeline/stages/") and path.removeprefix("pipeline/stages/").removesuffix(".py")
+                    not in ("games", "demos", "policy", "checkpoint", "common")), dep
 
 
 def _digests(folder: Path) -> dict[str, str]:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
-import shutil
+import subprocess
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -14,20 +16,41 @@ from pipeline.tools import results
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_the_committed_docs_carry_the_committed_metrics():
-    """README.md and docs/*.md hold the default run's tables between results markers, and
-    they are what metrics/ renders now: rerun `python -m pipeline.tools.results` after a run."""
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    for block in ("conditions", "headline"):
+# What the docs' blocks are rendered from (and the docs themselves): what --check reads.
+RESULTS_FILES = ("README.md", "docs", "metrics", "models/metrics", "benchmarks/results.json")
+
+
+def _committed(tmp_path: Path) -> Path:
+    """The files of :data:`RESULTS_FILES` as committed at HEAD, in a scratch folder: a run in this
+    clone (`make repro` rewrites metrics/ with this machine's wall times) never changes what this reads."""
+    tracked = subprocess.run(["git", "ls-files", "--error-unmatch", "README.md"], cwd=ROOT, capture_output=True)
+    if tracked.returncode != 0:
+        pytest.skip("not a git checkout: no committed docs to read")
+    blob = subprocess.run(["git", "archive", "--format=tar", "HEAD", *RESULTS_FILES], cwd=ROOT, capture_output=True,
+                          check=True).stdout
+    root = tmp_path / "committed"
+    with tarfile.open(fileobj=io.BytesIO(blob)) as tar:
+        tar.extractall(root, filter="data")
+    return root
+
+
+def test_the_committed_docs_carry_the_committed_metrics(tmp_path):
+    """README.md and docs/*.md hold the default run's tables between results markers, and as
+    committed they are what the committed metrics/ render (both read at HEAD, so a run in this
+    clone, which rewrites the wall times in metrics/, cannot fail it): rerun
+    `python -m pipeline.tools.results` after a run and commit the two together."""
+    root = _committed(tmp_path)
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    for block in ("conditions", "headline", "runtime"):
         assert f"<!-- results:{block} -->" in readme
-    assert "<!-- results:comparisons -->" in (ROOT / "docs" / "experiments.md").read_text(encoding="utf-8")
-    assert "<!-- results:curve -->" in (ROOT / "docs" / "memory.md").read_text(encoding="utf-8")
-    docs = results.documents(ROOT)
-    assert ROOT / "README.md" in docs and ROOT / "docs" / "policy.md" in docs
+    assert "<!-- results:comparisons -->" in (root / "docs" / "experiments.md").read_text(encoding="utf-8")
+    assert "<!-- results:curve -->" in (root / "docs" / "memory.md").read_text(encoding="utf-8")
+    docs = results.documents(root)
+    assert root / "README.md" in docs and root / "docs" / "policy.md" in docs
     for path in docs:
         text = path.read_text(encoding="utf-8")
-        assert results.render(text, ROOT / "metrics") == text, f"{path.name}: run `python -m pipeline.tools.results`"
-    assert results.main(["--check"]) == 0
+        assert results.render(text, root / "metrics") == text, f"{path.name}: run `python -m pipeline.tools.results`"
+    assert results.main(["--check", "--root", str(root)]) == 0
 
 
 def test_the_committed_results_figure_is_the_committed_metrics():
@@ -40,24 +63,10 @@ def test_the_committed_results_figure_is_the_committed_metrics():
     assert f"(plots/{MODEL_AND_READER_FIGURE})" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-def _copy_project(tmp_path: Path) -> Path:
-    """README.md, docs/, metrics/ and the benchmarks' results of this project in a scratch
-    directory (what --check reads)."""
-    root = tmp_path / "project"
-    (root / "docs").mkdir(parents=True)
-    shutil.copy2(ROOT / "README.md", root / "README.md")
-    for doc in (ROOT / "docs").glob("*.md"):
-        shutil.copy2(doc, root / "docs" / doc.name)
-    shutil.copytree(ROOT / "metrics", root / "metrics")
-    (root / "benchmarks").mkdir()
-    shutil.copy2(ROOT / "benchmarks" / "results.json", root / "benchmarks" / "results.json")
-    return root
-
-
 def test_check_fails_when_one_number_of_the_readme_results_is_edited(tmp_path, capsys):
     """The staleness test: one hand-edited figure in the README's results table makes
     `python -m pipeline.tools.results --check` exit 1 naming README.md; the copy as committed passes."""
-    root = _copy_project(tmp_path)
+    root = _committed(tmp_path)
     assert results.main(["--check", "--root", str(root)]) == 0
     readme = root / "README.md"
     text = readme.read_text(encoding="utf-8")
@@ -111,19 +120,24 @@ def test_the_runtime_block_sums_the_stages_metrics_and_quotes_the_scaling_projec
     m = tmp_path / "metrics"
     (m / "eval").mkdir(parents=True)
     (m / "games.json").write_text(json.dumps({"plan_wall_s": 6.0, "compile_wall_s": 54.0, "compile_workers": 2}))
-    (m / "demos.json").write_text(json.dumps({"wall_time_s": 120.0, "workers": 2}))
-    (m / "policy.json").write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 1}}))
     for c, t in (("C0", 30.0), ("C1", 90.0)):
         (m / "eval" / f"{c}.json").write_text(json.dumps({"wall_time_s": t}))
+    mm = tmp_path / "models" / "metrics"  # the model pipeline's (make model)
+    mm.mkdir(parents=True)
+    (mm / "games.json").write_text(json.dumps({"plan_wall_s": 6.0, "compile_wall_s": 54.0, "compile_workers": 2}))
+    (mm / "demos.json").write_text(json.dumps({"wall_time_s": 120.0, "workers": 2}))
+    (mm / "policy.json").write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 1}}))
     (tmp_path / "benchmarks").mkdir()
     (tmp_path / "benchmarks" / "results.json").write_text(json.dumps({"benchmarks": {"scaling": {
         "meta": {"date": "D", "cores": 2, "load_average": [0.1], "git": "abc1234"},
         "runs": [{"details": {"projection": {"parallel_fraction": 0.9149,
                                              "cores": {"16": {"total_s": 480.0}, "2": {"total_s": 1500.0}}}}}]}}}))
     text = runtime_table(m)
-    assert "| games | 1.0 | 2 |" in text and "| demos | 2.0 | 2 |" in text and "| policy | 10.0 | 1 |" in text
-    assert "| evaluate (2 conditions) | 2.0 | – |" in text and "| curve | – | – |" in text
-    assert "**15.0**" in text  # 60 + 120 + 600 + 120 s
+    experiment, model = text.split("| step (`make model`)")
+    assert "| games | 1.0 | 2 |" in experiment and "| evaluate (2 conditions) | 2.0 | – |" in experiment
+    assert "| curve | – | – |" in experiment and "**3.0**" in experiment  # 60 + 120 s
+    assert "| games | 1.0 | 2 |" in model and "| demos | 2.0 | 2 |" in model and "| policy | 10.0 | 1 |" in model
+    assert "| checkpoint | – | 1 |" in model and "**13.0**" in model  # 60 + 120 + 600 s; checkpoint not recorded
     assert ("`python -m benchmarks --only scaling` (parallel fractions measured on `experiment=tiny`, a floor; "
             "at commit abc1234, D, 2 cores, load 0.1): 25 min on 2 cores, 8 min on 16 cores") in text
     assert "parallel fraction of the run's time 0.91." in text
@@ -163,7 +177,8 @@ def test_the_policy_row_names_its_episodes_processes_where_they_differ_from_its_
 
     m = tmp_path / "metrics"
     m.mkdir()
-    policy = m / "policy.json"
+    (tmp_path / "models" / "metrics").mkdir(parents=True)
+    policy = tmp_path / "models" / "metrics" / "policy.json"
     policy.write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 1, "rollout_workers": 2}}))
     assert "| policy | 10.0 | 1 (its episodes: 2) |" in runtime_table(m)
     policy.write_text(json.dumps({"wall_time_s": {"total_s": 600.0, "train_processes": 2, "rollout_workers": 2}}))
@@ -177,15 +192,16 @@ def test_the_episodes_block_has_a_row_after_the_demonstrations_and_each_dagger_r
 
     m = tmp_path / "metrics"
     m.mkdir()
+    (tmp_path / "models" / "metrics").mkdir(parents=True)
     first = {"plain_success": 0.083333, "plain_turns": 18.4, "oracle_success": 0.52, "oracle_turns": 11.7,
              "houses": 48, "grounded_episodes": 26}
     last = {**first, "plain_success": 0.229167, "grounded_success": 0.115385, "grounded_turns": 16.3}
-    (m / "policy.json").write_text(json.dumps({"episode_probe": {**last, "after_demonstrations": first},
+    (tmp_path / "models" / "metrics" / "policy.json").write_text(json.dumps({"episode_probe": {**last, "after_demonstrations": first},
                                                "dagger": {"rounds": [{"round": 0, "labelled_turns": 6795,
                                                                       "episode_probe": last}]}}))
     lines = episodes_table(m).splitlines()
     assert lines[2] == "| after the demonstrations | 0.08 (18.4 turns) | — | 0.52 (11.7 turns) |"
     assert lines[3] == "| after DAgger round 1 (6,795 labelled turns) | 0.23 (18.4 turns) | 0.12 (16.3 turns) | 0.52 (11.7 turns) |"
     assert "48 held-out generated houses" in lines[-1] and "the 26 whose" in lines[-1]
-    (m / "policy.json").write_text("{}")
-    assert episodes_table(m) == "_no whole-episode probe in metrics/policy.json_"
+    (tmp_path / "models" / "metrics" / "policy.json").write_text("{}")
+    assert episodes_table(m) == "_no whole-episode probe in models/metrics/policy.json_"

@@ -48,7 +48,7 @@ def smol_cfg():
     from pipeline.core.config import compose_text, validate
 
     cfg = validate(OmegaConf.create(compose_text(ROOT, ["model=smollm2", "agent=llm", "sampling=greedy"])))
-    assert cfg.model.gguf.package and cfg.model.gguf.file and not cfg.model.train_policy
+    assert cfg.model.gguf.package and cfg.model.gguf.file and cfg.model.name_or_path == f"{cfg.model.gguf.out_dir}/model"
     return cfg
 
 
