@@ -897,3 +897,26 @@ def test_generation_cache_returns_what_the_model_returns_and_any_change_misses(l
     with torch.no_grad():
         next(other.parameters()).add_(1e-3)
     assert misses(backend(model=other)) == 3
+
+
+def test_action_constraint_accepts_exactly_the_prefixes_and_the_texts_past_a_target():
+    """``ActionConstraint.accepts`` (a bisection and per-prefix look-ups) says what a scan of every
+    target says: ``piece`` after what was consumed is a prefix of a target, or runs past one."""
+    import random
+
+    from pipeline.llm.constrain import ActionConstraint
+
+    acts = [{"action": "go", "target": "north"}, {"action": "open", "target": "Fridge_0"},
+            {"action": "take", "target": "Apple_2"}, {"action": "look", "target": None}]
+    c = ActionConstraint(None, acts)  # accepts reads the targets only, never the token texts
+    texts = [t.text for t in c.targets]
+    alphabet = sorted(set("".join(texts))) + ["}", "x"]
+    rng = random.Random(0)
+    pieces = [t[:k] for t in texts for k in range(len(t) + 1)] + [t + "}x" for t in texts]
+    pieces += ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(2000)]
+    for consumed in ("", texts[0][:5], texts[1][:9]):
+        c.consumed = consumed
+        for p in pieces:
+            s = consumed + p
+            want = any(t.startswith(s) or s.startswith(t) for t in texts)
+            assert c.accepts(p) == want, (consumed, p)

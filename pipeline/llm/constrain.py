@@ -166,6 +166,11 @@ class ActionConstraint:
         self.tok = texts
         self.targets = [Target(lead + fields + tail, i)
                         for fields, i in action_texts(admissible) for tail in (CLOSE, MEMORY_OPEN)]
+        # The texts sorted and as a set: `accepts` asks "a prefix of a target, or past one?" with
+        # a bisection and a set look-up per prefix instead of a scan of every target (it runs
+        # for every line-ending token of the vocabulary at each turn's start).
+        self._sorted = sorted({t.text for t in self.targets})
+        self._texts = frozenset(self._sorted)
         self.consumed = ""
         self.chosen: int | None = None  # the admissible index, once a target is complete
 
@@ -176,7 +181,10 @@ class ActionConstraint:
     def accepts(self, piece: str) -> bool:
         """Could ``piece`` come next: still a prefix of a target, or past the end of one?"""
         s = self.consumed + piece
-        return any(t.text.startswith(s) or s.startswith(t.text) for t in self.targets)
+        i = bisect.bisect_left(self._sorted, s)  # the first target >= s starts with s if any does
+        if i < len(self._sorted) and self._sorted[i].startswith(s):
+            return True
+        return any(s[:k] in self._texts for k in range(1, len(s)))  # a target is a proper prefix of s
 
     def allowed(self) -> list[int]:
         """The token ids allowed next (empty when no admissible action remains)."""
