@@ -103,7 +103,8 @@ def train_config(cfg, overrides: dict):
     from pipeline.core.config import validate
     from pipeline.core.conf_schema import TrainConfig
 
-    return validate(OmegaConf.merge(OmegaConf.structured(TrainConfig), cfg, overrides), schema=TrainConfig)
+    plain = OmegaConf.to_container(cfg) if OmegaConf.is_config(cfg) else cfg  # a Config section is no TrainConfig's
+    return validate(OmegaConf.merge(OmegaConf.structured(TrainConfig), plain, overrides), schema=TrainConfig)
 
 
 @pytest.fixture(scope="session")

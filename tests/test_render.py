@@ -284,7 +284,7 @@ class TestCheckMaskedIdentical:
 
 
 def _run_main(monkeypatch, root, cfg, condition):
-    monkeypatch.setattr(stage_common, "load_params", lambda: cfg)
+    monkeypatch.setattr(stage_common, "load_params", lambda **_: cfg)
     monkeypatch.setattr(stage_common, "project_root", lambda: root)
     return render_stage.main(["--condition", condition])
 

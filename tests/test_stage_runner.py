@@ -19,7 +19,7 @@ STAGE_FILES = sorted(p for p in STAGES.glob("*.py") if p.name not in ("__init__.
 @pytest.fixture()
 def loaded(monkeypatch, tmp_path):
     """The runner loads a stand-in config; returns what the body was called with."""
-    monkeypatch.setattr(common, "load_params", lambda: {"seed": 0})
+    monkeypatch.setattr(common, "load_params", lambda **_: {"seed": 0})
     monkeypatch.setattr(common, "project_root", lambda: tmp_path)
     return tmp_path
 
@@ -83,7 +83,7 @@ def test_evaluate_and_evaluate_reader_share_one_body_writing_their_own_metrics(l
 
     cfg = OmegaConf.create({"agent": {"name": "react"}, "paths": {"metrics": "metrics"}, "experiment": {"reader": True}})
     played = []
-    monkeypatch.setattr(common, "load_params", lambda: cfg)
+    monkeypatch.setattr(common, "load_params", lambda **_: cfg)
     monkeypatch.setattr(evaluate, "pin_numerics", lambda cfg, runs_model: {})
     monkeypatch.setattr(evaluate, "evaluate_condition", lambda cfg, root, cond, reader: (
         played.append(reader) or ({"condition": cond}, {"num_episodes": 1, "success_rate": 1.0}, root)))

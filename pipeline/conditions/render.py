@@ -45,10 +45,13 @@ from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import sha256_text
 from pipeline.core.schemas import canonical_json
 from pipeline.memory import EpisodicStore
+from pipeline.memory.injection import condition_section
 from pipeline.prompts import FrozenPrompt, PromptOrganizer, render_turn_prompt, split_grounding_paths
 
 #: Observation used to fill the turn slots of a frozen prompt for the evidence checks.
 PROBE_OBSERVATION: dict[str, Any] = {}
+#: An unmasked retrieval: what a masked prompt must not show (:meth:`Renderer.reference_advisories`).
+REFERENCE_CONDITION = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
 
 
 def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, configured: bool,
@@ -100,6 +103,8 @@ class Renderer:
         self.memory_defaults = canonical_json(self.organizer.memory_defaults)
         g = self.cfg.grounding
         self._configured = bool(split_grounding_paths(list(g.files) if not isinstance(g.files, str) else g.files))
+        # The unmasked retrieval the masking checks compare with, typed once (not per task).
+        self._reference = condition_section(REFERENCE_CONDITION)
 
     def grounding(self, scene_id: str, condition: str | None = None) -> list[str]:
         """The grounding files of ``scene_id``'s prompt (:func:`grounding_files_for`); none
@@ -175,8 +180,7 @@ class Renderer:
 
     def reference_advisories(self, task: Mapping[str, Any]) -> list[str]:
         """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
-        on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
-        slot = memory.build_memory_slot(self.store, dict(task), on, self.cfg.memory, rng=self.cfg.seed,
+        slot = memory.build_memory_slot(self.store, dict(task), self._reference, self.cfg.memory, rng=self.cfg.seed,
                                         condition_name="reference", words=self.words, facts=self.facts)
         return [a.message for a in slot.bundle.retrieved]
 

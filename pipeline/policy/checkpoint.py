@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from pipeline.core.io import atomic_dir, sha256_file
+from pipeline.core.io import atomic_dir, atomic_write_bytes, atomic_write_text, sha256_file
 
 CARD = "README.md"
 FRONT = "---\n"
@@ -128,9 +127,8 @@ def publish(built: Path, dest: Path, meta: Mapping[str, Any]) -> Published:
     block = {**meta, "files": files, "size_bytes": size}
     with atomic_dir(dest) as tmp:
         for name in files:
-            shutil.copy2(built / name, tmp / name)
-            (tmp / name).chmod(0o644)
-        (tmp / CARD).write_text(render_card(block), encoding="utf-8")
+            atomic_write_bytes(tmp / name, (built / name).read_bytes())
+        atomic_write_text(tmp / CARD, render_card(block))
     return Published(False, files, tuple(changes))
 
 

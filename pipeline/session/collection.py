@@ -28,16 +28,16 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import pipeline
 from pipeline.agents import Agent, make_agent, plays_with_model
 from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
-from pipeline.core.config import ConfigError, config_hash, to_plain
+from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.core.numerics import pin
 from pipeline.core.parallel import stage_workers
@@ -52,9 +52,15 @@ from pipeline.session.online import play_online
 from pipeline.session.rollout import Checkpoints, Task, batches, play
 from pipeline.users import FileFeedback, User, make_user
 
-# Config subtrees whose change invalidates checkpointed episodes.
+# Config subtrees whose change invalidates checkpointed episodes: everything a collection reads
+# that can change what its episodes are (the online loop's grounding: files, timestamp, whether the
+# prompt shows it; the memory slot's name in the agent's memory). The hash over them labels every
+# episode (metadata.config_hash), so they are also the DVC params of every stage that plays a
+# collection (collect, evaluate, evaluate_reader): `python -m pipeline.tools.deps --write` writes
+# those from this list, and tests/test_e2e.py checks that these stages read nothing else.
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
-                   "grounding.online", "numerics")
+                   "grounding.online", "grounding.files", "grounding.timestamp", "grounding.use_in_prompt",
+                   "memory.io.slot_memory_name", "numerics")
 # Keys of those subtrees that decide how a run is played or judged, never what an episode is:
 # left out, so changing them reuses checkpoints and keeps every recorded config hash. (The
 # model's weights are an input, :func:`inputs_hash`: the model directory; the process count,
@@ -73,11 +79,28 @@ def collection_hash(cfg: Config) -> str:
     config: the same episodes, checkpoints and recorded hash. The ``env`` keys its world never
     reads are left out (:func:`pipeline.envs.unread_env_keys`).
     """
-    plain = to_plain(cfg) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    plain = _subtrees(cfg, CHECKPOINT_KEYS) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
     model = plain.get("model")
     if isinstance(model, dict) and "prompt_cache_mb" in model:
         model["prompt_cache_mb"] = prompt_cache_budget(model["prompt_cache_mb"], model.get("device") or "cpu")
     return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED + unread_env_keys(cfg))
+
+def _subtrees(cfg: DictConfig, keys: Sequence[str]) -> dict:
+    """The plain values of ``keys`` (dotted) at their places in a nested dict: the hash reads
+    these subtrees, not the whole config (what ``python -m pipeline.tools.deps record`` sees)."""
+    out: dict = {}
+    for dotted in keys:
+        *parents, leaf = dotted.split(".")
+        node: Any = cfg
+        for part in [*parents, leaf]:
+            node = node[part]
+        value = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node
+        into = out
+        for part in parents:
+            into = into.setdefault(part, {})
+        into[leaf] = value
+    return out
+
 
 @contextlib.contextmanager
 def inference_threads(cfg: Config) -> Iterator[None]:

@@ -64,6 +64,13 @@ def attach_prompts(tasks: list[Task], prompt_rows: list[dict], condition: str, p
                       "prompt_sha256": row.get("prompt_sha256"), "store_hash": row.get("store_hash")}
 
 
+# What ``evaluate`` reads beyond the collection's keys (pipeline.session.collection.CHECKPOINT_KEYS):
+# its tasks, greedy or not, the metrics' intervals; ``evaluate_reader`` also whether it plays at all.
+EVALUATE_KEYS = ("experiment.eval_split", "experiment.eval_greedy", "experiment.bootstrap_samples",
+                 "experiment.ci_level")
+EVALUATE_READER_KEYS = (*EVALUATE_KEYS, "experiment.reader")
+
+
 def reader_config(cfg: Config) -> Config:
     """``cfg`` with ``agent=reader`` (every agent key the schema's default): what
     ``evaluate_reader`` plays, whichever agent the experiment evaluates."""

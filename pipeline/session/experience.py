@@ -18,7 +18,8 @@ grounding of the ``k - 1`` before it. Held-out scenes have no episodes of their 
 memory is the other houses' (``k`` each).
 
 The work is a partition fixed by the config: every ``k``'s merge and render (a job a
-``k``), then every point's play (a job a (``k``, condition) pair, fresh factories each). It
+``k``), then every point's play (a job a (``k``, condition) pair, fresh factories each; a
+point whose prompts are all an earlier point's is that point's episodes, played once). It
 runs in ``workers`` spawn processes (:class:`pipeline.core.parallel.OrderedPool`), each job
 whole in one of them, the results taken back in job order: the same bytes for any worker
 count.
@@ -259,8 +260,22 @@ def _curve_jobs(ctx: dict, ks: list[int], workers: int,
         rendered = pool.map(_render_at, ks)
         points = [(k, cond, prompt_rows) for k, by_cond in zip(ks, rendered)
                   for cond, prompt_rows in zip(conditions, by_cond)]
-        played = pool.map(_play_at, [p[2] for p in points], progress=progress)
-    return [(k, cond, prompt_rows, records) for (k, cond, prompt_rows), records in zip(points, played)]
+        # A point whose every task has the prompt of an earlier point is that point's episodes
+        # (a task's episode is a function of its prompt and its seed): played once (C0 at every
+        # k; every condition at k=0, where there is nothing to remember yet).
+        first: dict[tuple, int] = {}
+        plays = [first.setdefault(_prompts_key(p[2]), i) for i, p in enumerate(points)]
+        unique = sorted(set(plays))
+        done = dict(zip(unique, pool.map(_play_at, [points[i][2] for i in unique], progress=progress)))
+        if progress is not None:
+            for _ in range(len(points) - len(unique)):  # the points an earlier point played
+                progress(None)
+    return [(k, cond, prompt_rows, done[plays[i]]) for i, (k, cond, prompt_rows) in enumerate(points)]
+
+
+def _prompts_key(prompt_rows: Sequence[Mapping[str, Any]]) -> tuple:
+    """What decides a point's episodes: each task's prompt (the tasks and seeds are every point's)."""
+    return tuple((r["scene_id"], r["quest_id"], r["system_prompt"]) for r in prompt_rows)
 
 
 def load_experience(root: Path, cfg: Config) -> tuple[list[dict], dict]:

@@ -20,9 +20,9 @@ the file cannot change the outputs in any other way:
 **Params.** Every config field a stage reads must be among its ``params:`` (a listed key or
 a section containing it). :func:`recording_reads` records what a run reads through OmegaConf,
 ``python -m pipeline.tools.deps record`` runs one stage under it, and
-``tests/test_params_deps.py`` runs the tiny DAG so and fails on a field read but not
-listed; ``collect``'s params are written from the list its checkpoints are keyed by
-(:data:`GENERATED_PARAMS`). ::
+``tests/test_e2e.py`` (the experiment) and ``tests/test_model_pipeline.py`` (the model) run
+their DAGs so and fail on a field read but not listed; the params of the stages that play a
+collection are written from the list its episodes are labelled by (:data:`GENERATED_PARAMS`). ::
 
     python -m pipeline.tools.deps            # each stage's closure and a suggested deps: block
     python -m pipeline.tools.deps --check    # exit 1 when a stage's code deps or generated params drift
@@ -53,6 +53,7 @@ from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
 from pipeline.llm.backends import IMPLEMENTATIONS
 from pipeline.session.collection import CHECKPOINT_KEYS
+from pipeline.session.evaluation import EVALUATE_KEYS, EVALUATE_READER_KEYS
 
 PACKAGE = "pipeline"
 DVC_FILE = "dvc.yaml"
@@ -67,9 +68,12 @@ CHECK_MODULE = "pipeline.core.config"
 CONFIG_ROUTE = ("pipeline/core/conf_schema.py", "pipeline/core/overrides.py")
 # A factory module -> (the config key that selects its implementation, {name: implementation module}).
 SELECTED = {"pipeline/llm/backends/__init__.py": ("model.backend", {str(k): m for k, (m, _) in IMPLEMENTATIONS.items()})}
-# Stages whose params are written from a list in the code, not by hand: collect's checkpoints are
-# keyed by exactly what its params list (pipeline/session/collection.py).
-GENERATED_PARAMS = {(DVC_FILE, "collect"): CHECKPOINT_KEYS}
+# Stages whose params are written from lists in the code, not by hand: a collection's episodes (and
+# checkpoints) are labelled by the hash of CHECKPOINT_KEYS, so every stage that plays one lists them
+# (pipeline/session/collection.py), then what it reads besides (pipeline/session/evaluation.py).
+GENERATED_PARAMS = {(DVC_FILE, "collect"): CHECKPOINT_KEYS,
+                    (DVC_FILE, "evaluate"): CHECKPOINT_KEYS + EVALUATE_KEYS,
+                    (DVC_FILE, "evaluate_reader"): CHECKPOINT_KEYS + EVALUATE_READER_KEYS}
 # Keys read by a stage that cannot change its outputs, so they are never params: the process count
 # (results merged in a fixed partition), paths (DVC deps and outs, not values), and how a run is
 # supervised (stall and failure budgets: a run fails or completes, with the same bytes).
@@ -355,33 +359,59 @@ def recording_reads() -> Iterator[set[str]]:
     A read is a value taken from a ``DictConfig`` (attribute, item, ``get``, ``items``: the key
     of every value that is not itself a section; a list is read whole) or a section converted
     whole (``OmegaConf.to_container`` / ``to_object``: its key; ``""`` for the root, which
-    reads everything). Reads in spawned worker processes are not seen: record at ``workers=1``.
+    reads everything), in a whole config (the params a stage loaded, or a copy of them merged
+    with code's values): a section built apart from them (``section(RewardConfig, ...)``,
+    a condition typed from a dict) is code's, not a params read, and so is the stage's loading
+    of its params (``run_stage``'s ``load_params``: the stale check and validation, which pass
+    or stop the run). Reads in spawned worker processes are not seen: record at ``workers=1``.
     """
     from omegaconf import DictConfig
     from omegaconf.basecontainer import BaseContainer
 
     reads: set[str] = set()
     get_impl, to_content = DictConfig._get_impl, BaseContainer._to_content
+    paused = [False]
+
+    def whole(node) -> bool:  # noqa: ANN001 - the node's root is a whole config (seed, paths, ...)
+        content = node._get_root().__dict__.get("_content")
+        return isinstance(content, dict) and {"seed", "paths", "env"} <= set(content)
 
     def _get_impl(self, key, default_value, validate_key=True):  # noqa: ANN001 - OmegaConf's signature
         value = get_impl(self, key, default_value, validate_key)
-        if _leaf(value):
+        if _leaf(value) and not paused[0]:
             with contextlib.suppress(Exception):
-                reads.add(self._get_full_key(key))
+                if whole(self):
+                    reads.add(self._get_full_key(key))
         return value
 
     def _to_content(conf, *args, **kwargs):  # noqa: ANN001
         with contextlib.suppress(Exception):
-            reads.add(conf._get_full_key(None) or "")
+            if whole(conf) and not paused[0]:
+                reads.add(conf._get_full_key(None) or "")
         return to_content(conf, *args, **kwargs)
+
+    # The stage's own params load (the stale check composes, validation reads every field: they
+    # pass or stop the run) is the config route's, not the stage's reads.
+    from pipeline.stages import common
+
+    load = common.load_params
+
+    def load_params(*args, **kwargs):  # noqa: ANN002, ANN003
+        paused[0] = True
+        try:
+            return load(*args, **kwargs)
+        finally:
+            paused[0] = False
 
     DictConfig._get_impl = _get_impl
     BaseContainer._to_content = staticmethod(_to_content)
+    common.load_params = load_params
     try:
         yield reads
     finally:
         DictConfig._get_impl = get_impl
         BaseContainer._to_content = staticmethod(to_content)
+        common.load_params = load
 
 
 def unlisted_reads(reads: Iterable[str], params: Iterable[str]) -> list[str]:
@@ -434,8 +464,8 @@ def record(module: str, args: list[str], out: Path) -> int:
             code = exc.code
         finally:
             sys.argv = argv
-    with open(out, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps({"module": module, "args": args, "reads": sorted(reads)}) + "\n")
+    before = out.read_text(encoding="utf-8") if out.is_file() else ""  # one line per run, the file replaced whole
+    atomic_write_text(out, before + json.dumps({"module": module, "args": args, "reads": sorted(reads)}) + "\n")
     return code if isinstance(code, int) else (0 if code is None else 1)
 
 

@@ -22,6 +22,9 @@ scene preferences in :mod:`pipeline.envs.household.world`, the expert planner in
 
 from __future__ import annotations
 
+import collections
+import functools
+import hashlib
 import json
 import re
 import warnings
@@ -218,6 +221,45 @@ def clean_feedback(text: str | None) -> str:
 # --------------------------------------------------------------------------- environment
 
 
+# The planner is a pure function of the state, the goal, the preferences and what was opened and
+# unlocked, and a BFS costs milliseconds at every step: a process keeps its recent answers (a
+# looping agent revisits states; the learning curve replays each task at every k, C0 identically).
+_PLANS: collections.OrderedDict[bytes, tuple[str, ...] | None] = collections.OrderedDict()
+_PLANS_KEPT = 50_000
+
+
+def cached_plan(world: World, goal: Sequence[str], preferences: Sequence[Any], opened: Iterable[str],
+                unlocked: Iterable[str]) -> list[str] | None:
+    """:func:`pipeline.envs.household.planner.shortest_plan` of these inputs, remembered (an LRU of
+    :data:`_PLANS_KEPT` answers per process, keyed by a digest of every input): the same list."""
+    parts = [sorted(world.facts), sorted(world.kinds.items()), list(goal),
+             [p if isinstance(p, str) else json.dumps(p, sort_keys=True) for p in preferences],
+             sorted(opened), sorted(unlocked)]
+    key = hashlib.blake2b(json.dumps(parts, separators=(",", ":")).encode(), digest_size=20).digest()
+    if key in _PLANS:
+        _PLANS.move_to_end(key)
+        plan = _PLANS[key]
+    else:
+        found = shortest_plan(world, goal, preferences, opened=opened, unlocked=unlocked)
+        plan = tuple(found) if found is not None else None
+        _PLANS[key] = plan
+        if len(_PLANS) > _PLANS_KEPT:
+            _PLANS.popitem(last=False)
+    return list(plan) if plan is not None else None
+
+
+def _reward_parts_of(reward: RewardConfig | Mapping[str, float] | None) -> dict[str, float]:
+    """``env.reward`` as plain floats, every part the schema has (its defaults where ``reward``
+    says nothing); typed once per distinct reward, not per episode (the curve makes thousands)."""
+    items = tuple(sorted((str(k), float(v)) for k, v in (reward or {}).items()))
+    return dict(_typed_reward(items))
+
+
+@functools.lru_cache(maxsize=16)
+def _typed_reward(items: tuple[tuple[str, float], ...]) -> tuple[tuple[str, float], ...]:
+    return tuple((k, float(v)) for k, v in section(RewardConfig, dict(items)).items())
+
+
 class HouseholdEnv(EnvLifecycle):
     """One household quest played through TextWorld (``reset`` / ``step``).
 
@@ -251,7 +293,7 @@ class HouseholdEnv(EnvLifecycle):
         self.max_steps = int(max_steps)
         if self.max_steps < 1:
             raise ValueError(f"max_steps={max_steps}: expected >= 1")
-        self.reward_cfg = {k: float(v) for k, v in section(RewardConfig, reward).items()}
+        self.reward_cfg = _reward_parts_of(reward)
         self.preferences = list(preferences)
         for pref in self.preferences:
             parse_preference(pref)  # fail early on a bad preference
@@ -347,7 +389,7 @@ class HouseholdEnv(EnvLifecycle):
         """Shortest remaining plan from the current state (``None`` if none exists)."""
         if self.won:
             return []
-        return shortest_plan(self.world, self.goal, self.preferences, opened=self.opened, unlocked=self.unlocked)
+        return cached_plan(self.world, self.goal, self.preferences, self.opened, self.unlocked)
 
     def preferences_status(self) -> dict[str, bool]:
         return check_preferences(self.preferences, self.world.facts, opened=self.opened, unlocked=self.unlocked)
