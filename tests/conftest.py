@@ -11,6 +11,9 @@ costs about a second, so keep new fixtures from compiling more)::
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -86,6 +89,27 @@ def pytest_collection_modifyitems(config, items):
     the tests within a file keep pytest's order)."""
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(rank)))
+
+
+def scratch_repo(dest: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """A git + DVC repository at ``dest`` holding the project's ``names`` (files or folders), as
+    DVC's end-to-end tests run it; returns the environment to run its commands in (the venv first
+    on PATH, no experiment in flight)."""
+    for name in names:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dest / name)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    env.pop("DVC_EXP_BASELINE_REV", None)
+    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q", "-f"]):
+        done = subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+    shutil.copy(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
+    return env
 
 
 @pytest.fixture(scope="session")

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import SHORT_TURN_TOKENS
+from tests.conftest import SHORT_TURN_TOKENS, scratch_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "models/policy")
@@ -35,22 +33,10 @@ def _run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def tiny_repo(tmp_path_factory) -> tuple[Path, dict]:
     repo = tmp_path_factory.mktemp("e2e")
-    for name in COPY:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, repo / name)
+    env = scratch_repo(repo, COPY)
     cfg = repo / "conf" / "config.yaml"
     # the tiny world (conf/experiment/tiny.yaml)
     cfg.write_text(cfg.read_text().replace("- experiment: default", "- experiment: tiny"))
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.pop("DVC_EXP_BASELINE_REV", None)
-    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q", "-f"]):
-        assert _run(cmd, repo, env).returncode == 0
-    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
     composed = _run([sys.executable, "-m", "pipeline.core.config", "compose", *SMALL], repo, env)
     assert composed.returncode == 0, composed.stdout + composed.stderr
     dvc_yaml = repo / "dvc.yaml"

@@ -10,9 +10,7 @@ record``). That the same recipe trains the same bytes anywhere is tests/test_num
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import SMALL_POLICY_OVERRIDES, TINY_OVERRIDES
+from tests.conftest import SMALL_POLICY_OVERRIDES, TINY_OVERRIDES, scratch_repo
 
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ("conf", "hydra_plugins", "pipeline", "models/dvc.yaml", ".dvc/config")  # the model pipeline alone
@@ -37,19 +35,7 @@ def _run(cmd: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
     repo = tmp_path_factory.mktemp("model_pipeline")
-    for name in COPY:
-        src = ROOT / name
-        if src.is_dir():
-            shutil.copytree(src, repo / name, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            (repo / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(src, repo / name)
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    env.pop("DVC_EXP_BASELINE_REV", None)
-    for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q", "-f"]):
-        assert _run(cmd, repo, env).returncode == 0
-    shutil.copy(ROOT / ".dvc" / "config", repo / ".dvc" / "config")
+    env = scratch_repo(repo, COPY)
     composed = _run([sys.executable, "-m", "pipeline.core.config", "compose", "--pipeline", "model", *RECIPE],
                     repo, env)
     assert composed.returncode == 0, composed.stdout + composed.stderr

@@ -29,6 +29,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_dir, atomic_write_bytes, atomic_write_text, sha256_file
 
 CARD = "README.md"
@@ -227,8 +228,6 @@ def verify(directory: Path, *, card: Mapping[str, Any] | None = None) -> list[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    from pipeline.core.config import load_params, project_root  # deferred: the card tools need no config
-
     parser = argparse.ArgumentParser(prog="python -m pipeline.policy.checkpoint", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
