@@ -391,27 +391,32 @@ def recording_reads() -> Iterator[set[str]]:
         return to_content(conf, *args, **kwargs)
 
     # The stage's own params load (the stale check composes, validation reads every field: they
-    # pass or stop the run) is the config route's, not the stage's reads.
-    from pipeline.stages import common
+    # pass or stop the run) is the config route's, not the stage's reads: paused inside them
+    # (load_params looks both up in its module when it runs).
+    from pipeline.core import config
 
-    load = common.load_params
+    route = {name: getattr(config, name) for name in ("check", "validate")}
 
-    def load_params(*args, **kwargs):  # noqa: ANN002, ANN003
-        paused[0] = True
-        try:
-            return load(*args, **kwargs)
-        finally:
-            paused[0] = False
+    def quiet(fn):  # noqa: ANN001, ANN202
+        def run(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+            was, paused[0] = paused[0], True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                paused[0] = was
+        return run
 
     DictConfig._get_impl = _get_impl
     BaseContainer._to_content = staticmethod(_to_content)
-    common.load_params = load_params
+    for name, fn in route.items():
+        setattr(config, name, quiet(fn))
     try:
         yield reads
     finally:
         DictConfig._get_impl = get_impl
         BaseContainer._to_content = staticmethod(to_content)
-        common.load_params = load
+        for name, fn in route.items():
+            setattr(config, name, fn)
 
 
 def unlisted_reads(reads: Iterable[str], params: Iterable[str]) -> list[str]:

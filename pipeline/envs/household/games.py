@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.conf_schema import EnvConfig
+from pipeline.core.io import atomic_write_text
 from pipeline.core.schemas import canonical_json
 from pipeline.core.seeding import derive_seed
 from pipeline.envs.household.env import HouseholdEnv, check_game_file, command_to_action
@@ -457,9 +458,8 @@ def compile_story(source: str, out: Path) -> None:
     inform = Path(os.environ.get("INFORM_HOME", I7_DEFAULT_PATH)) / "share" / "inform7"
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.stem}."))  # ni also writes a .materials beside it
     project = work / "story.inform"
-    (project / "Source").mkdir(parents=True)
-    (project / "Source" / "story.ni").write_text(source, encoding="utf-8")
-    (project / "uuid.txt").write_text("", encoding="utf-8")  # Inform 7 requires one
+    atomic_write_text(project / "Source" / "story.ni", source)
+    atomic_write_text(project / "uuid.txt", "")  # Inform 7 requires one
     steps = (("ni", [str(inform / "Compilers" / "ni"), "--internal", str(inform / "Internal"), "--format=.z8",
                      "--project", str(project), "-noindex"]),
              ("i6", [str(inform / "Compilers" / "inform6"), "-E2wSv8F0", str(project / "Build" / "auto.inf"), str(out)]))
