@@ -77,14 +77,6 @@ MODEL = Pipeline("model", "train", "models/params.yaml", "models/params.override
 PIPELINES = {p.name: p for p in (EXPERIMENT, MODEL)}
 
 
-def pipeline_named(name: str) -> Pipeline:
-    """The pipeline called ``name`` (a clear error listing the known names)."""
-    try:
-        return PIPELINES[name]
-    except KeyError:
-        raise ConfigError(f"unknown pipeline {name!r}: expected one of {', '.join(PIPELINES)}") from None
-
-
 # The check_params stage's constant output: the first dependency of every other stage, so
 # DVC runs the check (and stops on a stale params.yaml) before it touches any output.
 CHECKED_FILE = "params_checked"
