@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro model test reprocheck params bench smollm2 scienceworld llama-cpp clean-venv
+.PHONY: install repro model test test-e2e reprocheck params bench smollm2 scienceworld llama-cpp clean-venv
 
 install: $(VENV)/.installed
 
@@ -31,8 +31,15 @@ model: install
 
 # Two pytest-xdist workers (a fixed count, not the machine's), whole files to a worker so a file's
 # fixtures are built once; session fixtures (the tiny games, the tiny model) are built once per worker.
+# `make test` is every test but the `e2e` ones (a whole pipeline in fresh processes: the tiny DAG and the
+# model pipeline through DVC, the numerics under other machines' settings, DVC's exp workflow), which
+# `make test-e2e` runs: CI runs both (.ci/run; tests/test_suite_order.py checks that none is left out).
+PYTEST := $(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder  # longest files first: tests/conftest.py
 test: install
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder  # longest files first: tests/conftest.py
+	$(PYTEST) -m "not e2e"
+
+test-e2e: install
+	$(PYTEST) -m e2e
 
 # Does this machine reproduce the committed bytes? The DAG on experiment=tiny in a scratch copy vs
 # .ci/repro_tiny.json (what CI runs after the tests; docs/reproducibility.md), in one process per

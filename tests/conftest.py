@@ -60,27 +60,28 @@ SMALL_POLICY_OVERRIDES = [
 ]
 
 
-# The test files that take longest, longest first (seconds of one file on one worker, `--durations=0` on the
-# 2-core AMD EPYC, 2026-11-28). `make test` hands whole files to its two xdist workers (--dist loadfile) in
+# The test files that take longest, longest first (seconds of one file on one worker). `make test` and
+# `make test-e2e` hand whole files to its two xdist workers (--dist loadfile) in
 # collection order (--no-loadscope-reorder: xdist's own order puts the files with fewest tests last, which
 # left test_e2e.py's one 4-minute test running alone at the end). Longest first is the classic greedy
 # schedule. It orders only: a stale list costs minutes, never a result (tests/test_suite_order.py checks
 # that every name still exists).
-LONGEST_FIRST = (
-    "tests/test_e2e.py",                      # 220 s
-    "tests/reliability/test_resume.py",       # 210 s
-    "tests/test_numerics.py",                 # 143 s
-    "tests/reliability/test_faulty_server.py",  # 121 s
-    "tests/test_exp_workflow.py",             # 110 s
-    "tests/test_smollm2.py",                  # 108 s
-    "tests/test_scienceworld.py",             # 98 s
-    "tests/test_dagger.py",                   # 94 s
-    "tests/test_policy.py",                   # 65 s
-    "tests/test_data_parallel.py",            # 58 s
-    "tests/reliability/test_workers.py",      # 55 s
-    "tests/test_policy_independence.py",      # 52 s
-    "tests/reliability/test_fuzz.py",         # 47 s
-    "tests/test_config.py",                   # 41 s
+LONGEST_FIRST = (  # the summed --durations=60 of a clean clone's whole suite, 2026-12-02, a 2-core Xeon
+    "tests/reliability/test_resume.py",       # 162 s
+    "tests/test_numerics.py",                 # 128 s (e2e)
+    "tests/test_e2e.py",                      # 108 s (e2e)
+    "tests/test_dagger.py",                   # 99 s
+    "tests/test_scienceworld.py",             # 76 s
+    "tests/test_smollm2.py",                  # 75 s
+    "tests/reliability/test_faulty_server.py",  # 74 s
+    "tests/test_model_pipeline.py",           # 47 s (e2e)
+    "tests/test_data_parallel.py",            # 45 s
+    "tests/test_policy.py",                   # 38 s
+    "tests/test_exp_workflow.py",             # 31 s (e2e)
+    "tests/reliability/test_fuzz.py",         # 25 s
+    "tests/reliability/test_workers.py",      # 24 s
+    "tests/test_policy_independence.py",      # 23 s
+    "tests/test_config.py",
 )
 
 

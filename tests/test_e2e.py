@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import SHORT_TURN_TOKENS, scratch_repo
 
+pytestmark = pytest.mark.e2e  # a whole pipeline in fresh processes: `make test-e2e`, CI's second step (tests/test_suite_order.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "models/policy")
 # Every stage kind of the chain, at the smallest size that still runs each: two conditions (the

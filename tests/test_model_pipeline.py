@@ -20,6 +20,8 @@ import yaml
 
 from tests.conftest import SMALL_POLICY_OVERRIDES, TINY_OVERRIDES, scratch_repo
 
+pytestmark = pytest.mark.e2e  # a whole pipeline in fresh processes: `make test-e2e`, CI's second step (tests/test_suite_order.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 COPY = ("conf", "hydra_plugins", "pipeline", "models/dvc.yaml", ".dvc/config")  # the model pipeline alone
 WORLD = [o for o in TINY_OVERRIDES if o.startswith("env.")]

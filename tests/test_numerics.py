@@ -26,6 +26,8 @@ from pipeline.core.config import MODEL, ConfigError, validate
 from pipeline.core.numerics import environment
 from tests.conftest import SMALL_POLICY_OVERRIDES
 
+pytestmark = pytest.mark.e2e  # a whole pipeline in fresh processes: `make test-e2e`, CI's second step (tests/test_suite_order.py)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # The tiny world of tests/conftest.py (same games), a tiny policy trained for one epoch; the

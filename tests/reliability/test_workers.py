@@ -59,6 +59,7 @@ CURVE_KS = "experiment.curve.ks=[0, 2]"
 
 
 @pytest.mark.slow
+@pytest.mark.e2e  # what `make reprocheck` checks on the whole tiny DAG: `make test-e2e`, CI's second step
 def test_games_reader_and_curve_give_the_same_bytes_on_one_and_three_workers(rendered_project):
     project = rendered_project  # C2's prompts rendered (the same bytes at any worker count)
     runs = {}
