@@ -219,10 +219,10 @@ def test_cpu_level_reads_the_flags_that_separate_the_x86_64_levels():
 
 
 def test_a_golden_file_keeps_one_record_per_cpu_level(tmp_path):
-    """The pinned numerics reproduce bytes within an x86-64 level, not across levels: each level
-    is compared with its own record, the outputs every level agrees on are stored once, and a
-    level with no record is an error that says how to record it."""
-    from pipeline.tools.reprocheck import ReproCheckError, expected_outputs, record_outputs
+    """Each x86-64 level is compared with its own record, the outputs every level agrees on are
+    stored once, a level with no record is compared with those (and told what it was not compared
+    on), and a code change that moves a shared output drops the other levels' stale records."""
+    from pipeline.tools.reprocheck import ReproCheckError, expected_outputs, record_outputs, unrecorded_level
 
     golden = tmp_path / "golden.json"
     v4 = {"data/games": "g", "data/policy": "p4", "data/eval/C0": "e4"}
@@ -236,16 +236,27 @@ def test_a_golden_file_keeps_one_record_per_cpu_level(tmp_path):
     assert doc["recorded_on"] == {"x86-64-v3": {"cpu": "B", "revision": "r2"}, "x86-64-v4": {"cpu": "A", "revision": "r1"}}
     assert expected_outputs(doc, "x86-64-v4", golden) == v4
     assert expected_outputs(doc, "x86-64-v3", golden) == v3
-    with pytest.raises(ReproCheckError, match=r"no record for this CPU's level x86-64-v2 \(recorded: x86-64-v3, x86-64-v4\)"):
-        expected_outputs(doc, "x86-64-v2", golden)
+    assert expected_outputs(doc, "x86-64-v2", golden) == {"data/games": "g", "data/eval/C0": "e4"}
+    assert unrecorded_level(doc, "x86-64-v4") is None
+    note = unrecorded_level(doc, "x86-64-v2")
+    assert "no record of this CPU's level x86-64-v2 (recorded: x86-64-v3, x86-64-v4)" in note
+    assert "2 output(s) every recorded level shares; not compared: data/policy" in note
+    with pytest.raises(ReproCheckError, match=r"no record for this CPU's level x86-64-v2 .* no output every"):
+        expected_outputs({**doc, "outputs": {}}, "x86-64-v2", golden)
 
     # A code change that moves a shared output, rerecorded on one level: the other level's record
-    # is kept but named stale; its own outputs stay its own.
+    # is stale and dropped, and that level is compared with the new record's shared outputs.
     changed = {**v3, "data/games": "g2"}
     doc2, moved = record_outputs(doc, "x86-64-v3", changed, ["experiment=tiny"], {"cpu": "B", "revision": "r3"})
     assert moved == ["data/games"]
+    assert doc2["by_cpu_level"] == {"x86-64-v3": {}} and list(doc2["recorded_on"]) == ["x86-64-v3"]
     assert expected_outputs(doc2, "x86-64-v3", golden) == changed
-    assert expected_outputs(doc2, "x86-64-v4", golden) == v4
+    assert expected_outputs(doc2, "x86-64-v4", golden) == changed
+    # A change of a level's own output only moves nothing shared: the other level's record is kept.
+    own = {**v3, "data/policy": "p3b"}
+    doc5, moved = record_outputs(doc, "x86-64-v3", own, ["experiment=tiny"], {"cpu": "B", "revision": "r6"})
+    assert moved == [] and expected_outputs(doc5, "x86-64-v4", golden) == v4
+    assert expected_outputs(doc5, "x86-64-v3", golden) == own
 
     # Other overrides, or the older single-record form: this level's record replaces the file.
     doc3, moved = record_outputs(doc, "x86-64-v3", v3, ["experiment=tiny", "seed=2"], {"cpu": "B", "revision": "r4"})
@@ -256,13 +267,13 @@ def test_a_golden_file_keeps_one_record_per_cpu_level(tmp_path):
     assert list(doc4["by_cpu_level"]) == ["x86-64-v3"]
 
 
-def test_reprocheck_stops_before_the_run_when_this_cpu_level_has_no_record(tmp_path, capsys):
+def test_reprocheck_stops_before_the_run_when_this_cpu_level_has_no_record_and_nothing_is_shared(tmp_path, capsys):
     from pipeline.core.cpu import cpu_level
     from pipeline.tools.reprocheck import main
 
     golden = tmp_path / "golden.json"
-    golden.write_text(json.dumps({"overrides": ["experiment=tiny"], "outputs": {"data/games": "g"},
-                                  "by_cpu_level": {"some-other-level": {}}}))
+    golden.write_text(json.dumps({"overrides": ["experiment=tiny"], "outputs": {},
+                                  "by_cpu_level": {"some-other-level": {"data/games": "g"}}}))
     assert main(["--scratch", "experiment=tiny", "--golden", str(golden)]) == 2
     err = capsys.readouterr().err
     assert f"no record for this CPU's level {cpu_level()} (recorded: some-other-level)" in err

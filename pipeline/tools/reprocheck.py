@@ -23,10 +23,13 @@ AVX-512 and an AVX2-only AMD EPYC train different weights; ``docs/reproducibilit
      "by_cpu_level": {"x86-64-v4": {path: md5, ...}, ...},      # where a level differs
      "recorded_on": {"x86-64-v4": {"cpu": ..., "revision": ...}, ...}}
 
-A machine is compared with its own level's record, and a level with none is an error (exit 2)
-that says how to record it. ``--update`` replaces this level's record and keeps the others,
-warning when an output every level agreed on has moved (the code changed, so the other
-levels' records are stale until rerecorded on such a machine).
+A machine is compared with its own level's record; a level with none, with the outputs every
+recorded level shares (the levels have agreed on every machine but one, whose cause was never
+found: ``docs/reproducibility.md``), and it says so and what it could not compare; with no shared
+output either, it is an error (exit 2) that says how to record it. ``--update`` replaces this
+level's record and keeps the others, unless an output every level agreed on has moved: then the
+code changed, the other levels' records are stale, and they are dropped (a warning names them),
+so that such machines are compared with the new shared record until one rerecords its own.
 
 Exit code 0: every output reproduced; 1: some differ (listed); 2: could not run.
 """
@@ -156,22 +159,37 @@ def expected_outputs(doc: dict[str, Any], level: str, golden: Path) -> dict[str,
     agrees on and the level's own. A file without per-level records (the older form) holds one
     record for every level."""
     by = doc.get("by_cpu_level")
-    if by is None:
-        return dict(doc["outputs"])
-    if level not in by:
+    if by is None or level in by:
+        return {**doc["outputs"], **(by or {}).get(level, {})}
+    if not doc["outputs"]:
         raise ReproCheckError(
-            f"{golden} has no record for this CPU's level {level} (recorded: {', '.join(sorted(by)) or 'none'}): "
-            "the pinned numerics reproduce bytes within a level, not across levels (docs/reproducibility.md). "
-            "Record this level with --update on this machine, from a commit whose other levels' records hold")
-    return {**doc["outputs"], **by[level]}
+            f"{golden} has no record for this CPU's level {level} (recorded: {', '.join(sorted(by)) or 'none'}) "
+            "and no output every recorded level shares: the pinned numerics reproduce bytes within a level, and "
+            "across levels on every machine tried but one (docs/reproducibility.md). Record this level with "
+            "--update on this machine, from a commit whose other levels' records hold")
+    return dict(doc["outputs"])
+
+
+def unrecorded_level(doc: dict[str, Any], level: str) -> str | None:
+    """What a check on a machine of ``level`` says when the golden file has no record of it (None: it has
+    one): it is compared with the shared outputs only, and these are the outputs it cannot be."""
+    by = doc.get("by_cpu_level")
+    if by is None or level in by:
+        return None
+    own = sorted({k for outs in by.values() for k in outs})
+    return (f"note: no record of this CPU's level {level} (recorded: {', '.join(sorted(by))}): compared with the "
+            f"{len(doc['outputs'])} output(s) every recorded level shares"
+            + (f"; not compared: {', '.join(own)} (each level's own)" if own else "")
+            + "; --update on this machine records its level")
 
 
 def record_outputs(doc: dict[str, Any] | None, level: str, actual: dict[str, str], overrides: list[str],
                    provenance: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
     """``doc`` with this level's record replaced by ``actual``; the other levels' kept (dropped when
-    ``doc`` was written for other overrides or in the older form). Also returns the outputs that
-    every level agreed on before and that moved here (non-empty: the kept records are stale);
-    a first record of a second level moves none (what it differs in is its own)."""
+    ``doc`` was written for other overrides or in the older form, or when they are stale). Also
+    returns the outputs that every level agreed on before and that moved here (non-empty: the code
+    changed, so the other levels' records are stale and dropped); a first record of a second level
+    moves none (what it differs in is its own)."""
     levels: dict[str, dict[str, str]] = {}
     moved: list[str] = []
     if doc and byte_overrides(doc.get("overrides", [])) == overrides and "by_cpu_level" in doc:
@@ -179,14 +197,15 @@ def record_outputs(doc: dict[str, Any] | None, level: str, actual: dict[str, str
         if level in levels or len(levels) > 1:  # a shared output is known shared only then
             moved = sorted(k for k, v in doc["outputs"].items() if actual.get(k) != v)
     recorded = dict(doc.get("recorded_on", {})) if levels else {}
+    if moved:  # stale: compared with the new shared record until rerecorded
+        levels = {}
     levels[level] = dict(actual)
     recorded[level] = provenance
     common = {k: v for k, v in sorted(actual.items()) if all(outs.get(k) == v for outs in levels.values())}
     by = {lv: {k: v for k, v in sorted(outs.items()) if k not in common} for lv, outs in sorted(levels.items())}
-    kept = [lv for lv in by if lv != level]
     new = {"overrides": overrides, "outputs": common, "by_cpu_level": by,
            "recorded_on": {lv: recorded.get(lv, {}) for lv in by}}
-    return new, (moved if kept else [])
+    return new, moved
 
 
 def scratch_repro(src: Path, overrides: list[str], work: Path) -> dict[str, str]:
@@ -244,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
                     doc = json.loads(golden.read_text())
                     overrides = doc["overrides"]
                     expected = expected_outputs(doc, level, golden) if not args.update else {}
+                    note = unrecorded_level(doc, level) if not args.update else None
+                    if note:
+                        print(note, file=sys.stderr)
                 except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
                     if args.update:  # an unreadable file is replaced by this level's record
                         print(f"warning: {golden} is not a golden file ({exc}): writing a new one", file=sys.stderr)
@@ -271,8 +293,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {golden}: {len(actual)} outputs for {level} ({took:.0f} s), "
                       f"{len(new['by_cpu_level'][level])} of them this level's own; kept {', '.join(kept) or 'no other level'}")
                 if moved:
+                    dropped = sorted(set(doc["by_cpu_level"]) - {level})
                     print(f"warning: {len(moved)} output(s) that every level agreed on moved here ({', '.join(moved)}): "
-                          f"the records of {', '.join(kept)} are stale; rerecord them on such machines", file=sys.stderr)
+                          f"the code changed, so the records of {', '.join(dropped) or 'no other level'} were stale and "
+                          "are dropped; such machines are compared with this record's shared outputs until one "
+                          "rerecords its level", file=sys.stderr)
                 return 0
             what = (f"scratch `dvc repro` ({' '.join(args.scratch) or 'default config'}, {took:.0f} s) vs "
                     f"{golden.name} ({level})")
