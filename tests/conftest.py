@@ -61,7 +61,7 @@ SMALL_POLICY_OVERRIDES = [
 
 
 # The test files that take longest, longest first (seconds of one file on one worker). `make test` and
-# `make test-e2e` hand whole files to its two xdist workers (--dist loadfile) in
+# `make test-e2e` each hand whole files to two xdist workers (--dist loadfile) in
 # collection order (--no-loadscope-reorder: xdist's own order puts the files with fewest tests last, which
 # left test_e2e.py's one 4-minute test running alone at the end). Longest first is the classic greedy
 # schedule. It orders only: a stale list costs minutes, never a result (tests/test_suite_order.py checks
