@@ -71,6 +71,7 @@ LONGEST_FIRST = (  # the summed --durations=60 of a clean clone's whole suite, 2
     "tests/test_numerics.py",                 # 128 s (e2e)
     "tests/test_e2e.py",                      # 108 s (e2e)
     "tests/test_dagger.py",                   # 99 s
+    "tests/reliability/test_orphans.py",      # ~75 s (one process, loaded machine, 2026-12-02)
     "tests/test_scienceworld.py",             # 76 s
     "tests/test_smollm2.py",                  # 75 s
     "tests/reliability/test_faulty_server.py",  # 74 s

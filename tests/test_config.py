@@ -324,6 +324,82 @@ def test_out_of_range_values_are_refused_at_compose_naming_the_key(repo: Path, o
     assert (params.read_bytes() if params.exists() else None) == before  # nothing written
 
 
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("workers=1000000", "workers=1000000: expected a number of processes from 1 to "),
+        ("agent.worker_stall_s=0.001",
+         "agent.worker_stall_s=0.001: expected 0 (wait for ever) or a finite number of seconds >= 60"),
+        ("memory.max_message_chars=5000", "memory.max_message_chars=5000: expected in [1, 800]"),
+        ("memory.store_splits=[trian]", "memory.store_splits=['trian']: expected splits among train | eval"),
+        ("paths.grounding=../outside",
+         "paths.grounding='../outside': expected a path inside the project, without '..'"),
+        ("paths.store=data/../../x", "paths.store='data/../../x': expected a path inside the project, without '..'"),
+        ("paths.eval=/home/someone", "paths.eval='/home/someone': expected a path relative to the project root "
+                                     "(absolute ones only below the temp folder "),
+        ("paths.episodes=.", "paths.episodes='.': expected a folder inside the project, not the project root itself"),
+        ("model.gguf.out_dir=/", "model.gguf.out_dir='/': expected a path relative to the project root"),
+    ],
+    ids=["workers", "worker_stall_s", "max_message_chars", "store_splits", "paths-up", "paths-up-inside",
+         "paths-absolute", "paths-root", "gguf-out_dir"],
+)
+def test_values_that_cannot_work_are_refused_at_compose_naming_key_value_and_expectation(repo: Path, override: str,
+                                                                                        message: str):
+    """Issue 66, findings 4 and 6: each was accepted, then one process per job, every worker killed at its start, a
+    ValueError in demos / render, an empty store (C2 silently C1), or a folder outside the project replaced whole."""
+    before = (repo / "params.yaml").read_bytes()
+    with pytest.raises(C.ConfigError) as err:
+        C.compose(repo, [override])
+    assert f"params key {message}" in str(err.value)
+    assert (repo / "params.yaml").read_bytes() == before  # nothing written
+
+
+@pytest.mark.parametrize(
+    "key, value",
+    [("workers", 8), ("workers", 1), ("workers", "auto"), ("agent.worker_stall_s", 0.0),
+     ("agent.worker_stall_s", 60.0), ("memory.max_message_chars", 1), ("memory.max_message_chars", 800),
+     ("memory.store_splits", []), ("memory.store_splits", ["train", "eval"]), ("paths.grounding", "data/g/./x"),
+     ("paths.checkpoints", ".checkpoints"), ("model.gguf.out_dir", "converted")],
+)
+def test_the_bounds_themselves_and_every_value_that_works_are_accepted(key: str, value):
+    cfg = OmegaConf.load(ROOT / "params.yaml")
+    OmegaConf.update(cfg, key, value)
+    C.validate(cfg)
+
+
+def test_a_scratch_folder_below_the_temp_folder_is_accepted_and_the_worker_cap_follows_the_cores(tmp_path, monkeypatch):
+    """Tests and throw-away runs write outputs to absolute folders below the temp folder (tmp_path is one)."""
+    import tempfile
+
+    cfg = OmegaConf.load(ROOT / "params.yaml")
+    OmegaConf.update(cfg, "paths.prompts", str(tmp_path / "prompts"))
+    C.validate(cfg)
+    OmegaConf.update(cfg, "paths.prompts", tempfile.gettempdir())  # the temp folder itself: refused
+    with pytest.raises(C.ConfigError, match="paths.prompts="):
+        C.validate(cfg)
+    OmegaConf.update(cfg, "paths.prompts", "data/prompts")
+    monkeypatch.setattr(conf_schema, "_usable_cores", lambda: 64)
+    OmegaConf.update(cfg, "workers", 256)
+    C.validate(cfg)
+    OmegaConf.update(cfg, "workers", 257)
+    with pytest.raises(C.ConfigError, match=r"workers=257: expected a number of processes from 1 to 256 "
+                                            r"\(4 per core this process may use: 64; 8 on any machine\) or auto"):
+        C.validate(cfg)
+    monkeypatch.setattr(conf_schema, "_usable_cores", lambda: 1)
+    OmegaConf.update(cfg, "workers", 8)  # a count any machine takes
+    C.validate(cfg)
+
+
+def test_the_schemas_bounds_are_the_ones_the_code_holds():
+    from pipeline.core.parallel import available_cores
+    from pipeline.memory.schemas import MAX_MESSAGE_CHARS
+
+    assert conf_schema.MAX_MESSAGE_CHARS == MAX_MESSAGE_CHARS
+    assert conf_schema._usable_cores() == available_cores()
+    games = (ROOT / "pipeline" / "envs" / "household" / "games.py").read_text()
+    assert '"split": "eval" if k < n_eval else "train"' in games and conf_schema.SPLITS == ("train", "eval")
+
+
 KEY = "sk-proj-4f9Q2xY7Lm3Nq8Rt"  # what a key typed into the wrong field looks like (made up)
 
 

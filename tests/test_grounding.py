@@ -512,18 +512,23 @@ def test_stage_llm_generator_wired_to_the_configured_backend(tiny_lm, collected,
     model_dir = tmp_path / "tiny_model"
     tiny_lm.model.save_pretrained(model_dir)
     tiny_lm.tokenizer.save_pretrained(model_dir)
+    # the grounding's own token budget, not the agent's turn's (sampling.max_new_tokens: 96)
     overrides = ["grounding.generator=llm", f"model.name_or_path={model_dir}", "sampling.do_sample=false",
-                 "sampling.max_new_tokens=8"]
+                 "grounding.max_new_tokens=8"]
     cfg = validate(OmegaConf.create(compose_text(project_root(), overrides)))
+    assert cfg.sampling.max_new_tokens == 96
     generate = S.make_generate(cfg)
     docs = S.ground(*collected, generator="llm", generate=generate, timestamp=TS)
     extractive = S.ground(*collected, timestamp=TS)
     for doc, ref in zip(docs, extractive):
         assert doc["expr_info"]["generator"] == "llm"
         assert doc["expr_info"]["generator_used"] == "extractive"
-        assert doc["expr_info"]["fallback_reason"].startswith("unparseable answer: ")
+        assert doc["expr_info"]["fallback_reason"] == \
+            "truncated answer: cut off after 8 tokens (grounding.max_new_tokens=8)"
         assert doc["final_grounding"] == ref["final_grounding"]
-    assert S.ground_metrics(docs)["fallbacks"] == {"unparseable answer": 3}
+    assert S.ground_metrics(docs)["fallbacks"] == {"truncated answer": 3}
+    with pytest.raises(G.GroundingError, match=r"unusable on 3 of 3 episodes"):  # a random model: no grounding
+        S.check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)
     bad = OmegaConf.merge(cfg, {"model": {"name_or_path": str(tmp_path / "missing")}})
     with pytest.raises(ConfigError, match=r"grounding.generator=llm: cannot build the text-generation backend "
                                           r"\(model.backend=transformers, model.name_or_path=.*missing\)"):
@@ -534,18 +539,29 @@ def test_stage_llm_generator_wired_to_the_configured_backend(tiny_lm, collected,
 # --------------------------------------------------------------------------- no silent fallback (issue 43)
 
 
-def _failing_backend(cfg_errors):
-    """A ``make_text_generator`` stand-in: each call raises the next of ``cfg_errors`` (None: answers)."""
+GOOD_ANSWER = '{"user_preference": "close it", "spatial": "kitchen is green", "procedural": "x", "general": "y"}'
+
+
+def _failing_backend(cfg_errors, budgets=None):
+    """A ``make_backend`` stand-in: each call raises the next of ``cfg_errors`` (None: a good answer; a
+    string: that answer; a ``(text, stop_reason)`` pair: that answer, so stopped); ``budgets`` gets each
+    call's ``max_new_tokens``."""
+    from pipeline.llm.backends import Generation
+
     answers = iter(cfg_errors)
 
-    def make(cfg):
-        def text(prompt):
-            exc = next(answers)
-            if exc is not None:
-                raise exc
-            return '{"user_preference": "close it", "spatial": "kitchen is green", "procedural": "x", "general": "y"}'
-        return text
-    return make
+    class Backend:
+        def generate(self, batch, seeds=None, *, max_new_tokens=None, early_stop=None):
+            if budgets is not None:
+                budgets.append(max_new_tokens)
+            item = next(answers)
+            if isinstance(item, BaseException):
+                raise item
+            text, stop = (item, "eos") if isinstance(item, str) else item or (GOOD_ANSWER, "eos")
+            return [Generation(prompt="p", prompt_tokens=1, generated_tokens=len(text.split()), text=text,
+                               stop_reason=stop)]
+
+    return lambda model_cfg, sampling_cfg: Backend()
 
 
 @pytest.mark.parametrize("error", [
@@ -559,7 +575,7 @@ def test_a_configuration_or_programming_error_stops_the_llm_generator_instead_of
     """It used to be caught like any failure: every episode silently got the extractive grounding."""
     from omegaconf import OmegaConf
 
-    monkeypatch.setattr(S, "make_text_generator", _failing_backend([error] * 3))
+    monkeypatch.setattr(S, "make_backend", _failing_backend([error] * 3))
     cfg = OmegaConf.merge(tiny_cfg, {"grounding": {"generator": "llm"}})
     with pytest.raises(type(error), match=re.escape(str(error.args[0]))):
         S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
@@ -573,23 +589,93 @@ def test_failed_calls_fall_back_counted_and_past_max_error_fraction_the_ground_s
 
     cfg = OmegaConf.merge(tiny_cfg, {"grounding": {"generator": "llm"}})
     # 1 of 3 asked episodes failed: below the default limit (0.5), counted and named
-    monkeypatch.setattr(S, "make_text_generator", _failing_backend([None, BackendError("HTTP 503 after 3 attempts"),
-                                                                     None]))
+    monkeypatch.setattr(S, "make_backend", _failing_backend([None, BackendError("HTTP 503 after 3 attempts"), None]))
     docs = S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
     S.check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)
     m = S.ground_metrics(docs)
     assert m["generator"] == "llm" and m["generator_used"] == {"extractive": 1, "llm": 2}
     assert m["fallbacks"] == {"backend error": 1}
     # 2 of 3: more than the limit, the stage would write nothing
-    monkeypatch.setattr(S, "make_text_generator", _failing_backend([BackendError("HTTP 503 after 3 attempts")] * 2
-                                                                    + [None]))
+    monkeypatch.setattr(S, "make_backend", _failing_backend([BackendError("HTTP 503 after 3 attempts")] * 2 + [None]))
     docs = S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
-    with pytest.raises(G.GroundingError, match=r"the model call failed on 2 of 3 episodes it was asked for \(67%\), "
-                                               r"more than grounding.max_error_fraction=0.5, so nothing was written; "
-                                               r"the first failure: episode ep_train_s0_q0_0: backend error: "
-                                               r"BackendError: HTTP 503"):
+    with pytest.raises(G.GroundingError, match=r"the model call failed or its answer was unusable on 2 of 3 episodes "
+                                               r"it was asked for \(67%\), more than grounding.max_error_fraction=0.5, "
+                                               r"so nothing was written; the first failure: episode ep_train_s0_q0_0: "
+                                               r"backend error: BackendError: HTTP 503"):
         S.check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)
     S.check_backend_fallbacks(docs, 1.0)  # the limit is the config's
+
+
+@pytest.mark.parametrize("answers, reasons", [
+    (["", "", None], {"unparseable answer": 2}),
+    (["I cannot help with that.", "I'm sorry, but I can't assist with that request.", None],
+     {"unparseable answer": 2}),
+    ([('{"spatial": "kitchen is gr', "max_new_tokens"), ('{"user_preference": "close it", "spatial": "kit',
+                                                          "max_new_tokens"), None], {"truncated answer": 2}),
+    ([(GOOD_ANSWER, "max_new_tokens"), ("", "eos"), None], {"truncated answer": 1, "unparseable answer": 1}),
+], ids=["empty", "refusal", "truncated-json", "cut-off-and-empty"])
+def test_unusable_answers_count_as_failures_and_past_max_error_fraction_the_ground_stage_stops(
+        answers, reasons, collected, tiny_cfg, monkeypatch):
+    """Issue 66, finding 1: an empty answer, a refusal or an answer cut off at its budget fell back for every
+    episode while only transport errors counted, and the stage exited 0."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.merge(tiny_cfg, {"grounding": {"generator": "llm"}})
+    budgets: list = []
+    monkeypatch.setattr(S, "make_backend", _failing_backend(answers, budgets))
+    docs = S.ground(*collected, generator="llm", generate=S.make_generate(cfg), timestamp=TS)
+    assert budgets == [cfg.grounding.max_new_tokens] * 3 == [512] * 3  # the grounding's own budget, not sampling's
+    m = S.ground_metrics(docs)
+    assert m["generator_used"] == {"extractive": 2, "llm": 1} and m["fallbacks"] == reasons
+    with pytest.raises(G.GroundingError, match=r"the model call failed or its answer was unusable on 2 of 3 episodes"):
+        S.check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)
+    S.check_backend_fallbacks(docs, 1.0)
+
+
+def scripted_server(answers):
+    """A :class:`~tests.reliability.helpers.FakeOpenAI` on 127.0.0.1 whose n-th completion is ``answers[n]``
+    (``(content, finish_reason)``, the last one repeated; requests one at a time)."""
+    from tests.reliability.helpers import FakeOpenAI
+
+    class Scripted(FakeOpenAI):
+        def completion(self) -> bytes:
+            content, finish = answers[min(len(self.requests), len(answers)) - 1]
+            return json.dumps({"id": "cmpl-1", "object": "chat.completion", "model": "fake",
+                               "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                            "finish_reason": finish}],
+                               "usage": {"prompt_tokens": 10, "completion_tokens": 7, "total_tokens": 17}}).encode()
+
+    return Scripted()
+
+
+@pytest.mark.timeout(60)
+def test_unusable_answers_from_a_real_server_stop_the_ground_stage(collected, tiny_cfg):
+    """The openai backend against a server on 127.0.0.1: an empty answer, a refusal and a JSON cut off by the
+    server (finish_reason=length) fail the run; a healthy server's answers pass. Each request asks for
+    grounding.max_new_tokens tokens (its max_tokens), not sampling.max_new_tokens."""
+    from omegaconf import OmegaConf
+
+    def config(url):
+        return OmegaConf.merge(tiny_cfg, {
+            "grounding": {"generator": "llm", "max_new_tokens": 300},
+            "model": {"backend": "openai", "base_url": url, "api_model": "fake-model", "max_retries": 0,
+                      "logprobs": False, "api_key_env": "GROUNDING_TEST_UNSET_KEY"}})
+
+    unusable = [("", "stop"), ("I cannot help with that.", "stop"), ('{"user_preference": "close it", "spa', "length")]
+    with scripted_server(unusable) as server:
+        docs = S.ground(*collected, generator="llm", generate=S.make_generate(config(server.url)), timestamp=TS)
+    assert [body["max_tokens"] for _, body in server.requests] == [300] * 3
+    assert [d["expr_info"]["fallback_reason"] for d in docs] == [
+        "unparseable answer: the backend returned an empty answer",
+        "unparseable answer: no JSON object in the answer",
+        "truncated answer: cut off after 7 tokens (grounding.max_new_tokens=300)"]
+    with pytest.raises(G.GroundingError, match=r"unusable on 3 of 3 episodes .* the first failure: episode "
+                                               r"ep_train_s0_q0_0: unparseable answer: the backend returned an empty"):
+        S.check_backend_fallbacks(docs, 0.5)
+    with scripted_server([(GOOD_ANSWER, "stop")]) as server:
+        docs = S.ground(*collected, generator="llm", generate=S.make_generate(config(server.url)), timestamp=TS)
+    S.check_backend_fallbacks(docs, 0.0)
+    assert S.ground_metrics(docs)["generator_used"] == {"llm": 3}
 
 
 def test_grounding_max_error_fraction_is_range_checked(tiny_cfg):

@@ -166,6 +166,64 @@ def test_lessons_and_habits_read_back_as_what_they_state():
     assert HOUSEHOLD.kind("Cabinet_12") == "Cabinet" and HOUSEHOLD.kind("Kitchen") is None
 
 
+# The one regex read_lessons used before issue 66: cubic on a long run of "Apple in a ".
+FORMER_LESSON_RE = r"\b([A-Za-z][A-Za-z ]*?) (in|on) an? ([A-Za-z][A-Za-z ]*?) \((\d+) of (\d+) seen\)"
+
+
+@pytest.mark.timeout(20)  # the former regex took ~8 min on these lines (1.24 s on 200 repeats, cubic)
+@pytest.mark.parametrize("line", [
+    "Apple in a " * 2000,
+    "Apple in a " * 2000 + "Fridge (1 of 2 seen)",
+    "a in an " * 2000 + "b (1 of 2 seen)",
+    "Mug on a Table (2 of 3 seen); " * 2000,
+], ids=["no-support", "one-lesson", "an", "many-lessons"])
+def test_reading_lessons_takes_linear_time_on_a_hostile_line(line):
+    """The reader reads the lessons of its whole prompt, feedback a person typed included (issue 66, finding 7)."""
+    import time
+
+    t0 = time.perf_counter()
+    lessons = read_lessons(line)
+    # A bound on the complexity, not a speed claim: linear is milliseconds here, the cubic regex minutes.
+    assert time.perf_counter() - t0 < 1.0
+    assert len(lessons) == line.count(" seen)")
+
+
+def test_a_lesson_with_a_count_int_refuses_is_skipped_not_raised():
+    """Typed feedback "Apple in a Fridge (<5,000 digits> of 9 seen)": int() refuses past 4,300 digits."""
+    huge = "9" * 5000
+    line = f"Apple in a Fridge ({huge} of {huge} seen). Mug on a Table (2 of 3 seen)."
+    assert [(l.thing, l.holder, l.count, l.total) for l in read_lessons(line)] == [("Mug", "Table", 2, 3)]
+
+
+def test_reading_lessons_finds_what_the_former_regex_found():
+    """Every group of every match, on lines built to hit the edges: links that overlap or follow one another
+    ("in a in a"), "an", doubled spaces, word characters the class leaves out (Key_1, é, 3) before a thing,
+    a support without its space or bracket, zero and inverted counts, digits of other scripts."""
+    import re
+
+    from pipeline.memory.knowledge import _lesson_matches
+
+    former = re.compile(FORMER_LESSON_RE)
+    words = ["Apple", "metal pot", "a", "an", "in", "on", "Fridge", "x", "Key_1", "é", "3", "_", "ın", "Ａ"]
+    seps = [" ", "  ", " in a ", " in an ", " on a ", " on an ", "; ", ": ", ". ", "(", ")", "", "\n"]
+    supports = [" (5 of 6 seen)", " (2 of 2 seen)", "(3 of 4 seen)", " (12 of 3 seen)", " (0 of 1 seen)",
+                " (1 of 2 seen", "  (1 of 2 seen)", " (٣ of ٤ seen)"]
+    rng = random.Random(66)
+    matched = 0
+    for _ in range(20_000):
+        parts = []
+        for _ in range(rng.randint(1, 8)):
+            parts += [rng.choice(words), rng.choice(seps)] + ([rng.choice(supports)] if rng.random() < 0.3 else [])
+        line = "".join(parts)
+        expected = [m.groups() for m in former.finditer(line)]
+        assert list(_lesson_matches(line)) == expected, line
+        matched += len(expected)
+    assert matched > 500  # the lines do hold lessons
+    text = "Lessons from 6 past houses: Apple in a Fridge (5 of 6 seen); Mug on a Table (2 of 3 seen)."
+    assert [(m[1], m[3], int(m[4]), int(m[5]), m[2]) for m in former.finditer(text)] == \
+        [(x.thing, x.holder, x.count, x.total, x.prep) for x in read_lessons(text)]
+
+
 def test_relevant_first_keeps_order_otherwise():
     items = ["Key_1 was in Drawer_3", "Apple_2 was in Fridge_0", "Mug_2 was on Table_0", "apple in a Fridge (2 of 2 seen)"]
     assert relevant_first(items, ["apple_2", "apple"]) == [items[1], items[3], items[0], items[2]]

@@ -205,3 +205,88 @@ def test_the_episodes_block_has_a_row_after_the_demonstrations_and_each_dagger_r
     assert "48 held-out generated houses" in lines[-1] and "the 26 whose" in lines[-1]
     (tmp_path / "models" / "metrics" / "policy.json").write_text("{}")
     assert episodes_table(m) == "_no whole-episode probe in models/metrics/policy.json_"
+
+
+def _stale_memory_md(root: Path) -> bytes:
+    """Make docs/memory.md's targets block stale (what a write would rewrite); return its bytes."""
+    path = root / "docs" / "memory.md"
+    text = path.read_text(encoding="utf-8")
+    start = text.index("<!-- results:targets -->\n") + len("<!-- results:targets -->\n")
+    path.write_text(text[:start] + "a stale table\n" + text[text.index("<!-- /results:targets -->"):], encoding="utf-8")
+    return path.read_bytes()
+
+
+def _line_of(text: str, marker: str) -> int:
+    return text[:text.index(marker)].count("\n") + 1
+
+
+def test_an_opener_whose_closer_is_forgotten_is_an_error_naming_the_line_and_nothing_is_written(tmp_path, capsys):
+    """Issue 66, finding 5: a forgotten closer made the opener's block reach the next closer of its
+    name (prose and headings replaced) or left the block unread ('up to date', exit 0); now it is
+    exit 1 naming the file and the line, in --check and write mode, and no document is written."""
+    text = "intro\n<!-- results:conditions -->\nold table\n## A heading\nprose\n<!-- results:conditions -->\nx\n" \
+           "<!-- /results:conditions -->\nafter\n"
+    with pytest.raises(results.MarkerError, match=r"notes\.md:6: <!-- results:conditions --> opens a block before "
+                                                  r"results:conditions \(opened at line 2\) is closed"):
+        results.render(text, _metrics(tmp_path), "notes.md")
+    root = _committed(tmp_path)
+    readme = root / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    opener = _line_of(text, "<!-- results:runtime -->")
+    text = text.replace("<!-- /results:runtime -->\n", "", 1)
+    readme.write_text(text, encoding="utf-8")
+    before, memory = readme.read_bytes(), _stale_memory_md(root)
+    for argv in (["--check"], []):
+        capsys.readouterr()
+        assert results.main([*argv, "--root", str(root)]) == 1
+        err = capsys.readouterr().err
+        assert f"README.md:{_line_of(text, '<!-- results:headline -->')}: <!-- results:headline --> opens a block " \
+               f"before results:runtime (opened at line {opener}) is closed" in err
+        assert "nothing written" in err
+        assert readme.read_bytes() == before and (root / "docs" / "memory.md").read_bytes() == memory
+
+
+@pytest.mark.parametrize("good, bad, expected", [
+    ("<!-- /results:conditions -->", "<!-- /results:conditons -->", "does not close results:conditions"),
+    ("<!-- /results:conditions -->", "<!-- /result:conditions -->", "looks like a results marker but is not one"),
+    ("<!-- results:conditions -->", "<!--results:conditions -->", "looks like a results marker but is not one"),
+    ("<!-- results:conditions -->", "<!-- results:conditions-->", "looks like a results marker but is not one"),
+], ids=["closer-name-typo", "closer-word-typo", "opener-missing-space", "opener-missing-space-at-end"])
+def test_a_malformed_marker_is_an_error_naming_the_file_and_line_in_check_and_write_mode(tmp_path, capsys, good,
+                                                                                         bad, expected):
+    """Issue 66, finding 5: a closer with a typo or an opener with a missing space left the block
+    unread and `--check` said 'up to date'; now exit 1 naming README.md and the line, nothing written."""
+    root = _committed(tmp_path)
+    readme = root / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    line = _line_of(text, good + "\n")
+    readme.write_text(text.replace(good + "\n", bad + "\n", 1), encoding="utf-8")
+    before, memory = readme.read_bytes(), _stale_memory_md(root)
+    for argv in (["--check"], []):
+        capsys.readouterr()
+        assert results.main([*argv, "--root", str(root)]) == 1
+        err = capsys.readouterr().err
+        assert f"README.md:{line}: " in err and expected in err, err
+        assert "up to date" not in err
+        assert readme.read_bytes() == before and (root / "docs" / "memory.md").read_bytes() == memory
+
+
+def test_a_deleted_block_or_document_is_an_error_in_check_and_write_mode(tmp_path, capsys):
+    """Issue 66, finding 5: a block deleted whole (markers and table) left `--check` saying 'up to
+    date'; every block the tool knows must be in its document (HOMES), else exit 1, nothing written."""
+    root = _committed(tmp_path)
+    readme = root / "README.md"
+    text = readme.read_text(encoding="utf-8")
+    start, end = text.index("<!-- results:headline -->"), text.index("<!-- /results:headline -->\n")
+    readme.write_text(text[:start] + text[end + len("<!-- /results:headline -->\n"):], encoding="utf-8")
+    before, memory = readme.read_bytes(), _stale_memory_md(root)
+    for argv in (["--check"], []):
+        capsys.readouterr()
+        assert results.main([*argv, "--root", str(root)]) == 1
+        err = capsys.readouterr().err
+        assert "README.md: the results:headline block is missing" in err
+        assert readme.read_bytes() == before and (root / "docs" / "memory.md").read_bytes() == memory
+    (root / "docs" / "policy.md").unlink()
+    capsys.readouterr()
+    assert results.main(["--check", "--root", str(root)]) == 1
+    assert "docs/policy.md: missing: it must hold the blocks policy, episodes" in capsys.readouterr().err

@@ -350,6 +350,17 @@ def test_episodes_played_side_by_side_each_hold_their_own_simulator(sw_games):
     envs[0].close()
 
 
+def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Until the SIGSTOP sent to ``pid`` took hold (state ``T`` in /proc; a short sleep without /proc)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if not stat.exists():
+        time.sleep(0.5)
+        return
+    deadline = time.monotonic() + timeout
+    while stat.read_text().rsplit(")", 1)[1].split()[0] != "T" and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, exited but not reaped, counts as alive here: it is the leak)."""
     try:
@@ -451,6 +462,94 @@ def test_a_wedged_simulator_times_out_fails_the_episode_and_is_replaced(sw_games
     env.reset()  # the next episode: a live JVM
     assert env._sw._gateway.java_process.poll() is None
     env.close()
+
+
+@needs_jvm
+@pytest.mark.timeout(120)
+def test_a_call_on_a_wedged_jvm_fails_within_its_timeout_not_twice_it():
+    """py4j asks the JVM whether a method's name is a field before its first call (``auto_field``) and
+    swallows that lookup's timeout; the call then waited a timeout of its own: ~2x call_timeout_s
+    (8.0 s for 4, measured; issue 66). The first unanswered command now ends the client: one wait."""
+    from pipeline.envs.scienceworld.engine import EngineFailed, acquire, answering, discard
+
+    sw = acquire(fresh=True, call_timeout_s=4)
+    jvm = sw._gateway.java_process
+    try:
+        sw.get_task_names()  # a pooled connection, as mid-episode
+        os.kill(jvm.pid, signal.SIGSTOP)
+        _wait_stopped(jvm.pid)
+        t0 = time.monotonic()
+        with pytest.raises(EngineFailed, match=r"no answer within env.scienceworld.call_timeout_s=4 s"):
+            with answering(sw, "a first call of getNumMoves"):
+                sw.get_num_moves()  # a name this JVM was not asked for yet: a field lookup, then the call
+        elapsed = time.monotonic() - t0
+    finally:
+        discard(sw)  # a no-op once answering discarded it
+    assert 4 <= elapsed < 1.5 * 4, f"the call timeout of 4 s fired after {elapsed:.2f} s"
+    assert jvm.poll() is not None and not _alive(jvm.pid)
+
+
+@needs_jvm
+@pytest.mark.timeout(60)
+def test_a_jvm_that_missed_a_timeout_py4j_swallowed_never_goes_back_into_the_pool():
+    """A field lookup that timed out raises nothing (py4j answers it as "not a field"); the JVM then
+    answers again, late. It left a command unanswered past call_timeout_s: released, it is killed, not pooled."""
+    from pipeline.envs.scienceworld.engine import acquire, discard, jvm_processes, release
+
+    sw = acquire(fresh=True, call_timeout_s=2)
+    jvm = sw._gateway.java_process
+    try:
+        sw.get_task_names()
+        os.kill(jvm.pid, signal.SIGSTOP)
+        _wait_stopped(jvm.pid)
+        sw.server.getNumMoves  # noqa: B018 - the field lookup: 2 s without an answer, no exception
+        os.kill(jvm.pid, signal.SIGCONT)
+        release(sw)
+        assert jvm.pid not in {p.pid for p in jvm_processes()}
+        assert jvm.poll() is not None and not _alive(jvm.pid)
+    finally:
+        discard(sw)  # a no-op once release dropped it
+
+
+@needs_jvm
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("behaviour", ["hangs", "exits"])
+def test_a_java_that_prints_no_port_fails_the_start_within_start_timeout_s(sw_cfg, tmp_path, monkeypatch,
+                                                                           behaviour):
+    """A ``java`` that never prints its py4j port blocked ``acquire`` for ever (py4j reads the port with no
+    timeout; issue 66): now the start fails loudly within ``env.scienceworld.start_timeout_s`` and that
+    java is killed and reaped; one that exits at once fails at once, with its exit code."""
+    from pipeline.envs.scienceworld.engine import EngineUnavailable, acquire, jvm_processes, limits
+
+    assert limits(sw_cfg.env.scienceworld)["start_timeout_s"] == 120.0  # the config key, at its default
+    fake = tmp_path / "bin" / "java"
+    fake.parent.mkdir()
+    pid_file = tmp_path / "pid"
+    fake.write_text(f"#!/bin/sh\necho $$ > {pid_file}\n" + ("exec sleep 600\n" if behaviour == "hangs" else "exit 3\n"))
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    before = {p.pid for p in jvm_processes()}
+    t0 = time.monotonic()
+    match = (r"printed no gateway port within env.scienceworld.start_timeout_s=3 s" if behaviour == "hangs" else
+             r"java exited \(code 3\)")
+    with pytest.raises(EngineUnavailable, match=match):
+        acquire(fresh=True, call_timeout_s=5, start_timeout_s=3)
+    elapsed = time.monotonic() - t0
+    assert elapsed < 1.5 * 3, f"acquire returned after {elapsed:.2f} s"
+    pid = int(pid_file.read_text())
+    assert not _alive(pid), f"the stalled java {pid} still runs (or is a zombie)"
+    assert {p.pid for p in jvm_processes()} == before
+
+
+def test_the_start_bound_is_range_checked_and_never_changes_what_an_episode_is(sw_cfg):
+    """env.scienceworld.start_timeout_s decides how a run is supervised, not what its episodes are."""
+    from pipeline.core.config import ConfigError, validate
+    from pipeline.session.collection import collection_hash
+
+    other = OmegaConf.merge(sw_cfg, {"env": {"scienceworld": {"start_timeout_s": 7}}})
+    assert collection_hash(other) == collection_hash(sw_cfg)
+    with pytest.raises(ConfigError, match=r"env.scienceworld.start_timeout_s=0.0: expected a finite number > 0"):
+        validate(OmegaConf.merge(sw_cfg, {"env": {"scienceworld": {"start_timeout_s": 0}}}))
 
 
 @needs_jvm

@@ -91,3 +91,46 @@ def test_evaluate_and_evaluate_reader_share_one_body_writing_their_own_metrics(l
     assert stage.main(["--condition", "C1"]) == 0
     assert played == [reader]
     assert (loaded / "metrics" / folder / "C1.json").is_file()
+
+
+def test_a_stage_runs_under_the_configs_stall_bound(loaded, monkeypatch):
+    """Every pool and training helper of a stage is supervised with its ``agent.worker_stall_s`` (issue 66)."""
+    from omegaconf import OmegaConf
+
+    from pipeline.core import parallel
+
+    seen = []
+    monkeypatch.setattr(common, "load_params", lambda **_: OmegaConf.create({"agent": {"worker_stall_s": 90.0}}))
+    assert common.run_stage("curve", lambda *a: seen.append(parallel.supervision())) == 0
+    monkeypatch.setattr(common, "load_params", lambda **_: {"seed": 0})  # no such key: the default
+    assert common.run_stage("games", lambda *a: seen.append(parallel.supervision())) == 0
+    assert seen == [parallel.Supervision(90.0, "curve"), parallel.Supervision(parallel.DEFAULT_STALL_S, "games")]
+    assert parallel.supervision() == parallel.Supervision()  # restored after the stage
+
+
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_sigterm_takes_the_ctrl_c_path_of_a_stage(loaded, sigint):
+    """SIGTERM (``timeout``, ``dvc queue kill``) used to kill a stage where it stood: no cleanup,
+    its worker processes left running. Now it is a Ctrl-C, even where SIGINT is ignored (never lost)."""
+    import os
+    import signal
+    import time
+
+    cleaned = []
+
+    def body(cfg, root, args):
+        try:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler raises here
+        finally:
+            cleaned.append(True)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler if sigint == "default" else signal.SIG_IGN)
+    term = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            common.run_stage("collect", body, [])
+        assert signal.getsignal(signal.SIGTERM) == term  # restored
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert cleaned == [True]

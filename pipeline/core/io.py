@@ -15,6 +15,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -27,6 +28,36 @@ import pyarrow.parquet as pq
 
 class ArtifactError(RuntimeError):
     """A file the pipeline needs is missing, corrupt or unwritable (message names it)."""
+
+
+# An id read from data that becomes one file or folder name (a scene, quest or episode id):
+# no separator, no "..", no leading "." (never a path out of its folder, never hidden).
+SAFE_NAME_RE = re.compile(r"^(?!\.)[A-Za-z0-9_.\-]+\Z")  # \Z: "s00\n" is refused too
+
+
+def safe_name(value: Any, source: str | os.PathLike, key: str) -> str:
+    """``value`` as a string, when it can be used as one file or folder name::
+
+        safe_name(row["scene_id"], "data/games/manifest.parquet, row 3", "scene_id")  # -> "s00"
+        safe_name("../../README", "data/grounding/index.json", "episodes[0].scene_id")  # ArtifactError
+
+    The one check of every id from data that becomes a path (checkpoints, tensors, merged and
+    online grounding), applied before anything is written or read under that name.
+
+    Args:
+        value: the id (a string, or an int episode id).
+        source: where it was read (the file, and row or record), for the message.
+        key: the key it was read under, for the message.
+
+    Raises:
+        ArtifactError: anything but letters, digits, ``_``, ``-`` and ``.`` not starting with ``.``
+            (``/``, ``..``, a newline, an empty or non-string value); the message names
+            ``source``, ``key``, the value and what was expected.
+    """
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not SAFE_NAME_RE.fullmatch(str(value)):
+        raise ArtifactError(f"{os.fspath(source)}: {key}={value!r} cannot be a file name: expected letters, digits, "
+                            "'_', '-', '.', not starting with '.'")
+    return str(value)
 
 
 @contextlib.contextmanager

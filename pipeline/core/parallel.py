@@ -11,14 +11,26 @@ config (whole batches, shards, micro-batches, per-item seeds), each part compute
 single-threaded under the pinned numerics (:mod:`pipeline.core.numerics`), the results
 merged in partition order. So ``workers`` is in no stage's DVC params and in no hashed
 config section; the count a run used goes to its metrics only. :class:`OrderedPool` runs
-such jobs for ``games``, ``demos`` and ``curve``: spawned workers, each started by an
-initializer, the results in job order.
+such jobs for ``games``, ``demos``, ``curve`` and the policy's rollouts: spawned workers, each
+started by an initializer, the results in job order.
+
+Supervision, for every process a stage starts (the pool's workers, a collection's workers, the
+policy's training helpers): a worker whose process does not run for ``agent.worker_stall_s``
+seconds (default 1800; stopped, or frozen in code that holds the interpreter) is stopped and the
+stage fails naming it (:class:`WorkerStalled`) instead of waiting for ever; the stage runner
+sets that bound once per stage (:func:`supervised`). And a worker dies with its parent
+(:func:`die_with_parent`): killed parent, no orphans left playing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any, Callable, Iterable
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator
 
 AUTO = "auto"
 
@@ -54,18 +66,162 @@ def stage_workers(cfg: Any, *, limit: int | None = None) -> int:
     return resolve_workers(cfg.workers, limit=limit)
 
 
+# --------------------------------------------------------------------------- supervision
+
+DEFAULT_STALL_S = 1800.0  # agent.worker_stall_s's default (pipeline/core/conf_schema.py: AgentConfig)
+STALL_KEY = "agent.worker_stall_s"  # the one config key of the bound, named in every stall error
+BEAT_S = 0.5  # how often a worker's watch thread beats and looks for its parent
+PARENT_GRACE_S = 5.0  # after its parent died, how long a worker has to stop as Ctrl-C stops it
+
+
+class WorkerStalled(RuntimeError):
+    """A worker process made no progress for the stall bound; it and its siblings were stopped."""
+
+
+@dataclass(frozen=True)
+class Supervision:
+    """The bound this process's pools and helpers run under (:func:`supervised`)."""
+
+    stall_s: float = DEFAULT_STALL_S  # 0: wait for ever
+    stage: str | None = None  # named in a stall's error
+
+
+_SUPERVISION = Supervision()
+
+
+@contextlib.contextmanager
+def supervised(stall_s: float, stage: str | None = None) -> Iterator[Supervision]:
+    """Within the block, every :class:`OrderedPool` without a ``stall_s`` of its own and every
+    training helper (:mod:`pipeline.policy.model`) stops a worker whose process does not run
+    for ``stall_s`` seconds (0: never) and fails naming ``stage`` (read at each check: the
+    bound in force while they wait). The stage runner
+    (:func:`pipeline.stages.common.run_stage`) wraps every stage in it with the config's
+    ``agent.worker_stall_s``; outside any (a test, a library call) the bound is
+    :data:`DEFAULT_STALL_S`."""
+    global _SUPERVISION
+    before, _SUPERVISION = _SUPERVISION, Supervision(float(stall_s), stage)
+    try:
+        yield _SUPERVISION
+    finally:
+        _SUPERVISION = before
+
+
+def supervision() -> Supervision:
+    """The bound in force (:func:`supervised`)."""
+    return _SUPERVISION
+
+
+def stall_message(what: str, age: float, stall_s: float) -> str:
+    """One spelling of a stall, for every kind of worker."""
+    where = f"{_SUPERVISION.stage}: " if _SUPERVISION.stage else ""
+    return (f"{where}{what} made no progress for {age:.0f} s ({STALL_KEY}={stall_s:g} s: its process did not run, "
+            "stopped or frozen) and was stopped with its siblings")
+
+
+def die_with_parent(parent_pid: int, beat: Callable[[], None] | None = None, every: float = BEAT_S) -> threading.Thread:
+    """In a worker process, first thing: a daemon thread that calls ``beat()`` every ``every``
+    seconds (the parent's proof that this process runs) and, once the process that started this
+    one is gone (killed by SIGKILL, SIGTERM or the OOM killer: nothing of it ran), stops this
+    one as Ctrl-C would (SIGINT: a collection keeps its finished episodes, a simulator is
+    reaped), then for certain after :data:`PARENT_GRACE_S`.
+
+    Why a thread that polls ``os.getppid()`` rather than ``prctl(PR_SET_PDEATHSIG)``: the
+    kernel sends that signal when the *thread* that started the child exits, not the process
+    (a pool first used from a short-lived thread would lose its workers early), it is
+    Linux-only, and it is one signal, with no SIGKILL after a grace for a worker that ignores
+    SIGINT (the training helpers) or is stuck; a poll sees the real parent die (the child is
+    re-parented: its ``getppid()`` changes) on any POSIX system within ``every`` seconds, and
+    the same thread is the worker's heartbeat. ``parent_pid`` is the parent's pid as the parent
+    saw it, so a parent that died before this thread started is seen too.
+    """
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            if beat is not None:
+                beat()
+            time.sleep(every)
+        with contextlib.suppress(OSError):
+            os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C path (ignored by a process that ignores Ctrl-C)
+        time.sleep(PARENT_GRACE_S)
+        os._exit(1)  # noqa: SLF001 - still here: the parent is gone, nothing waits for this process
+
+    thread = threading.Thread(target=watch, name="die-with-parent", daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_processes(procs: Iterable[Any], grace_s: float = PARENT_GRACE_S, *, wait_s: float = 1.0) -> None:
+    """Stop started processes, bounded: SIGCONT (a stopped one can take what it was sent: a pool's
+    or a helper's end), ``wait_s`` for those already on their way out (Ctrl-C reached them too),
+    then SIGINT (the Ctrl-C path), ``grace_s`` for them to finish it, then SIGKILL."""
+    procs = [p for p in procs if p.pid is not None]
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+    deadline = time.monotonic() + wait_s
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    alive = [p for p in procs if p.is_alive()]
+    for p in alive:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p.pid, signal.SIGINT)
+    deadline = time.monotonic() + grace_s
+    for p in alive:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in alive:
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+class _Watch:
+    """The heartbeats of a pool's workers, in shared memory: slot ``i`` holds a worker's pid,
+    its last beat (``time.monotonic()``: one clock for every process) and the job it runs."""
+
+    def __init__(self, ctx: Any, n: int):
+        self.beats = ctx.Array("d", n, lock=False)
+        self.pids = ctx.Array("q", n, lock=False)
+        self.jobs = ctx.Array("q", [-1] * n, lock=False)
+        self.next = ctx.Value("i", 0)
+
+    def claim(self) -> int:
+        """A worker's slot (-1: none left, which a pool of ``n`` processes never sees)."""
+        with self.next.get_lock():
+            slot, self.next.value = self.next.value, self.next.value + 1
+        if slot >= len(self.pids):
+            return -1
+        self.beats[slot] = time.monotonic()
+        self.pids[slot] = os.getpid()
+        return slot
+
+    def beat(self, slot: int) -> None:
+        if slot >= 0:
+            self.beats[slot] = time.monotonic()
+
+
 # --------------------------------------------------------------------------- the ordered pool
 
 _WORKER_CONTEXT: Any = None  # a spawned worker's context: what its initializer returned (set by _start)
+_WORKER_SLOT: tuple[Any, int] | None = None  # (its pool's _Watch, its slot)
 
 
-def _start(initializer: Callable[..., Any] | None, initargs: tuple) -> None:
-    global _WORKER_CONTEXT
+def _start(parent_pid: int, watch: _Watch, initializer: Callable[..., Any] | None, initargs: tuple) -> None:
+    global _WORKER_CONTEXT, _WORKER_SLOT
+    slot = watch.claim()
+    _WORKER_SLOT = (watch, slot)
+    die_with_parent(parent_pid, beat=lambda: watch.beat(slot))  # before the initializer: its start-up is watched
     _WORKER_CONTEXT = initializer(*initargs) if initializer is not None else None
 
 
-def _run(fn: Callable[[Any, Any], Any], job: Any) -> Any:
-    return fn(_WORKER_CONTEXT, job)
+def _run(fn: Callable[[Any, Any], Any], job: Any, index: int = -1) -> Any:
+    watch, slot = _WORKER_SLOT if _WORKER_SLOT is not None else (None, -1)
+    if slot >= 0:
+        watch.jobs[slot] = index
+    try:
+        return fn(_WORKER_CONTEXT, job)
+    finally:
+        if slot >= 0:
+            watch.jobs[slot] = -1
 
 
 class OrderedPool:
@@ -79,14 +235,31 @@ class OrderedPool:
     it runs before any job); ``workers=1`` runs every job in this process, in order, with
     ``context`` (this process's own, already pinned): nothing is spawned, no initializer runs.
     The processes start at the first :meth:`map` and serve every later one; leaving the
-    ``with`` block (an error or Ctrl-C included) cancels what has not started and joins them.
+    ``with`` block normally joins them; with an error or Ctrl-C (a stage's SIGTERM included)
+    it cancels what has not started and stops the running jobs (:func:`stop_processes`).
+
+    Supervised: a worker whose process does not run for ``stall_s`` seconds (default: the
+    bound of :func:`supervised`, the config's ``agent.worker_stall_s``; 0: never; a worker's
+    start-up counts against it too) makes
+    :meth:`map` stop every worker and raise :class:`WorkerStalled` naming it, its job and the
+    bound; a worker whose parent (this process) is killed stops within seconds
+    (:func:`die_with_parent`). Neither changes what a job computes.
     """
 
     def __init__(self, workers: int, *, initializer: Callable[..., Any] | None = None, initargs: tuple = (),
-                 context: Any = None):
+                 context: Any = None, stall_s: float | None = None):
         self.workers = max(1, int(workers))
         self.initializer, self.initargs, self.context = initializer, tuple(initargs), context
+        self._stall_s = None if stall_s is None else float(stall_s)
         self._executor: Any = None
+        self._watch: _Watch | None = None
+        self._seen: dict[int, float] = {}  # pid -> when this process first saw it (before it claims a slot)
+        self._jobs = 0
+
+    @property
+    def stall_s(self) -> float:
+        """The bound: this pool's own, else the one in force (:func:`supervised`)."""
+        return supervision().stall_s if self._stall_s is None else self._stall_s
 
     def __enter__(self) -> OrderedPool:
         return self
@@ -94,17 +267,57 @@ class OrderedPool:
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         self.close(cancel=exc_type is not None)
 
+    def _processes(self) -> list[Any]:
+        # ProcessPoolExecutor's own table of its processes ({pid: Process}; CPython 3.8-3.13)
+        return list((getattr(self._executor, "_processes", None) or {}).values())
+
+    def _stalled(self, procs: list[Any]) -> tuple[int, float, int] | None:
+        """(pid, seconds since its last beat, its job or -1) of the stalest worker past the bound."""
+        if self.stall_s <= 0 or self._watch is None:
+            return None
+        now, w = time.monotonic(), self._watch
+        slots = {w.pids[i]: i for i in range(len(w.pids)) if w.pids[i]}
+        worst = None
+        for p in procs:
+            if p.pid is None or not p.is_alive():
+                continue
+            i = slots.get(p.pid)
+            age = now - (w.beats[i] if i is not None else self._seen.setdefault(p.pid, now))
+            if age > self.stall_s and (worst is None or age > worst[1]):
+                worst = (p.pid, age, w.jobs[i] if i is not None else -1)
+        return worst
+
+    def _stall_error(self, stalled: tuple[int, float, int]) -> WorkerStalled:
+        pid, age, job = stalled
+        doing = f"running job {job + 1} of {self._jobs}" if job >= 0 else "between jobs or starting"
+        return WorkerStalled(stall_message(f"worker process {pid} of workers={self.workers} ({doing})", age,
+                                           self.stall_s))
+
     def close(self, cancel: bool = False) -> None:
-        """Stop the processes (after their running jobs; ``cancel``: drop the queued ones)."""
-        if self._executor is not None:
-            executor, self._executor = self._executor, None
-            executor.shutdown(wait=True, cancel_futures=cancel)
+        """Stop the processes: after their running jobs, a stalled one stopped after the bound;
+        ``cancel``: drop the queued jobs and stop the running ones (:func:`stop_processes`)."""
+        if self._executor is None:
+            return
+        procs, manager = self._processes(), getattr(self._executor, "_executor_manager_thread", None)
+        executor, self._executor = self._executor, None
+        executor.shutdown(wait=False, cancel_futures=cancel)
+        if cancel:
+            stop_processes(procs)
+        else:
+            while any(p.is_alive() for p in procs):
+                for p in procs:
+                    p.join(BEAT_S / len(procs))
+                if self._stalled(procs) is not None:
+                    stop_processes(procs, wait_s=0.0)
+        if manager is not None:
+            manager.join(PARENT_GRACE_S)
 
     def map(self, fn: Callable[[Any, Any], Any], jobs: Iterable[Any], *,
             progress: Callable[[Any], None] | None = None) -> list:
         """``[fn(context, job) for job in jobs]``; ``progress(result)`` as each job finishes (in
         the order they finish). A job's exception is raised here (a dead worker's:
-        ``BrokenProcessPool``) once the jobs not yet started are cancelled."""
+        ``BrokenProcessPool``; a stalled one's: :class:`WorkerStalled`, every worker stopped)
+        once the jobs not yet started are cancelled."""
         if self.workers <= 1:
             out = []
             for job in jobs:
@@ -117,19 +330,30 @@ class OrderedPool:
             from concurrent.futures import ProcessPoolExecutor
 
             # spawn: a clean interpreter per worker (no inherited threads, engine or model state)
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=_start, initargs=(self.initializer, self.initargs))
+            ctx = multiprocessing.get_context("spawn")
+            self._watch, self._seen = _Watch(ctx, self.workers), {}
+            self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_start,
+                                                 initargs=(os.getpid(), self._watch, self.initializer, self.initargs))
         from concurrent.futures import FIRST_COMPLETED, wait
 
-        futures = [self._executor.submit(_run, fn, job) for job in jobs]
+        jobs = list(jobs)
+        self._jobs = len(jobs)
+        futures = [self._executor.submit(_run, fn, job, i) for i, job in enumerate(jobs)]
         pending = set(futures)
+        poll = None if self.stall_s <= 0 else min(1.0, self.stall_s / 4)
         try:
             while pending:
-                done, pending = wait(pending, return_when=FIRST_COMPLETED)
+                done, pending = wait(pending, timeout=poll, return_when=FIRST_COMPLETED)
                 for fut in done:
                     res = fut.result()
                     if progress is not None:
                         progress(res)
+                if pending:
+                    stalled = self._stalled(self._processes())
+                    if stalled is not None:
+                        error = self._stall_error(stalled)
+                        self.close(cancel=True)
+                        raise error
         except BaseException:
             for fut in pending:
                 fut.cancel()

@@ -12,6 +12,7 @@ import re
 from enum import StrEnum
 from typing import Any
 
+from pipeline.core.io import SAFE_NAME_RE  # noqa: F401 - ids used in file names (the one definition)
 from pipeline.core.schemas import FEEDBACK_TYPES
 
 # final_grounding key of each feedback category, in seed 000's order.
@@ -31,7 +32,6 @@ SECTION_TITLES: dict[str, str] = {
 CONTENT_JOINER = "\n\n"  # between "- <content>" items of one category (seed: "- <c>\n\n- <c>")
 TEXT_JOINER = "\n\n---\n\n"  # between TXT files, and between JSON Markdown and TXT text
 CONFIGURED_NAME = "configured"  # merge stage: <merged dir>/configured.md = merge of grounding.files
-SAFE_NAME_RE = re.compile(r"^(?!\.)[A-Za-z0-9_.\-]+$")  # ids used in file names
 
 # "[ Step12 - Failure ] : " in front of every stacked entry (seed 000).
 _STEP_PREFIX_RE = re.compile(r"^\s*\[\s*Step\s*\d+\s*-\s*(?:Success|Failure|WiP)\s*\]\s*:\s*", re.IGNORECASE)

@@ -3,7 +3,7 @@
 The library behind :mod:`pipeline.stages.ground` (seed 000)::
 
     docs = ground(episodes, turns, generator="extractive", timestamp=ts)
-    check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)   # llm: too many failed calls stop here
+    check_backend_fallbacks(docs, cfg.grounding.max_error_fraction)   # llm: too many failures stop here
     index = write_ground_outputs(docs, "data/grounding", "both")
     metrics = ground_metrics(docs)
 
@@ -30,6 +30,7 @@ from pipeline.core.conf_schema import Config, GroundingConfig, GroundingGenerato
 from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_write_json
 from pipeline.core.schemas import FEEDBACK_TYPES
+from pipeline.core.seeding import prompt_seed
 from pipeline.grounding import (
     FINAL_KEYS,
     SAFE_NAME_RE,
@@ -42,8 +43,8 @@ from pipeline.grounding import (
     write_grounding_files,
     write_latest_files,
 )
-from pipeline.grounding.generate import BACKEND_ERROR, UNPARSEABLE, GenerationFailed
-from pipeline.llm.backends import BackendConfigError, BackendError, make_text_generator
+from pipeline.grounding.generate import FAILURES, AnswerTruncated, GenerationFailed
+from pipeline.llm.backends import BackendConfigError, BackendError, make_backend
 
 INDEX_FILE = "index.json"
 SCENES_DIR = "scenes"
@@ -144,24 +145,26 @@ def write_ground_outputs(docs: list[dict], out_dir: str | Path, save_format: str
 
 
 def check_backend_fallbacks(docs: list[dict], max_error_fraction: float) -> None:
-    """Stop a grounding run whose model calls failed on more than ``max_error_fraction`` of the
-    episodes the model was asked for (``grounding.max_error_fraction``): their grounding would be
-    the extractive one under the name of the llm generator. A broken server is never a result.
+    """Stop a grounding run whose model calls failed, or whose answers were unusable (empty, a refusal,
+    no grounding JSON, cut off at ``grounding.max_new_tokens``), on more than ``max_error_fraction`` of
+    the episodes the model was asked for (``grounding.max_error_fraction``): their grounding would be
+    the extractive one under the name of the llm generator. A broken server or model is never a result.
 
     Raises:
         GroundingError: naming the counts, the limit and the first failure.
     """
     reasons = [(d["expr_info"].get("episode_id"), d["expr_info"].get("fallback_reason") or "")
                for d in docs if d["expr_info"].get("generator") == GroundingGenerator.llm]
-    asked = [(e, r) for e, r in reasons if not r or r.startswith((BACKEND_ERROR, UNPARSEABLE))]
-    failed = [(e, r) for e, r in asked if r.startswith(BACKEND_ERROR)]
+    asked = [(e, r) for e, r in reasons if not r or r.startswith(FAILURES)]
+    failed = [(e, r) for e, r in asked if r]
     if failed and len(failed) / len(asked) > max_error_fraction:
         episode, reason = failed[0]
         raise GroundingError(
-            f"grounding.generator=llm: the model call failed on {len(failed)} of {len(asked)} episodes it was asked "
-            f"for ({len(failed) / len(asked):.0%}), more than grounding.max_error_fraction={max_error_fraction:g}, so "
-            f"nothing was written; the first failure: episode {episode}: {reason}. Fix the server or model settings "
-            "and rerun")
+            f"grounding.generator=llm: the model call failed or its answer was unusable on {len(failed)} of "
+            f"{len(asked)} episodes it was asked for ({len(failed) / len(asked):.0%}), more than "
+            f"grounding.max_error_fraction={max_error_fraction:g}, so nothing was written; the first failure: "
+            f"episode {episode}: {reason}. Fix the server or model settings (an answer cut off: "
+            "grounding.max_new_tokens) and rerun")
 
 
 def ground_metrics(docs: list[dict]) -> dict:
@@ -200,27 +203,39 @@ def ground_metrics(docs: list[dict]) -> dict:
 
 
 def make_generate(cfg: Config) -> Callable[[str], str] | None:
-    """The text-generation backend of ``grounding.generator=llm`` (``None`` otherwise).
+    """The text-generation backend of ``grounding.generator=llm`` (``None`` otherwise): ``prompt -> text``.
 
-    A call that failed after the backend's retries raises :class:`GenerationFailed` (the
-    episode falls back to extractive, counted); a :class:`BackendConfigError` (a refused key,
-    an unknown model) and anything else pass through and stop the stage."""
+    The prompt goes as one user message, free text (no early stop), at most
+    ``grounding.max_new_tokens`` tokens (the grounding's own budget: ``sampling.max_new_tokens``
+    bounds an agent's turn), seeded from ``sampling.seed`` and the prompt (the same prompt, the
+    same text). A call that failed after the backend's retries raises :class:`GenerationFailed`
+    and an answer cut off at the budget :class:`AnswerTruncated` (the episode falls back to
+    extractive, counted); a :class:`BackendConfigError` (a refused key, an unknown model) and
+    anything else pass through and stop the stage."""
     if cfg.grounding.generator != GroundingGenerator.llm:
         return None
+    budget = int(cfg.grounding.max_new_tokens)
     try:
-        text = make_text_generator(cfg)
+        backend = make_backend(cfg.model, cfg.sampling)
     except Exception as exc:  # a missing model directory, bad endpoint, ...: name it, stop
         raise ConfigError(f"grounding.generator=llm: cannot build the text-generation backend "
                           f"(model.backend={cfg.model.backend}, model.name_or_path={cfg.model.name_or_path}): "
                           f"{type(exc).__name__}: {exc}") from exc
+    base_seed = cfg.sampling.seed
 
     def generate(prompt: str) -> str:
         try:
-            return text(prompt)
+            gen = backend.generate([[{"role": "user", "content": prompt}]], seeds=[prompt_seed(base_seed, prompt)],
+                                   max_new_tokens=budget, early_stop=False)[0]
         except BackendConfigError:
             raise
         except BackendError as exc:
             raise GenerationFailed(f"{type(exc).__name__}: {exc}") from exc
+        if gen.error:
+            raise GenerationFailed(f"BackendError: {gen.error}")
+        if gen.stop_reason == "max_new_tokens":
+            raise AnswerTruncated(f"cut off after {gen.generated_tokens} tokens (grounding.max_new_tokens={budget})")
+        return gen.text
 
     return generate
 

@@ -3,13 +3,14 @@
 :func:`generate_grounding` makes the four contents of seed 000's ``final_grounding``
 from *this episode's* feedback only: ``extractive`` splits the stacked entries into
 statements (deterministic), ``llm`` asks a text-generation backend and falls back to
-the extractive result, recording why, when the answer is unusable or the call failed
-(:class:`GenerationFailed`: a request that still failed after the backend's retries,
-:func:`pipeline.grounding.episodes.make_generate`). A configuration error (a wrong key,
-HTTP 401/403/404: a ``ConfigError``) or any other exception (a programming error) is never
-hidden behind the extractive result: it propagates and stops the stage. How many episodes
-may fall back for a failed call is ``grounding.max_error_fraction``
-(:func:`pipeline.grounding.episodes.check_backend_fallbacks`).
+the extractive result, recording why, when the answer is unusable (empty, a refusal, no
+grounding JSON in it, or cut off at ``grounding.max_new_tokens``: :class:`AnswerTruncated`)
+or the call failed (:class:`GenerationFailed`: a request that still failed after the
+backend's retries, :func:`pipeline.grounding.episodes.make_generate`). A configuration error
+(a wrong key, HTTP 401/403/404: a ``ConfigError``) or any other exception (a programming
+error) is never hidden behind the extractive result: it propagates and stops the stage. How
+many episodes may fall back, for an unusable answer or a failed call alike, is
+``grounding.max_error_fraction`` (:func:`pipeline.grounding.episodes.check_backend_fallbacks`).
 """
 
 from __future__ import annotations
@@ -32,15 +33,25 @@ from pipeline.grounding.common import (
     strip_step_prefix,
 )
 
-# The fallback_reason prefix of an episode whose model call failed (counted against
-# grounding.max_error_fraction; an unusable answer is "unparseable answer").
+# The fallback_reason prefixes of an episode the model was asked for and whose grounding fell back:
+# its call failed, its answer held no usable grounding JSON (empty, a refusal, ...), or its answer
+# was cut off at grounding.max_new_tokens. Each is a failure of the llm generator, counted against
+# grounding.max_error_fraction (pipeline.grounding.episodes.check_backend_fallbacks).
 BACKEND_ERROR = "backend error"
 UNPARSEABLE = "unparseable answer"
+TRUNCATED = "truncated answer"
+FAILURES = (BACKEND_ERROR, UNPARSEABLE, TRUNCATED)
 
 
 class GenerationFailed(GroundingError):
     """A text-generation call failed for this episode (after the backend's retries): its grounding
     falls back to the extractive one, counted against ``grounding.max_error_fraction``."""
+
+
+class AnswerTruncated(GroundingError):
+    """The model's answer stopped at its token budget (``grounding.max_new_tokens``; a server's
+    ``finish_reason=length``): unusable whatever it holds, it falls back to the extractive grounding,
+    counted against ``grounding.max_error_fraction``."""
 
 # A statement ends at . ! ? (followed by a space or the end), at a CJK full stop (Chinese
 # does not put a space after it), or at a semicolon (how several lines of one type are joined);
@@ -187,7 +198,8 @@ def generate_grounding(stacked: Mapping[str, Sequence[str]], generator: str = "e
         generator: ``extractive`` (deterministic) or ``llm`` (asks ``generate``; an unusable
             answer or a failed call gives the extractive result, the reason recorded).
         generate: the text-generation backend, ``generate(prompt) -> text`` (llm only); it
-            raises :class:`GenerationFailed` for a failed call.
+            raises :class:`GenerationFailed` for a failed call and :class:`AnswerTruncated`
+            for an answer cut off at its token budget.
         timestamp: ``generation_timestamp``; see :func:`grounding_timestamp`.
 
     Returns:
@@ -215,6 +227,9 @@ def generate_grounding(stacked: Mapping[str, Sequence[str]], generator: str = "e
         answer = generate(llm_grounding_prompt(stacked))
     except GenerationFailed as exc:  # a failed call; anything else (a setting to fix, a bug) propagates
         info["fallback_reason"] = f"{BACKEND_ERROR}: {exc}"
+        return extractive, info
+    except AnswerTruncated as exc:
+        info["fallback_reason"] = f"{TRUNCATED}: {exc}"
         return extractive, info
     try:
         contents = parse_llm_grounding(answer, stacked)

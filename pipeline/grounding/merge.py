@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from pipeline.core.config import project_root
+from pipeline.core.io import safe_name
 from pipeline.grounding.common import (
     CONFIGURED_NAME,
     CONTENT_JOINER,
@@ -359,6 +360,8 @@ def scene_grounding_content(merged_dir: str | os.PathLike, scene_id: str | None,
     joined with ``"\n\n---\n\n"``; ``""`` when both are empty.
     """
     parts = []
+    if scene_id:  # <merged_dir>/<scene_id>.md: an id like "../../README" would read another file
+        safe_name(scene_id, f"{os.fspath(merged_dir)}/<scene_id>.md", "scene_id")
     names = ([scene_id] if scene_id else []) + ([CONFIGURED_NAME] if include_configured else [])
     for name in names:
         path = Path(merged_dir) / f"{name}.md"

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.core.conf_schema import SaveFormat
-from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.core.io import atomic_write_json, atomic_write_text, safe_name
 from pipeline.grounding import (
     CONFIGURED_NAME,
     GroundingError,
@@ -48,11 +48,14 @@ def scene_sources(index: dict, grounding_dir: str) -> dict[str, list[str]]:
             (``cfg.paths.grounding``), prefixed to the index's relative names.
     """
     out: dict[str, list[str]] = {}
-    for ep in index.get("episodes", []):
+    source = f"{grounding_dir.rstrip('/')}/index.json"
+    for i, ep in enumerate(index.get("episodes", [])):
         name = ep.get("json") or ep.get("txt")
         if not name:
             raise GroundingError(f"{grounding_dir}/index.json: episode {ep.get('episode_id')!r} has no file")
-        out.setdefault(ep["scene_id"], []).append(f"{grounding_dir.rstrip('/')}/{name}")
+        # the scene id names <scene_id>.md/.json of the merge: checked before anything is read or written
+        scene = safe_name(ep.get("scene_id"), source, f"episodes[{i}].scene_id")
+        out.setdefault(scene, []).append(f"{grounding_dir.rstrip('/')}/{name}")
     return out
 
 
@@ -98,6 +101,8 @@ def write_merge_outputs(scenes: dict[str, MergedGrounding], configured: MergedGr
     merge_format = check_choice(merge_format, SaveFormat, "grounding.merge_format")
     if CONFIGURED in scenes:
         raise GroundingError(f"scene_id={CONFIGURED!r} collides with the merge of grounding.files")
+    for scene in scenes:  # every name checked before the folder is replaced
+        safe_name(scene, f"{Path(out_dir).as_posix()}/<scene_id>.md", "scene_id")
     index: dict[str, Any] = {"merge_format": merge_format, "scenes": {}, CONFIGURED: None}
     with replace_dir(out_dir) as tmp:
         for scene, merged in sorted(scenes.items()):

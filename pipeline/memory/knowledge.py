@@ -33,11 +33,37 @@ from pipeline.memory.schemas import table_to_entries
 # "Apple in a Fridge (5 of 6 seen)": things of a kind, the kind of holder most of them were
 # found in, and the support. Kinds are the world's (one or more words, no digits needed).
 LESSON = "{thing} {prep} a {holder} ({count} of {total} seen)"
-_LESSON_RE = re.compile(r"\b([A-Za-z][A-Za-z ]*?) (in|on) an? ([A-Za-z][A-Za-z ]*?) \((\d+) of (\d+) seen\)")
+# read_lessons finds what r"\b([A-Za-z][A-Za-z ]*?) (in|on) an? ([A-Za-z][A-Za-z ]*?) \((\d+) of (\d+) seen\)"
+# finds, in linear time: that one regex backtracks cubically on a long line of "Apple in a " (1.24 s for 200
+# repeats; it runs over the reader's whole prompt, feedback a person typed included). Everything before " (" in
+# a match is letters and spaces, so a match lies in one maximal run of them (_LESSON_RUN) that ends with the
+# space of the support (_LESSON_SUPPORT); the holder then runs to that space, the thing to the first connector
+# (_LESSON_LINK) after its start, and the thing starts at the run's first word that has a connector after it.
+_LESSON_RUN = re.compile(r"[A-Za-z ]+")
+_LESSON_SUPPORT = re.compile(r" \((\d+) of (\d+) seen\)")
+_LESSON_LINK = re.compile(r"(?=( (in|on) an? )[A-Za-z])")  # a lookahead: links may overlap (" in a in a ")
+_LESSON_START = re.compile(r"\b[A-Za-z]")
+
+
+def _lesson_matches(text: str) -> Iterable[tuple[str, str, str, str, str]]:
+    """``(thing, prep, holder, count, total)`` of every lesson sentence in ``text``, in order (module comment)."""
+    for run in _LESSON_RUN.finditer(text):
+        end = run.end() - 1  # the space before "(" (the run is maximal: "(" follows it, or nothing)
+        support = _LESSON_SUPPORT.match(text, end)
+        if support is None:
+            continue
+        links = [(m.start(), m[1], m[2]) for m in _LESSON_LINK.finditer(text, run.start(), end)]
+        start = _LESSON_START.search(text, run.start(), links[-1][0]) if links else None
+        if start is None:
+            continue
+        s = start.start()
+        i, link, prep = next(lk for lk in links if lk[0] > s)
+        yield text[s:i], prep, text[i + len(link):end], support[1], support[2]
 HOUSE_LEAD = "This house, from {n} past visit{s}"
 LESSONS_LEAD = "Lessons from {n} past house{s}"
 HABITS_LEAD = "What users asked in past houses"
 MIN_SUPPORT = 2  # sightings a placement lesson needs
+MAX_COUNT_DIGITS = 9  # read_lessons: a longer count is no support this project writes
 
 
 @dataclass(frozen=True)
@@ -55,9 +81,15 @@ class Lesson:
 
 
 def read_lessons(text: str | None) -> list[Lesson]:
-    """The placement lessons stated in ``text`` (:meth:`Lesson.text`'s inverse), in order."""
-    return [Lesson(m[1], m[3], int(m[4]), int(m[5]), m[2]) for m in _LESSON_RE.finditer(text or "")
-            if 0 < int(m[4]) <= int(m[5])]
+    """The placement lessons stated in ``text`` (:meth:`Lesson.text`'s inverse), in order.
+
+    A count of more than :data:`MAX_COUNT_DIGITS` digits is no lesson of this project's (a
+    store's support is a number of entries): such a sentence is skipped, never handed to
+    ``int`` (which refuses more than 4,300 digits: typed feedback could crash the reader).
+    """
+    return [Lesson(thing, holder, int(count), int(total), prep)
+            for thing, prep, holder, count, total in _lesson_matches(text or "")
+            if len(count) <= MAX_COUNT_DIGITS and len(total) <= MAX_COUNT_DIGITS and 0 < int(count) <= int(total)]
 
 
 def entry_facts(entry: Mapping[str, Any]) -> list[str]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -43,6 +44,7 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from pipeline.core.conf_schema import PolicyConfig
+from pipeline.core.parallel import WorkerStalled, die_with_parent, stall_message, stop_processes, supervision
 from pipeline.core.seeding import crc_rng
 from pipeline.envs.household.games import ROOM_NAMES
 
@@ -317,14 +319,23 @@ class _HelperSpec:
     slots: Any
 
 
-def _helper_main(rank: int, conn: Any, spec: _HelperSpec) -> None:
+def _helper_main(rank: int, conn: Any, spec: _HelperSpec, parent_pid: int | None = None, beat: Any = None) -> None:
     """A helper process of :func:`train`: a model whose parameters ARE the parent's shared
     tensors; per step it computes the micro-batches it is sent into their slots and replies.
-    It exits on ``None``, on the parent's end of the pipe closing, or after reporting an error."""
+    It exits on ``None``, on the parent's end of the pipe closing, or after reporting an error;
+    and within seconds of ``parent_pid`` being killed (:func:`~pipeline.core.parallel.die_with_parent`,
+    whose thread also writes ``time.monotonic()`` into ``beat``, a shared double: the parent's
+    proof that this process runs)."""
     import signal
     import traceback
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops us
+    if parent_pid is not None:
+        def tick() -> None:
+            if beat is not None:
+                beat.value = time.monotonic()
+
+        die_with_parent(parent_pid, beat=tick)
     try:
         import torch  # deferred: heavy optional dependency (torch)
 
@@ -361,7 +372,10 @@ def _helper_main(rank: int, conn: Any, spec: _HelperSpec) -> None:
 
 
 class _Helpers:
-    """The helper processes of one training run (spawned once; stopped on exit, error or Ctrl-C)."""
+    """The helper processes of one training run (spawned once; stopped on exit, error or Ctrl-C).
+    Supervised as a pool's workers are (:func:`pipeline.core.parallel.supervised`): a helper whose
+    process does not run for ``agent.worker_stall_s`` (its start-up included) fails the step
+    (:class:`WorkerStalled`)."""
 
     def __init__(self, model: Any, params: list[Any], units: Sequence[Unit], pad_id: int, seed: int, threads: int,
                  slots: Any, n: int) -> None:
@@ -377,11 +391,12 @@ class _Helpers:
         ctx = tmp.get_context("spawn")
         self.procs: list[Any] = []
         self.conns: list[Any] = []
+        self.beats = [ctx.Value("d", time.monotonic(), lock=False) for _ in range(1, n)]
         try:
             for rank in range(1, n):
                 mine, theirs = ctx.Pipe()
-                proc = ctx.Process(target=_helper_main, args=(rank, theirs, spec), daemon=True,
-                                   name=f"policy-train-helper-{rank}")
+                proc = ctx.Process(target=_helper_main, args=(rank, theirs, spec, os.getpid(), self.beats[rank - 1]),
+                                   daemon=True, name=f"policy-train-helper-{rank}")
                 proc.start()
                 theirs.close()
                 self.procs.append(proc)
@@ -403,8 +418,13 @@ class _Helpers:
 
         pending = dict(enumerate(self.conns, start=1))
         out: list[tuple[int, float]] = []
+        stall_s = supervision().stall_s
+        poll = None if stall_s <= 0 else min(1.0, stall_s / 4)
         while pending:
-            ready = wait([*pending.values(), *(self.procs[r - 1].sentinel for r in pending)])
+            ready = wait([*pending.values(), *(self.procs[r - 1].sentinel for r in pending)], timeout=poll)
+            if not ready:
+                self._check_stall(pending, step, supervision().stall_s)
+                continue
             for rank in list(pending):
                 conn = pending[rank]
                 if conn in ready or conn.poll():
@@ -421,6 +441,15 @@ class _Helpers:
                     raise self._died(rank, step)
         return out
 
+    def _check_stall(self, pending: dict[int, Any], step: int, stall_s: float) -> None:
+        now = time.monotonic()
+        for rank in pending:
+            age = now - self.beats[rank - 1].value
+            if stall_s > 0 and age > stall_s:
+                proc = self.procs[rank - 1]
+                raise WorkerStalled(stall_message(f"policy training: helper process {rank} ({proc.name}, pid "
+                                                  f"{proc.pid}) at step {step}", age, stall_s))
+
     def _died(self, rank: int, step: int) -> RuntimeError:
         proc = self.procs[rank - 1]
         proc.join(1.0)
@@ -433,14 +462,7 @@ class _Helpers:
                 conn.send(None)
             except Exception:  # noqa: BLE001 - already gone
                 pass
-        for proc in self.procs:
-            proc.join(5.0)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(2.0)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        stop_processes(self.procs, grace_s=2.0, wait_s=5.0)  # they ignore SIGINT: 5 s for None, then SIGKILL
         for conn in self.conns:
             conn.close()
 

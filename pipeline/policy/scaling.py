@@ -13,7 +13,11 @@
 
 ``run`` exits 1 when a grid point failed (after printing the table of the others); the table
 marks a point whose record is not final (stopped, failed or still training: its figures are
-those of its last probe) with ``(partial)`` and says how many there are.
+those of its last probe) with ``(partial)`` and says how many there are. ``run`` removes each
+of its points' records of an earlier run before it starts the point, and lists its points in
+``_grid.json`` in the results folder: ``table`` shows that run's points only (a point without a
+record, failed before its first probe or not yet at it: ``(no record)``) and names the records
+of earlier runs it leaves out (``table --all`` shows them too, marked ``(earlier run)``).
 
 ``prepare`` calls the policy step's own library (``build_demo_set``, ``tokenize_demos``,
 ``InContextProbe.build``) on ``params.yaml`` with each variant's ``policy`` overrides,
@@ -118,6 +122,14 @@ def prepare_bundle(base: Any, root: Path, manifest: Any, scenes: Any, d: Path, o
 # ----------------------------------------------------------------------------- run
 
 
+GRID_FILE = "_grid.json"  # the points of the last ``run`` into a results folder (``table`` shows those)
+
+
+def record_name(point: str) -> str:
+    """The file name of a grid point's record in the results folder."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in point) + ".json"
+
+
 def run_point(bundle: Path, point: str, device: str, every: int, out: Path, threads: int) -> dict[str, Any]:
     """Train one grid point from scratch on ``device`` and probe it; returns (and writes) its record."""
     import torch
@@ -151,7 +163,6 @@ def run_point(bundle: Path, point: str, device: str, every: int, out: Path, thre
     t0 = time.perf_counter()
     tokens = sum(u.tokens for u in units)
     out.mkdir(parents=True, exist_ok=True)
-    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in point)
 
     def record(done: bool) -> dict[str, Any]:
         """The point's record so far (written after every probe: a point stopped early keeps its curve)."""
@@ -165,7 +176,7 @@ def run_point(bundle: Path, point: str, device: str, every: int, out: Path, thre
                "units": len(units), "final_loss": sum(tail) / max(1, len(tail)),
                "train_s": round(wall - state["probe_s"], 1), "probe_s": round(state["probe_s"], 1),
                "final": {k: v for k, v in curve[-1].items() if k != "step"}, "curve": curve}
-        atomic_write_text(out / f"{safe}.json", json.dumps(rec, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(out / record_name(point), json.dumps(rec, indent=1, sort_keys=True) + "\n")
         return rec
 
     def measure() -> None:
@@ -192,7 +203,23 @@ def run_point(bundle: Path, point: str, device: str, every: int, out: Path, thre
 def run_grid(bundle: Path, points: list[str], device: str, every: int, out: Path, jobs: int,
              threads: int) -> list[str]:
     """Every point in its own process, ``jobs`` at a time (a failure is that point's, not the grid's:
-    the others run on); returns the failed points, each with its exit code."""
+    the others run on); returns the failed points, each with its exit code. The points are listed in
+    ``out/_grid.json`` and each point's record of an earlier run is removed before the point starts
+    (a point that fails before its first probe must not show an earlier run's figures).
+
+    Raises:
+        ValueError: ``jobs`` < 1 (nothing would ever start), or two points share a record file.
+    """
+    if jobs < 1:
+        raise ValueError(f"scaling: --jobs {jobs}: expected a number of points trained at a time >= 1")
+    names = [record_name(p) for p in points]
+    clash = sorted({n for n in names if names.count(n) > 1 or n == GRID_FILE})
+    if clash:
+        raise ValueError(f"scaling: --grid: points written to the same file ({', '.join(clash)}): name them apart")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / GRID_FILE, json.dumps({"points": list(points)}, indent=1) + "\n")
+    for name in names:
+        (out / name).unlink(missing_ok=True)
     pending, running, failed = list(points), [], []
     while pending or running:
         while pending and len(running) < jobs:
@@ -214,26 +241,58 @@ def run_grid(bundle: Path, points: list[str], device: str, every: int, out: Path
 # ----------------------------------------------------------------------------- table
 
 
-def table(results: Path) -> str:
-    """The markdown table of a results folder; a point whose record is not final is marked ``(partial)``."""
-    recs = sorted((json.loads(p.read_text()) for p in results.glob("*.json")), key=lambda r: r["point"])
+def table(results: Path, *, earlier: bool = False) -> str:
+    """The markdown table of a results folder; a point whose record is not final is marked ``(partial)``.
+
+    When a ``run`` wrote the folder (``_grid.json``), the rows are its points, each point without a record
+    marked ``(no record)``, and the records of earlier runs are left out, named in a note (``earlier``:
+    shown, marked ``(earlier run)``)."""
+    recs = sorted((json.loads(p.read_text()) for p in results.glob("*.json") if p.name != GRID_FILE),
+                  key=lambda r: r["point"])
+    grid = json.loads((results / GRID_FILE).read_text())["points"] if (results / GRID_FILE).is_file() else None
+    old = [r["point"] for r in recs if grid is not None and r["point"] not in grid]
+    missing = [] if grid is None else [p for p in grid if p not in {r["point"] for r in recs}]
+    if not earlier:
+        recs = [r for r in recs if r["point"] not in old]
     head = ("| point | parameters | steps (of planned) | tokens seen | oracle first step | plain first step | plan copied | "
             "best plan copied (step) | loss | train s | device |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in recs:
         f = r["final"]
         best = max(r["curve"], key=lambda c: (c.get("oracle_plan_copied", 0), -c["step"]))
-        point = r["point"] if r.get("done") else f"{r['point']} (partial)"
+        point = r["point"] + ("" if r.get("done") else " (partial)") + (" (earlier run)" if r["point"] in old else "")
         lines.append(f"| {point} | {r['parameters']:,} | {r['steps']:,} ({r['steps_planned']:,}) | "
                      f"{r['tokens_seen'] / 1e6:.2f}M | "
                      f"{f.get('oracle_first_step', 0):.2f} | {f.get('plain_first_step', 0):.2f} | "
                      f"{f.get('oracle_plan_copied', 0):.2f} | {best.get('oracle_plan_copied', 0):.2f} "
                      f"({best['step']}) | {r['final_loss']:.3f} | {r['train_s']:.0f} | {r['device_name']} |")
+    lines += [f"| {p} (no record) |" + " – |" * (head.count("|") - 2) for p in missing]
     partial = sum(not r.get("done") for r in recs)
     if partial:
         lines += ["", f"{partial} of {len(recs)} points are partial (stopped, failed or still training): their "
                       "figures are those of their last probe, not of the planned steps."]
+    if missing:
+        lines += ["", f"{len(missing)} of {len(grid)} points of the run have no record (failed before their first "
+                      f"probe, or not yet at it): {', '.join(missing)}."]
+    if old:
+        verb = "are" if len(old) > 1 else "is"
+        lines += ["", f"{len(old)} record{'s' if len(old) > 1 else ''} of earlier runs in {results} {verb} "
+                      f"{'shown, marked (earlier run)' if earlier else 'left out (table --all shows them)'}: "
+                      f"{', '.join(old)}."]
     return "\n".join(lines)
+
+
+def _count(least: int) -> Any:
+    """An argparse type: an integer >= ``least`` (``--jobs 0`` started no point and waited for ever)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = least - 1
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{text!r}: expected an integer >= {least}")
+        return value
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,16 +307,18 @@ def main(argv: list[str] | None = None) -> int:
         r = sub.add_parser(name, help="train and probe grid points" if name == "run" else "one point (run's worker)")
         r.add_argument("--bundle", type=Path, required=True)
         r.add_argument("--device", default="cpu")
-        r.add_argument("--every", type=int, default=400, help="training steps between probes (0: start and end only)")
+        r.add_argument("--every", type=_count(0), default=400,
+                       help="training steps between probes (0: start and end only)")
         r.add_argument("--out", type=Path, required=True)
-        r.add_argument("--threads", type=int, default=1, help="torch threads per point")
+        r.add_argument("--threads", type=_count(1), default=1, help="torch threads per point")
         if name == "run":
-            r.add_argument("--jobs", type=int, default=1, help="points trained at a time")
+            r.add_argument("--jobs", type=_count(1), default=1, help="points trained at a time")
             r.add_argument("--grid", nargs="+", required=True, metavar="DATA[:k=v,...]")
         else:
             r.add_argument("point")
-    t = sub.add_parser("table", help="the markdown table of a results folder")
+    t = sub.add_parser("table", help="the markdown table of a results folder (its last run's points)")
     t.add_argument("results", type=Path)
+    t.add_argument("--all", action="store_true", help="also the records of earlier runs in the folder")
     a = ap.parse_args(argv)
     if a.cmd == "prepare":
         variants = {}
@@ -269,14 +330,18 @@ def main(argv: list[str] | None = None) -> int:
                 raise SystemExit(f"scaling: --data {spec!r}: the overrides are not JSON ({exc})") from exc
         prepare(a.out, variants)
     elif a.cmd == "run":
-        failed = run_grid(a.bundle, a.grid, a.device, a.every, a.out, a.jobs, a.threads)
+        try:
+            failed = run_grid(a.bundle, a.grid, a.device, a.every, a.out, a.jobs, a.threads)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
         print(table(a.out))
         if failed:
             return 1
     elif a.cmd == "point":
         run_point(a.bundle, a.point, a.device, a.every, a.out, a.threads)
     else:
-        print(table(a.results))
+        print(table(a.results, earlier=a.all))
     return 0
 
 

@@ -40,7 +40,7 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
 from pipeline.core.numerics import pin
-from pipeline.core.parallel import stage_workers
+from pipeline.core.parallel import die_with_parent, stage_workers, stop_processes
 from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env, unread_env_keys
 from pipeline.llm.accounting import token_statistics
@@ -66,7 +66,8 @@ CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts
 # model's weights are an input, :func:`inputs_hash`: the model directory; the process count,
 # the top-level ``workers``, is in no hashed subtree at all.)
 CHECKPOINT_IGNORED = ("agent.worker_stall_s", "agent.max_error_fraction",
-                      "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb")
+                      "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb",
+                      "env.scienceworld.start_timeout_s")
 # How often the parent looks at its workers (exit codes, heartbeats).
 WORKER_POLL_S = 1.0
 
@@ -368,10 +369,14 @@ def _worker_batches(tasks: list[Task], batch_size: int, k: int, n: int) -> list[
 
 
 def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
-                 feedback_source: Any, beat: Any = None) -> None:
+                 feedback_source: Any, beat: Any = None, parent_pid: int | None = None) -> None:
     """One worker process: pin the numerics, play its batches into the shared checkpoints,
     writing ``time.monotonic()`` into ``beat`` (a shared double) before every step.
-    An expected failure is one ``error:`` line (exit 1), as a stage reports it."""
+    An expected failure is one ``error:`` line (exit 1), as a stage reports it. It stops, as
+    Ctrl-C stops it, when ``parent_pid`` (the stage) is killed (:func:`~pipeline.core.parallel.die_with_parent`):
+    never an orphan playing on into the checkpoints a rerun plays."""
+    if parent_pid is not None:
+        die_with_parent(parent_pid)
 
     def heartbeat() -> None:
         if beat is not None:
@@ -417,16 +422,13 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
     beats = [ctx.Value("d", time.monotonic(), lock=False) for _ in range(n)]
     procs = [ctx.Process(target=_worker_main, name=f"worker-{k}",
                          args=(cfg, root, _worker_batches(tasks, size, k, n), scenes, ckpt_root,
-                               f"{desc} worker {k}/{n}", feedback_source, beats[k])) for k in range(n)]
+                               f"{desc} worker {k}/{n}", feedback_source, beats[k], os.getpid())) for k in range(n)]
     try:
         for p in procs:
             p.start()
         stalled = join_workers(procs, beats, cfg.agent.worker_stall_s)
-    except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); wait for them
-        for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
+    except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); a SIGTERM only this process:
+        stop_processes(procs, grace_s=30.0, wait_s=2.0)  # then they get the SIGINT here, and 30 s to stop
         print(f"\ninterrupted: the workers' finished episodes are kept in {ckpt_root}; rerun the stage to finish "
               "the rest", file=sys.stderr)
         raise SystemExit(130)

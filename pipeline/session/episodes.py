@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.core.io import ArtifactError, read_parquet, write_parquet
+from pipeline.core.io import ArtifactError, read_parquet, safe_name, write_parquet
 from pipeline.core.schemas import SCHEMA_VERSION, backend_errors, episodes_table, turns_table
 
 EPISODES_FILE = "episodes.parquet"
@@ -72,7 +72,7 @@ class EpisodeStore:
         return rows
 
     def tensor_path(self, episode_id: str) -> Path:
-        return self.root / TENSORS_DIR / f"{episode_id}.pt"
+        return self.root / TENSORS_DIR / f"{safe_name(episode_id, self.root / EPISODES_FILE, 'episode_id')}.pt"
 
     def load_tensors(self, episode_id: str, turn_index: int | None = None) -> Any:
         """Token tensors of an episode (or of one turn), loaded with ``weights_only=True``."""

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.io import atomic_write_text
+from pipeline.core.io import atomic_write_text, safe_name
 from pipeline.grounding.episodes import episode_grounding
 from pipeline.prompts import PromptOrganizer, split_grounding_paths, task_prompt
 from pipeline.session.rollout import Task
@@ -74,7 +74,11 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
             ep = rec["episode"]
             doc = episode_grounding(ep, rec["turns"], generator="extractive", timestamp=str(g.timestamp),
                                     unknown_type=str(g.unknown_type))
-            path = work_dir / ONLINE_DIR / str(ep["scene_id"]) / f"{ep['episode_id']}.json"
+            # a record read back from its checkpoint (work_dir/<episode_id>.json) names these folders:
+            # ids that leave them are refused before the write
+            episode_id = safe_name(ep["episode_id"], f"the episode records in {work_dir}", "episode_id")
+            scene = safe_name(ep["scene_id"], work_dir / f"{episode_id}.json", "episode.scene_id")
+            path = work_dir / ONLINE_DIR / scene / f"{episode_id}.json"
             atomic_write_text(path, json.dumps(doc, ensure_ascii=False, sort_keys=True, indent=2))
             earlier.setdefault(str(ep["scene_id"]), []).append(str(path))
             records[str(ep["episode_id"])] = rec

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from pipeline.agents.base import AgentStep
-from pipeline.core.io import atomic_write_text, read_json
+from pipeline.core.io import atomic_write_text, read_json, safe_name
 from pipeline.core.schemas import FEEDBACK_TYPES, EpisodeRecord, TurnRecord, canonical_json
 from pipeline.core.seeding import task_seed
 from pipeline.grounding.feedback import classify_feedback_lines
@@ -61,12 +61,19 @@ class Task:
 
 
 def tasks_from_manifest(rows: Iterable[dict], *, split: str, master_seed: int, repeats: int = 1,
-                        condition: str = "") -> list[Task]:
-    """Tasks for every quest of ``split``; seeds ignore ``condition`` so conditions are paired."""
+                        condition: str = "", source: str = "the games manifest (manifest.parquet)") -> list[Task]:
+    """Tasks for every quest of ``split``; seeds ignore ``condition`` so conditions are paired.
+
+    A scene or quest id that cannot be a file name (``../x``) is an
+    :class:`~pipeline.core.io.ArtifactError` naming ``source`` and the row: the episode id made
+    of them names checkpoint and tensor files.
+    """
     tasks = []
-    for row in rows:
+    for i, row in enumerate(rows):
         if row["split"] != split:
             continue
+        for key in ("scene_id", "quest_id"):
+            safe_name(row[key], f"{source}, row {i}", key)
         for k in range(repeats):
             tasks.append(Task(
                 episode_id=format_episode_id(split, row["scene_id"], row["quest_id"], k),
@@ -87,7 +94,7 @@ class Checkpoints:
 
     def path(self, episode_id: str) -> Path:
         assert self.root is not None
-        return self.root / f"{episode_id}.json"
+        return self.root / f"{safe_name(episode_id, self.root, 'episode_id')}.json"
 
     def load(self, episode_id: str) -> dict | None:
         """The checkpointed record of ``episode_id``, or ``None`` (then it is played again).

@@ -1,7 +1,7 @@
 """``ground`` stage: per-episode grounding files from the collected turns (seed 000).
 
     python -m pipeline.stages.ground           # what `dvc repro ground` runs
-    dvc exp run -S grounding.generator=llm     # ask the model (a failed call falls back to extractive, counted)
+    dvc exp run -S grounding.generator=llm     # ask the model (a failed call or unusable answer falls back, counted)
 
 Reads ``data/episodes/{episodes,turns}.parquet``; for every episode replays its steps
 into a :class:`pipeline.grounding.GroundingFileManager` (``step_id = turn_index + 1``,
@@ -16,9 +16,11 @@ its ``final_grounding`` from that episode's feedback only, and writes under
 
 "Newest" is collection order, which is episode-id order. Counts go to ``metrics/ground.json``,
 with the generator configured and the one each episode's grounding came from. With
-``grounding.generator=llm``, model calls that failed on more than
-``grounding.max_error_fraction`` of the episodes stop the stage (exit 1, nothing written);
-a configuration error (a refused key, an unknown model) stops it at the first episode.
+``grounding.generator=llm`` (answers of at most ``grounding.max_new_tokens`` tokens), model
+calls that failed or gave an unusable answer (empty, a refusal, no grounding JSON, cut off at
+that budget) on more than ``grounding.max_error_fraction`` of the episodes stop the stage
+(exit 1, nothing written); a configuration error (a refused key, an unknown model) stops it
+at the first episode.
 The library doing the work is :mod:`pipeline.grounding.episodes`.
 """
 

@@ -78,7 +78,8 @@ GENERATED_PARAMS = {(DVC_FILE, "collect"): CHECKPOINT_KEYS,
 # (results merged in a fixed partition), paths (DVC deps and outs, not values), and how a run is
 # supervised (stall and failure budgets: a run fails or completes, with the same bytes).
 NEVER_PARAMS = ("workers", "paths", "agent.worker_stall_s", "agent.max_error_fraction",
-                "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb")
+                "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb",
+                "env.scienceworld.start_timeout_s")
 
 
 @lru_cache(maxsize=None)

@@ -25,15 +25,23 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 
 The model's metrics are the model pipeline's (``models/metrics/``, beside the checkpoint they describe).
 
-Documents: README.md and every docs/*.md (:func:`documents`); a block may appear in any of them.
+Documents: README.md and every docs/*.md (:func:`documents`); a block may appear in any of them,
+and must appear in the documents :data:`HOMES` names for it.
+
+The markers are parsed strictly (:func:`parse_blocks`): each is a line of its own, every opener
+has its own closer before the next opener, a line that looks like a marker and is not one
+(``<!--results:x -->``, ``<!-- /result:x -->``) is an error naming the file and line, and so is
+a block missing from its document. Any such error is exit 1 with nothing written, ``--check`` or not.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -47,7 +55,12 @@ DOCS = ("README.md", "docs/*.md")  # globs under the project root
 def documents(root: Path) -> list[Path]:
     """The files ``DOCS`` names under ``root``, in a fixed order."""
     return [p for pattern in DOCS for p in sorted(root.glob(pattern)) if p.is_file()]
-_BLOCK_RE = re.compile(r"(<!-- results:(?P<name>[a-z_]+) -->\n)(?P<body>.*?)(<!-- /results:(?P=name) -->)", re.S)
+# A marker is a whole line: "<!-- results:NAME -->" opens block NAME, "<!-- /results:NAME -->" closes it.
+_OPENER_RE = re.compile(r"<!-- results:(?P<name>[a-z_]+) -->")
+_CLOSER_RE = re.compile(r"<!-- /results:(?P<name>[a-z_]+) -->")
+# A line shaped like an HTML comment (starts "<!" / "<-" or ends "->") with a word close to "results"
+# looks like a marker: unless it is one exactly, it is an error, never prose left alone.
+_COMMENT_LIKE_RE = re.compile(r"^<\s*[!-]|-\s*>$")
 
 
 def _read(path: Path) -> dict:
@@ -338,15 +351,98 @@ TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "com
                                             "runtime": runtime_table, "episodes": episodes_table}
 
 
-def render(text: str, metrics: Path) -> str:
-    """``text`` with every marked block replaced by its table (an unknown name is an error)."""
-    def one(m: re.Match) -> str:
-        name = m["name"]
-        if name not in TABLES:
-            raise ValueError(f"<!-- results:{name} -->: unknown block (known: {', '.join(TABLES)})")
-        return f"{m[1]}{TABLES[name](metrics)}\n{m[4]}"
+# The documents each block must appear in (it may appear in others too): a deleted block is an
+# error, not a document silently left without its figures.
+HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": ("README.md",),
+                                     "runtime": ("README.md",), "comparisons": ("docs/experiments.md",),
+                                     "curve": ("docs/experiments.md", "docs/memory.md"),
+                                     "targets": ("docs/memory.md",), "policy": ("docs/policy.md",),
+                                     "episodes": ("docs/policy.md",)}
+assert set(HOMES) == set(TABLES), "every block has a home document"
 
-    return _BLOCK_RE.sub(one, text)
+MARKER_FORMS = "`<!-- results:NAME -->` ... `<!-- /results:NAME -->`, each alone on its line"
+
+
+class MarkerError(ValueError):
+    """Malformed, unpaired, unknown or missing results markers; one line per fault, each naming
+    the file and line (or the file and block)."""
+
+
+@dataclass(frozen=True)
+class Block:
+    """A marked block: ``name``, and the 0-based line numbers of its opener and closer."""
+
+    name: str
+    opener: int
+    closer: int
+
+
+def _looks_like_marker(line: str) -> bool:
+    s = line.strip()
+    return bool(_COMMENT_LIKE_RE.search(s)) and any(
+        difflib.SequenceMatcher(None, w, "results").ratio() >= 0.75 for w in re.findall(r"[a-z]+", s.lower()))
+
+
+def parse_blocks(text: str, source: str = "<text>") -> list[Block]:
+    """The blocks of ``text``, or a :class:`MarkerError` naming ``source`` and the line of every
+    fault: an unknown name, an opener before the previous block's closer, a closer of another
+    block or of none, an opener never closed, a line that looks like a marker and is not one."""
+    errors: list[str] = []
+    blocks: list[Block] = []
+    open_: tuple[str, int] | None = None
+    for i, line in enumerate(text.split("\n")):
+        where = f"{source}:{i + 1}"
+        if m := _OPENER_RE.fullmatch(line):
+            if m["name"] not in TABLES:
+                errors.append(f"{where}: <!-- results:{m['name']} -->: unknown block (known: {', '.join(TABLES)})")
+            if open_ is not None:
+                errors.append(f"{where}: {line} opens a block before results:{open_[0]} (opened at line "
+                              f"{open_[1] + 1}) is closed: expected <!-- /results:{open_[0]} --> first")
+            open_ = (m["name"], i)
+        elif m := _CLOSER_RE.fullmatch(line):
+            if open_ is None:
+                errors.append(f"{where}: {line} closes no block: expected <!-- results:{m['name']} --> before it")
+            elif m["name"] != open_[0]:
+                errors.append(f"{where}: {line} does not close results:{open_[0]} (opened at line {open_[1] + 1}): "
+                              f"expected <!-- /results:{open_[0]} -->")
+            else:
+                blocks.append(Block(m["name"], open_[1], i))
+            open_ = None
+        elif _looks_like_marker(line):
+            errors.append(f"{where}: {line.strip()!r} looks like a results marker but is not one: expected "
+                          f"{MARKER_FORMS}")
+    if open_ is not None:
+        errors.append(f"{source}:{open_[1] + 1}: <!-- results:{open_[0]} --> is never closed: expected "
+                      f"<!-- /results:{open_[0]} --> after its table")
+    if errors:
+        raise MarkerError("\n".join(errors))
+    return blocks
+
+
+def render(text: str, metrics: Path, source: str = "<text>") -> str:
+    """``text`` with every marked block replaced by its table; a :class:`MarkerError` (a
+    ``ValueError``) for any fault of :func:`parse_blocks`, naming ``source``."""
+    lines = text.split("\n")
+    out: list[str] = []
+    pos = 0
+    for b in parse_blocks(text, source):
+        out += [*lines[pos:b.opener + 1], TABLES[b.name](metrics)]
+        pos = b.closer
+    return "\n".join(out + lines[pos:])
+
+
+def missing_blocks(root: Path, found: Mapping[str, set[str]]) -> list[str]:
+    """One line per block of :data:`HOMES` absent from its document (``found``: the blocks of each
+    parsed document, by path relative to ``root``; a document that failed to parse is skipped)."""
+    errors = []
+    for doc in dict.fromkeys(d for homes in HOMES.values() for d in homes):
+        want = [n for n, homes in HOMES.items() if doc in homes]
+        if not (root / doc).is_file():
+            errors.append(f"{doc}: missing: it must hold the blocks {', '.join(want)}")
+        elif doc in found:
+            errors += [f"{doc}: the results:{n} block is missing: expected {MARKER_FORMS.replace('NAME', n)}"
+                       for n in want if n not in found[doc]]
+    return errors
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,26 +453,37 @@ def main(argv: list[str] | None = None) -> int:
                                                               "(default: this project)")
     args = ap.parse_args(argv)
     root = args.root or project_root()
+    errors: list[str] = []
+    found: dict[str, set[str]] = {}
+    rendered: dict[Path, str] = {}
     stale = []
-    try:
-        for path in documents(root):
-            doc = path.relative_to(root).as_posix()
-            text = path.read_text(encoding="utf-8")
-            new = render(text, root / "metrics")
-            if new != text:
-                stale.append(doc)
-                if not args.check:
-                    atomic_write_text(path, new)
-    except ValueError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    for path in documents(root):  # every document parsed and rendered before anything is written
+        doc = path.relative_to(root).as_posix()
+        text = path.read_text(encoding="utf-8")
+        try:
+            found[doc] = {b.name for b in parse_blocks(text, doc)}
+            new = render(text, root / "metrics", doc)
+        except ValueError as exc:
+            errors.append(str(exc))
+            continue
+        if new != text:
+            stale.append(doc)
+            rendered[path] = new
+    errors += missing_blocks(root, found)
+    if errors:
+        for line in "\n".join(errors).splitlines():
+            print(f"error: {line}", file=sys.stderr)
+        print("nothing written", file=sys.stderr)
         return 1
     if args.check and stale:
         print(f"results tables differ from metrics/ in {', '.join(stale)}: run `python -m pipeline.tools.results`",
               file=sys.stderr)
         return 1
+    if not args.check:
+        for path, new in rendered.items():
+            atomic_write_text(path, new)
     print(("stale: " if args.check else "rewrote: ") + ", ".join(stale) if stale else "results tables up to date")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -290,6 +290,8 @@ ALLOWED = {
         "sets up a throwaway scratch repository (copied code and config) in a fresh temp folder; not an artifact",
     ("pipeline/llm/backends/serve.py", "_launch", "open(..., 'wb')"):
         "the test server's log file in its own temp folder (a log, not an artifact)",
+    ("pipeline/envs/scienceworld/engine.py", "_start_jvm", "open(..., 'w')"):
+        "os.devnull, where the JVM's stdout goes once its port is read (as py4j's launch_gateway does); no file",
 }
 
 

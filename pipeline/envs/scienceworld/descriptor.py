@@ -25,7 +25,8 @@ def make_env(cfg: Config, task: Any, root: Path, scenes: Mapping[str, Mapping[st
                                objective=task.objective, max_steps=cfg.env.max_steps,
                                fresh_jvm=cfg.env.scienceworld.fresh_jvm,
                                call_timeout_s=cfg.env.scienceworld.call_timeout_s,
-                               heap_mb=cfg.env.scienceworld.jvm_heap_mb)
+                               heap_mb=cfg.env.scienceworld.jvm_heap_mb,
+                               start_timeout_s=cfg.env.scienceworld.start_timeout_s)
 
 
 WORLD = WorldDescriptor(

@@ -24,18 +24,22 @@ Trust and limits. Each JVM's py4j gateway, and the callback server this process 
 it, require the random token py4j's ``--enable-auth`` gives at launch: another local process
 that connects to either port without it is refused (``tests/test_scienceworld.py``). Every
 call has a read timeout (``env.scienceworld.call_timeout_s``) and each JVM a heap limit
-(``env.scienceworld.jvm_heap_mb``, ``-Xmx``). A call that times out or finds its JVM dead
-raises :class:`EngineFailed` from :func:`answering` after the simulator is discarded (its
+(``env.scienceworld.jvm_heap_mb``, ``-Xmx``). The first unanswered command ends the gateway
+client (every later command fails at once): a call waits one timeout, never one per command py4j
+sends for it (a field lookup's timeout, which py4j swallows, then the call's own: ~2x, measured).
+A new JVM has ``env.scienceworld.start_timeout_s`` to print its port and load the simulator's
+classes, or it is killed and :func:`acquire` raises :class:`EngineUnavailable`. A call that times
+out or finds its JVM dead raises :class:`EngineFailed` from :func:`answering` after the simulator is discarded (its
 JVM killed and reaped): it never goes back into the pool, and neither does one whose JVM
 exited while it was held or idle (:func:`release`, :func:`acquire` check), so the next
 episode gets a new JVM::
 
-    sw = acquire(fresh=True, call_timeout_s=60.0, heap_mb=1024)   # or **limits(cfg.env.scienceworld)
+    sw = acquire(fresh=True, call_timeout_s=60.0, heap_mb=1024, start_timeout_s=120.0)  # or **limits(sc)
     with answering(sw, "boil v3 step 4"):
         sw.server.step("look around")          # EngineFailed when it hangs past the timeout
 
-How the JVMs end: py4j launches each with ``die_on_exit`` (it exits when its stdin, a pipe
-from this process, closes: so also when this process is killed), :func:`shutdown` runs
+How the JVMs end: each is launched as py4j's ``launch_gateway`` does, with ``die_on_exit`` (it
+exits when its stdin, a pipe from this process, closes: so also when this process is killed), :func:`shutdown` runs
 at interpreter exit (a Ctrl-C's ``KeyboardInterrupt`` included), stops each gateway and
 *waits* for its JVM (killing it after ``STOP_TIMEOUT_S``), so no zombie is left behind
 while this process lives on (``tests/test_scienceworld.py`` interrupts a process and checks
@@ -46,21 +50,24 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import threading
+import time
+import weakref
 from typing import Any, Iterator
 
 STOP_TIMEOUT_S = 10.0
-# Defaults of env.scienceworld.call_timeout_s and .jvm_heap_mb (pipeline/core/conf_schema.py), for
-# callers without a config.
+# Defaults of env.scienceworld.call_timeout_s, .jvm_heap_mb and .start_timeout_s (pipeline/core/conf_schema.py),
+# for callers without a config. A new JVM has START_TIMEOUT_S to print its port and answer its first calls
+# (they load the simulator's classes: seconds on a busy machine); calls after that have call_timeout_s.
 CALL_TIMEOUT_S = 60.0
 HEAP_MB = 1024
-# The read timeout while a new JVM loads the simulator's classes (its first call takes seconds on a
-# busy machine); calls after that have call_timeout_s.
-STARTUP_TIMEOUT_S = 120.0
+START_TIMEOUT_S = 120.0
 # Every object's identity hash is the same constant: the engine iterates hash sets of its objects, whose
 # order otherwise changes from one JVM to the next (the gold sequence of a find-* task focused on another
 # thing in each JVM: 3 different golds in 4 JVMs, measured; 4 equal ones with this). About 10% slower a step.
@@ -86,7 +93,8 @@ class EngineFailed(RuntimeError):
 
 def limits(sc: Any) -> dict[str, Any]:
     """:func:`acquire`'s limits from the ``env.scienceworld`` config group."""
-    return {"call_timeout_s": float(sc.call_timeout_s), "heap_mb": int(sc.jvm_heap_mb)}
+    return {"call_timeout_s": float(sc.call_timeout_s), "heap_mb": int(sc.jvm_heap_mb),
+            "start_timeout_s": float(sc.start_timeout_s)}
 
 
 def java_binary() -> str | None:
@@ -114,7 +122,8 @@ def _own_pool() -> None:
         _pid = os.getpid()
 
 
-def acquire(*, fresh: bool = False, call_timeout_s: float = CALL_TIMEOUT_S, heap_mb: int = HEAP_MB) -> Any:
+def acquire(*, fresh: bool = False, call_timeout_s: float = CALL_TIMEOUT_S, heap_mb: int = HEAP_MB,
+            start_timeout_s: float = START_TIMEOUT_S) -> Any:
     """An idle simulator of this process (a ``scienceworld.ScienceWorldEnv``) started with the same
     limits, a new JVM when none is idle or ``fresh`` (a JVM that has loaded nothing yet). An idle
     one whose JVM has exited is reaped and skipped.
@@ -123,18 +132,20 @@ def acquire(*, fresh: bool = False, call_timeout_s: float = CALL_TIMEOUT_S, heap
         fresh: a new JVM even when one is idle.
         call_timeout_s: a new JVM's read timeout on every call (``env.scienceworld.call_timeout_s``).
         heap_mb: a new JVM's heap limit, ``-Xmx`` (``env.scienceworld.jvm_heap_mb``).
+        start_timeout_s: how long a new JVM may take to print its port and answer its first calls
+            (``env.scienceworld.start_timeout_s``); past it the JVM is killed.
 
     Raises:
-        EngineUnavailable: the package or Java is missing, or the JVM did not start.
+        EngineUnavailable: the package or Java is missing, or the JVM did not start (within start_timeout_s).
     """
     global _registered
     with _lock:
         _own_pool()
         wanted = (float(call_timeout_s), int(heap_mb))
         for sw in reversed(list(_idle) if not fresh else []):
-            if not _alive(sw):  # exited while idle: reaped, never handed out
+            if not _alive(sw):  # exited (or missed a call's timeout) while idle: reaped, never handed out
                 _forget(sw)
-                _reap(sw)
+                _reap(sw, kill=True)
             elif sw.limits == wanted:
                 _idle[:] = [x for x in _idle if x is not sw]
                 return sw
@@ -142,7 +153,7 @@ def acquire(*, fresh: bool = False, call_timeout_s: float = CALL_TIMEOUT_S, heap
         if why is not None:
             raise EngineUnavailable(f"env=scienceworld: {why}")
         try:
-            sw = _launch(call_timeout_s, heap_mb)
+            sw = _launch(call_timeout_s, heap_mb, start_timeout_s)
         except Exception as exc:  # py4j raises several kinds when the JVM does not come up
             raise EngineUnavailable(f"env=scienceworld: the ScienceWorld JVM did not start: {exc}") from exc
         _all.append(sw)
@@ -152,9 +163,9 @@ def acquire(*, fresh: bool = False, call_timeout_s: float = CALL_TIMEOUT_S, heap
         return sw
 
 
-def _launch(call_timeout_s: float, heap_mb: int) -> Any:
+def _launch(call_timeout_s: float, heap_mb: int, start_timeout_s: float = START_TIMEOUT_S) -> Any:
     """A ``ScienceWorldEnv`` on a JVM started here: the gateway and its callback server with py4j's
-    auth token, every call with a read timeout, the heap limited.
+    auth token, every call with a read timeout, the heap limited, the start within ``start_timeout_s``.
 
     ``ScienceWorldEnv.__init__`` launches an unauthenticated gateway with no timeout and no
     heap limit and takes no option to change that, so the object is built here and given what
@@ -162,17 +173,17 @@ def _launch(call_timeout_s: float, heap_mb: int) -> Any:
     every test that plays checks the result).
     """
     # deferred: optional dependency (the `scienceworld` extra and its py4j)
-    from py4j.java_gateway import CallbackServerParameters, GatewayParameters, JavaGateway, launch_gateway
+    from py4j.java_gateway import CallbackServerParameters, GatewayParameters
     from scienceworld import ScienceWorldEnv
-    from scienceworld.constants import BASEPATH, JAR_PATH
 
-    port, token, proc = launch_gateway(classpath=JAR_PATH, die_on_exit=True, cwd=BASEPATH, return_proc=True,
-                                       enable_auth=True, javaopts=[f"-Xmx{int(heap_mb)}m", *JAVA_DETERMINISM])
+    deadline = time.monotonic() + float(start_timeout_s)
+    port, token, proc = _start_jvm(heap_mb, float(start_timeout_s))
     gateway = None
     try:
+        # The first calls load the simulator's classes: each may wait what is left of start_timeout_s.
         params = GatewayParameters(auto_field=True, port=port, auth_token=token,
-                                   read_timeout=max(float(call_timeout_s), STARTUP_TIMEOUT_S))
-        gateway = JavaGateway(
+                                   read_timeout=max(deadline - time.monotonic(), 0.01))
+        gateway = _gateway_class()(
             gateway_parameters=params,
             callback_server_parameters=CallbackServerParameters(port=0, daemonize=True, auth_token=token),
             java_process=proc)
@@ -192,19 +203,110 @@ def _launch(call_timeout_s: float, heap_mb: int) -> Any:
         params.read_timeout = float(call_timeout_s)  # every call from now on (the client shares `params`)
         gateway._gateway_client.close()  # its pooled connections reopen with it
         return sw
-    except BaseException:
+    except BaseException as exc:
         proc.kill()
         proc.wait(timeout=STOP_TIMEOUT_S)
         if gateway is not None:  # its callback server's thread too
             with contextlib.suppress(Exception):
                 gateway.close(keep_callback_server=False)
+        if isinstance(exc, Exception) and time.monotonic() >= deadline:
+            raise RuntimeError(f"no answer within env.scienceworld.start_timeout_s={start_timeout_s:g} s "
+                               f"(java, pid {proc.pid}, was killed)") from exc
         raise
+
+
+def _start_jvm(heap_mb: int, start_timeout_s: float) -> tuple[int, bytes, subprocess.Popen]:
+    """py4j's ``launch_gateway`` (the same command, pipes and output threads), but with a bound: a
+    ``java`` that prints no gateway port and auth token within ``start_timeout_s``, or exits first, is
+    killed and reaped and this raises (``launch_gateway`` reads the port with no timeout)."""
+    from py4j.java_gateway import OutputConsumer, ProcessConsumer, find_jar_path  # deferred: optional dependency
+    from scienceworld.constants import BASEPATH, JAR_PATH
+
+    command = [java_binary() or "java", "-classpath", os.pathsep.join((find_jar_path(), JAR_PATH)),
+               f"-Xmx{int(heap_mb)}m", *JAVA_DETERMINISM, "py4j.GatewayServer", "--die-on-broken-pipe",
+               "--enable-auth", "0"]
+    proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            cwd=BASEPATH)
+    lines: list[bytes] = []
+
+    def read() -> None:  # its port, then its token; b"" once it exits
+        for _ in range(2):
+            lines.append(proc.stdout.readline())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        reader.join(start_timeout_s)
+        if reader.is_alive():
+            raise RuntimeError(f"java printed no gateway port within env.scienceworld.start_timeout_s="
+                               f"{start_timeout_s:g} s (pid {proc.pid}, killed)")
+        port = int(lines[0])
+        token = lines[1][:-len(os.linesep)]
+        if not token:
+            raise ValueError("no auth token")
+    except BaseException as exc:  # a Ctrl-C while waiting too: the java is never left running
+        proc.kill()
+        code = proc.wait(timeout=STOP_TIMEOUT_S)
+        if isinstance(exc, (ValueError, IndexError)):
+            raise RuntimeError(f"java exited (code {code}) or printed no gateway port and token: "
+                               f"{lines!r}") from exc
+        raise
+    devnull = open(os.devnull, "w")  # what py4j does with the JVM's stdout from here on
+    OutputConsumer(devnull, proc.stdout, daemon=True).start()
+    ProcessConsumer(proc, [devnull], daemon=True).start()
+    return port, token, proc
+
+
+@functools.cache
+def _gateway_class() -> type:
+    """py4j's ``JavaGateway`` whose client gives up on its JVM at the first command that got no answer
+    within the read timeout: every later command fails at once (``Py4JNetworkError``). py4j's own client
+    swallows a timed-out field lookup (``auto_field``: every first use of a method name, on every Java
+    object a call returns) and a timed-out garbage-collection message, then sends the next command,
+    which waits its own timeout: a call on a wedged JVM took ~2x ``call_timeout_s`` (measured)."""
+    from py4j.java_gateway import GatewayClient, GatewayConnection, JavaGateway  # deferred: optional dependency
+    from py4j.protocol import Py4JNetworkError
+
+    class Connection(GatewayConnection):
+        client: Any = None  # a weak reference to its GatewayClient
+
+        def send_command(self, command: str) -> str:  # also the auth command, at connect
+            try:
+                return super().send_command(command)
+            except Py4JNetworkError as exc:
+                if isinstance(exc.cause, socket.timeout):
+                    _give_up(self.client)
+                raise
+
+    def _give_up(ref: Any) -> None:
+        client = ref() if ref is not None else None
+        if client is not None:
+            client.is_connected = False  # _get_connection raises from now on
+
+    class Client(GatewayClient):
+        def _create_connection(self) -> Any:
+            connection = Connection(self.gateway_parameters, self.gateway_property)
+            connection.client = weakref.ref(self)
+            try:
+                connection.start()
+            except Py4JNetworkError as exc:  # a connect that timed out
+                if isinstance(exc.cause, socket.timeout):
+                    self.is_connected = False
+                raise
+            return connection
+
+    class Gateway(JavaGateway):
+        def _create_gateway_client(self) -> Any:
+            return Client(gateway_parameters=self.gateway_parameters)
+
+    return Gateway
 
 
 def release(sw: Any, *, stop: bool = False) -> None:
     """Give a simulator back to the pool (the next episode loads its own task into it), or
     with ``stop`` end its JVM (``env.scienceworld.fresh_jvm``: each episode in a JVM of its own).
-    One whose JVM has exited (crashed, killed) never goes back: it is reaped and forgotten."""
+    One whose JVM has exited (crashed, killed), or left a command unanswered past its timeout, never
+    goes back: it is killed, reaped and forgotten."""
     with _lock:
         if _pid != os.getpid() or not any(x is sw for x in _all):
             return
@@ -219,7 +321,7 @@ def release(sw: Any, *, stop: bool = False) -> None:
                 _idle.append(sw)
             return
     if dead:
-        _reap(sw)
+        _reap(sw, kill=True)
     else:
         _stop(sw)
 
@@ -295,8 +397,9 @@ def _unanswered(exc: BaseException) -> bool:
 
 
 def _alive(sw: Any) -> bool:
-    """Whether the simulator's JVM is still running."""
-    return sw._gateway.java_process.poll() is None
+    """Whether the simulator's JVM is still running and its client still talks to it (no command of
+    it went unanswered past the timeout: :func:`_gateway_class`)."""
+    return sw._gateway.java_process.poll() is None and sw._gateway._gateway_client.is_connected
 
 
 def _forget(sw: Any) -> None:

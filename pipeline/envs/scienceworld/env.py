@@ -44,7 +44,8 @@ from pipeline.core.facts import Fact
 from pipeline.core.io import ArtifactError
 from pipeline.envs.common import EnvLifecycle
 from pipeline.envs.scienceworld.commands import ActionError, action_to_command, command_to_action, verbs_of
-from pipeline.envs.scienceworld.engine import CALL_TIMEOUT_S, HEAP_MB, EngineFailed, acquire, answering, release
+from pipeline.envs.scienceworld.engine import (CALL_TIMEOUT_S, HEAP_MB, START_TIMEOUT_S, EngineFailed, acquire,
+                                               answering, release)
 from pipeline.envs.scienceworld.text import describe
 from pipeline.envs.scienceworld.world import fact_strings, locate, observation_facts
 
@@ -122,13 +123,14 @@ class ScienceWorldTaskEnv(EnvLifecycle):
         fresh_jvm: play in a JVM of its own, stopped at ``close`` (``env.scienceworld.fresh_jvm``):
             the episode's bytes then depend on nothing played before it; false: a JVM of the
             process's pool, reused.
-        call_timeout_s, heap_mb: a new JVM's read timeout on every call and heap limit
-            (``env.scienceworld.call_timeout_s``, ``.jvm_heap_mb``).
+        call_timeout_s, heap_mb, start_timeout_s: a new JVM's read timeout on every call, heap limit
+            and bound on its start (``env.scienceworld.call_timeout_s``, ``.jvm_heap_mb``, ``.start_timeout_s``).
     """
 
     def __init__(self, spec_file: str | Path, *, scene_id: str | None = None, quest_id: str | None = None,
                  objective: str | None = None, max_steps: int = 30, fresh_jvm: bool = True,
-                 call_timeout_s: float = CALL_TIMEOUT_S, heap_mb: int = HEAP_MB) -> None:
+                 call_timeout_s: float = CALL_TIMEOUT_S, heap_mb: int = HEAP_MB,
+                 start_timeout_s: float = START_TIMEOUT_S) -> None:
         p = Path(spec_file)
         if not p.is_absolute() and not p.exists():
             p = project_root() / p
@@ -141,7 +143,8 @@ class ScienceWorldTaskEnv(EnvLifecycle):
             raise ValueError(f"max_steps={max_steps}: expected >= 1")
         self._objective = objective
         self.fresh_jvm = fresh_jvm
-        self.limits = {"call_timeout_s": float(call_timeout_s), "heap_mb": int(heap_mb)}
+        self.limits = {"call_timeout_s": float(call_timeout_s), "heap_mb": int(heap_mb),
+                       "start_timeout_s": float(start_timeout_s)}
         self.gold = [str(c) for c in self.spec["gold"]]
         self._sw: Any = None
         self._done = True
