@@ -20,6 +20,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from pipeline.envs.scienceworld.engine import missing
+from reliability.helpers import pid_alive
 
 needs_jvm = pytest.mark.skipif(missing() is not None, reason=f"ScienceWorld cannot run here: {missing()}")
 
@@ -292,13 +293,13 @@ def test_an_interrupted_process_leaves_no_jvm(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     jvm = int(proc.stdout.readline())
-    assert _alive(jvm)
+    assert pid_alive(jvm)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=30) != 0
     deadline = time.monotonic() + 15
-    while _alive(jvm) and time.monotonic() < deadline:
+    while pid_alive(jvm) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(jvm), f"JVM {jvm} still runs (or is a zombie) after its process was interrupted"
+    assert not pid_alive(jvm), f"JVM {jvm} still runs (or is a zombie) after its process was interrupted"
 
 
 @needs_jvm
@@ -309,7 +310,7 @@ def test_shutdown_reaps_the_jvms_in_a_process_that_lives_on():
     pids = [p.pid for p in jvm_processes()]
     assert pids
     shutdown()
-    assert jvm_processes() == [] and not any(_alive(pid) for pid in pids)
+    assert jvm_processes() == [] and not any(pid_alive(pid) for pid in pids)
 
 
 @needs_jvm
@@ -321,7 +322,7 @@ def test_a_fresh_jvm_episode_stops_its_jvm_at_close(sw_games):
     env.reset()
     (mine,) = [p for p in jvm_processes() if p.pid not in before]
     env.close()
-    assert mine.poll() is not None and not _alive(mine.pid)
+    assert mine.poll() is not None and not pid_alive(mine.pid)
     assert {p.pid for p in jvm_processes()} == before
 
 
@@ -359,15 +360,6 @@ def _wait_stopped(pid: int, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while stat.read_text().rsplit(")", 1)[1].split()[0] != "T" and time.monotonic() < deadline:
         time.sleep(0.01)
-
-
-def _alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, exited but not reaped, counts as alive here: it is the leak)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 # --------------------------------------------------------------------------- trust and limits (issue 43)
@@ -455,7 +447,7 @@ def test_a_wedged_simulator_times_out_fails_the_episode_and_is_replaced(sw_games
     with pytest.raises(EngineFailed, match=r"step 1 .*no answer within env.scienceworld.call_timeout_s=5 s"):
         env.step(command_to_action(row["expert_plan"][0]))
     assert time.monotonic() - t0 < 30
-    assert jvm.poll() is not None and not _alive(jvm.pid)  # killed and reaped, not left stopped
+    assert jvm.poll() is not None and not pid_alive(jvm.pid)  # killed and reaped, not left stopped
     assert jvm.pid not in {p.pid for p in jvm_processes()}
     obs, _, done, info = env.step(command_to_action(row["expert_plan"][0]))
     assert done and not info["valid"]  # the failed episode is over: nothing more is played in it
@@ -486,7 +478,7 @@ def test_a_call_on_a_wedged_jvm_fails_within_its_timeout_not_twice_it():
     finally:
         discard(sw)  # a no-op once answering discarded it
     assert 4 <= elapsed < 1.5 * 4, f"the call timeout of 4 s fired after {elapsed:.2f} s"
-    assert jvm.poll() is not None and not _alive(jvm.pid)
+    assert jvm.poll() is not None and not pid_alive(jvm.pid)
 
 
 @needs_jvm
@@ -506,7 +498,7 @@ def test_a_jvm_that_missed_a_timeout_py4j_swallowed_never_goes_back_into_the_poo
         os.kill(jvm.pid, signal.SIGCONT)
         release(sw)
         assert jvm.pid not in {p.pid for p in jvm_processes()}
-        assert jvm.poll() is not None and not _alive(jvm.pid)
+        assert jvm.poll() is not None and not pid_alive(jvm.pid)
     finally:
         discard(sw)  # a no-op once release dropped it
 
@@ -537,7 +529,7 @@ def test_a_java_that_prints_no_port_fails_the_start_within_start_timeout_s(sw_cf
     elapsed = time.monotonic() - t0
     assert elapsed < 1.5 * 3, f"acquire returned after {elapsed:.2f} s"
     pid = int(pid_file.read_text())
-    assert not _alive(pid), f"the stalled java {pid} still runs (or is a zombie)"
+    assert not pid_alive(pid), f"the stalled java {pid} still runs (or is a zombie)"
     assert {p.pid for p in jvm_processes()} == before
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 
 
@@ -211,3 +212,12 @@ class FakeOpenAI:
             send(502, json.dumps({"error": "bad gateway", "request_headers": echoed}).encode())
         else:
             raise ValueError(f"FakeOpenAI: unknown mode {mode!r}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, exited but not reaped, counts as alive here: it is the leak)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -25,6 +25,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from .conftest import kill_when, subprocess_env
+from .helpers import pid_alive
 
 ROOT = Path(__file__).resolve().parents[2]
 GONE_S = 20.0  # a killed parent's workers are gone within this: die_with_parent's poll + grace, with margin
@@ -34,14 +35,6 @@ WARM_S = 600.0  # the bound while workers start (their start-up counts too: seco
 def _sleep(_ctx, seconds: float) -> int:
     time.sleep(seconds)
     return os.getpid()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _session(sid: int) -> list[str]:
@@ -96,7 +89,7 @@ def test_a_stopped_pool_worker_fails_the_map_naming_it_its_job_and_the_bound():
                                                    rf"[12] of 2\) made no progress for \d+ s \(agent.worker_stall_s=2 s"):
             pool.map(_sleep, [30, 30])
         assert time.monotonic() - t0 < 20
-    assert not any(_alive(pid) for pid in pids)  # the stopped one and its sibling: stopped, reaped
+    assert not any(pid_alive(pid) for pid in pids)  # the stopped one and its sibling: stopped, reaped
 
 
 def test_the_pool_bound_is_the_schemas_default_outside_a_stage():
@@ -132,7 +125,7 @@ def test_a_stopped_worker_fails_its_stage_with_exit_1_under_the_configs_bound(ti
     err = capsys.readouterr().err
     assert err.startswith(f"error: demos: worker process {min(seen)} of workers=2 (running job "), err
     assert "agent.worker_stall_s=2 s" in err and len(err.strip().splitlines()) == 1
-    assert not any(_alive(pid) for pid in seen)
+    assert not any(pid_alive(pid) for pid in seen)
 
 
 HELPER_SCRIPT = r'''

@@ -17,6 +17,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -35,14 +36,19 @@ SECRET = "s3cret-pw-43"
 # --------------------------------------------------------------------------- grounding: no silent fallback
 
 
+def _ground_with_llm(project, server) -> subprocess.CompletedProcess:
+    """``collect``, then ``ground`` with the llm generator asking ``server``; the ground stage's process."""
+    project.configure("grounding.generator=llm", "model=openai", f"model.base_url={server.url}",
+                      "model.api_model=fake-model", "model.max_retries=0", "model.logprobs=false",
+                      "agent.epsilon=0.5")  # mistakes: the simulated user comments, so the model is asked
+    project.run("collect")
+    return project.run("ground", check=False)
+
+
 def test_the_ground_stage_stops_on_a_refused_key_instead_of_writing_extractive_grounding(project):
     """A 401 on every call used to give every episode the extractive grounding, exit 0."""
     with FakeOpenAI(lambda n, body: "401") as server:
-        project.configure("grounding.generator=llm", "model=openai", f"model.base_url={server.url}",
-                          "model.api_model=fake-model", "model.max_retries=0", "model.logprobs=false",
-                          "agent.epsilon=0.5")  # mistakes: the simulated user comments, so the model is asked
-        project.run("collect")
-        proc = project.run("ground", check=False)
+        proc = _ground_with_llm(project, server)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "error: authentication failed: POST " in proc.stderr and "HTTP 401" in proc.stderr
     assert not (project.root / "data" / "grounding").exists()  # nothing written
@@ -53,11 +59,7 @@ def test_the_ground_stage_stops_when_every_answer_is_a_refusal(project):
     """Issue 66, finding 1: a refusal (or an empty or cut-off answer) on every call used to give every episode the
     extractive grounding, `fallbacks {'unparseable answer': n}`, exit 0: only transport errors counted."""
     with FakeOpenAI(answer="I cannot help with that.") as server:
-        project.configure("grounding.generator=llm", "model=openai", f"model.base_url={server.url}",
-                          "model.api_model=fake-model", "model.max_retries=0", "model.logprobs=false",
-                          "agent.epsilon=0.5")  # mistakes: the simulated user comments, so the model is asked
-        project.run("collect")
-        proc = project.run("ground", check=False)
+        proc = _ground_with_llm(project, server)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "its answer was unusable on" in proc.stderr, proc.stderr[-2000:]
     assert "unparseable answer: no JSON object in the answer" in proc.stderr
