@@ -93,7 +93,7 @@ ASSUMED_FRACTION: dict[str, float] = {"games": 0.95, "collect": 0.8, "evaluate":
                                       "curve": 0.9}
 
 # DVC start-up and hashing, each stage's process start-up and imports, and the small serial
-# stages (check_params, convert, ground, merge, store, render@*, compare): the default run's
+# stages (check_params, convert, ground, merge, store, render, compare): the default run's
 # 82 min cold (531c330's message) less the stages' recorded wall times (~77 min), rounded.
 DEFAULT_OTHER_S = 300.0
 DEFAULT_INSTALL_S = 150.0

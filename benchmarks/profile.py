@@ -35,8 +35,9 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/profile.py`
 from benchmarks.common import make_scratch_repo, venv_env  # noqa: E402
 
 # (stage, args) in DAG order; matrix stages are run per condition as needed.
-DAG = ("games", "demos", "policy", "collect", "ground", "merge", "store", "render", "evaluate", "compare")
-PER_CONDITION = ("render", "evaluate")
+# The model is the committed checkpoint (models/dvc.yaml builds it): no training stage here.
+DAG = ("games", "collect", "ground", "merge", "store", "render", "evaluate", "evaluate_reader", "curve", "compare")
+PER_CONDITION = ("evaluate", "evaluate_reader")
 
 
 def hot_spots(root: Any, top: int = 8) -> list[dict[str, Any]]:

@@ -338,7 +338,7 @@ def test_wilcoxon_on_paired_turns():
 
 
 def _render_hints(condition: str) -> dict:
-    report = json.loads((ROOT / "metrics" / "render" / f"{condition}.json").read_text(encoding="utf-8"))
+    report = json.loads((ROOT / "metrics" / "render.json").read_text(encoding="utf-8"))["conditions"][condition]
     assert report["tasks"] > 0
     return report["label_hints"]
 
@@ -427,3 +427,40 @@ def test_a_token_measured_block_length_reaches_the_curve_workers(tmp_path, monke
     assert loads == [str(tmp_path / "model")]  # loaded once, at the first measure
     chars = pickle.loads(pickle.dumps(L.BlockLength()))
     assert chars == L.BlockLength() and chars.measure(text) == len(text)
+
+
+def test_the_plain_tokenizer_counts_the_ids_transformers_gives_and_is_used_only_where_it_may(tmp_path):
+    """Blocks are measured with the `tokenizers` file itself where transformers would load it as a
+    generic fast tokenizer (no torch import): the same ids as transformers' for the committed
+    checkpoint, on the prompt templates, memory-like lines and random text; another tokenizer class,
+    or a config token the file lacks, is left to transformers."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from pipeline.conditions import length as L
+
+    model = ROOT / "models" / "policy"
+    plain, full = L._plain_tokenizer(str(model)), AutoTokenizer.from_pretrained(str(model))
+    assert isinstance(plain, L.PlainTokenizer) and len(plain) == len(full)
+    rng = random.Random(0)
+    alphabet = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 _.,;:!?'\"-\n\té€→<>|"
+    texts = [p.read_text(encoding="utf-8") for p in sorted((ROOT / "conf" / "templates").rglob("*")) if p.is_file()]
+    texts += ["This house, from 2 past visits: Apple_2 was in Chest_3.\n- take Key_2 from Cabinet_31; open Fridge_0",
+              "<|im_start|>user\nopen the fridge<|im_end|>", "", "  \n\n  "]
+    texts += ["".join(rng.choice(alphabet) for _ in range(rng.randint(1, 300))) for _ in range(300)]
+    for text in texts:
+        for special in (False, True):
+            assert plain(text, add_special_tokens=special)["input_ids"] == \
+                full(text, add_special_tokens=special)["input_ids"], (text[:80], special)
+    assert L._token_unit(plain) == L._token_unit(full)
+
+    other = tmp_path / "other"
+    shutil.copytree(model, other)
+    config = json.loads((other / "tokenizer_config.json").read_text())
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "LlamaTokenizerFast"}))
+    assert L._plain_tokenizer(str(other)) is None  # a model-specific class: transformers loads it
+    (other / "tokenizer_config.json").write_text(json.dumps({**config, "bos_token": "<|not_in_the_file|>"}))
+    assert L._plain_tokenizer(str(other)) is None  # transformers would add a token the file lacks
+    (other / "tokenizer.json").unlink()
+    assert L._plain_tokenizer(str(other)) is None

@@ -295,9 +295,26 @@ def test_main_writes_parquet_and_metrics(project, monkeypatch, capsys):
     table = read_parquet(root / "data/prompts/C2.parquet")
     assert table.schema.remove_metadata() == R.PROMPTS_SCHEMA
     assert table.column("task_id").to_pylist() == ["s0/e0", "s0/e1", "s2/e0"]  # eval split only
-    metrics = json.loads((root / "metrics/render/C2.json").read_text())
+    metrics = json.loads((root / "metrics/render.json").read_text())["conditions"]["C2"]
     assert metrics["evidence"]["passed"] and metrics["tasks"] == 3 and metrics["injected"] == 3
     assert "evidence checks passed" in capsys.readouterr().out
+
+
+def test_main_without_condition_writes_every_condition_as_one_condition_at_a_time_does(project, monkeypatch):
+    """`dvc repro render` (no --condition): every configured condition's file and report, each the
+    bytes its own --condition run writes (the checks render every condition either way)."""
+    root, cfg = project
+    monkeypatch.setattr(stage_common, "load_params", lambda **_: cfg)
+    monkeypatch.setattr(stage_common, "project_root", lambda: root)
+    assert render_stage.main([]) == 0
+    every = json.loads((root / "metrics/render.json").read_text())
+    assert set(every["conditions"]) == set(cfg.condition) and every["wall_time_s"] >= 0
+    together = {c: (root / f"data/prompts/{c}.parquet").read_bytes() for c in cfg.condition}
+    for c in cfg.condition:
+        assert _run_main(monkeypatch, root, cfg, c) == 0
+        assert (root / f"data/prompts/{c}.parquet").read_bytes() == together[c], c
+        alone = json.loads((root / "metrics/render.json").read_text())
+        assert list(alone["conditions"]) == [c] and alone["conditions"][c] == every["conditions"][c]
 
 
 def test_main_fails_and_keeps_previous_output(project, monkeypatch, capsys):

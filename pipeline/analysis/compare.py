@@ -8,7 +8,7 @@ The library behind the ``compare`` stage (``python -m pipeline.stages.compare``)
     write_outputs(result, root, cfg, success)        # compare.json, plots/*.json, reports/
 
 Inputs, for every condition: ``data/eval/<C>/episodes.parquet`` and ``turns.parquet``
-(written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render@C``); and the games
+(written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render``); and the games
 manifest for the breakdowns (scene, quest length, scene split).
 
 For every pair ``[treatment, control]`` of ``experiment.comparisons`` the episodes are
@@ -77,7 +77,7 @@ MAX_LISTED = 20
 
 @dataclass
 class ConditionData:
-    """What ``evaluate@C`` and ``render@C`` wrote for one condition (rows as dicts)."""
+    """What ``evaluate@C`` and ``render`` wrote for one condition (rows as dicts)."""
 
     episodes: list[dict]
     turns: list[dict] | None = None
@@ -447,7 +447,7 @@ def load_condition(root: Path, cfg: Config, condition: str) -> ConditionData:
     eval_dir = root / cfg.paths.eval / condition
     prompts = root / cfg.paths.prompts / f"{condition}.parquet"
     for path, stage in ((eval_dir / "episodes.parquet", f"evaluate@{condition}"),
-                        (eval_dir / "turns.parquet", f"evaluate@{condition}"), (prompts, f"render@{condition}")):
+                        (eval_dir / "turns.parquet", f"evaluate@{condition}"), (prompts, "render")):
         if not path.is_file():
             raise ArtifactError(f"condition {condition}: missing {path} (run `dvc repro {stage}`)")
     turns_path = eval_dir / "turns.parquet"

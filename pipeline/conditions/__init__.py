@@ -25,7 +25,8 @@ Modules:
 - :mod:`~pipeline.conditions.schema`: the prompts' Parquet contract (:data:`PROMPTS_SCHEMA`,
   :func:`prompts_table`) and the eval tasks it is rendered for (:func:`load_eval_tasks`);
 - :mod:`~pipeline.conditions.render`: :class:`Renderer` (one task under one condition: one
-  row), :func:`render_condition` (the ``render`` stage's core) and
+  row), :func:`render_conditions` (the ``render`` stage's core: every configured condition rendered
+  once, the given ones checked), :func:`render_condition` (one of them) and
   :func:`run_evidence_checks` (the checks that apply to a condition, run with its renderer);
 - :mod:`~pipeline.conditions.evidence`: the evidence checks, pure over rows, and :class:`EvidenceError`;
 - :mod:`~pipeline.conditions.hints`: whether a prompt's grounding or memory block reveals
@@ -33,12 +34,13 @@ Modules:
 - :mod:`~pipeline.conditions.length`: the unit a memory block's length is measured in
   (:func:`block_length_for`: the model's tokens, or characters).
 
-The ``render`` stage (``python -m pipeline.stages.render``) writes the rows of one condition::
+The ``render`` stage (``python -m pipeline.stages.render``) writes the rows of every condition::
 
-    from pipeline.conditions import block_length_for, load_eval_tasks, prompts_table, render_condition
+    from pipeline.conditions import block_length_for, load_eval_tasks, prompts_table, render_conditions
 
-    rows, report = render_condition(load_eval_tasks(root, cfg), "C2", cfg, store, root,
-                                    block_length_for(cfg, root))
+    rendered = render_conditions(load_eval_tasks(root, cfg), list(cfg.condition), cfg, store, root,
+                                 block_length_for(cfg, root))
+    rows, report = rendered["C2"]
     write_parquet(prompts_table(rows), out, sort_by=["scene_id", "quest_id"])
 """
 
@@ -63,6 +65,7 @@ from pipeline.conditions.render import (
     Renderer,
     grounding_files_for,
     render_condition,
+    render_conditions,
     run_evidence_checks,
 )
 from pipeline.conditions.schema import (
@@ -73,7 +76,7 @@ from pipeline.conditions.schema import (
     prompts_table,
     task_id,
 )
-# What render_condition and block_length_for raise for a bad config, named here too as before.
+# What render_condition(s) and block_length_for raise for a bad config, named here too as before.
 from pipeline.core.config import ConfigError
 
 __all__ = [
@@ -82,5 +85,5 @@ __all__ = [
     "check_masked_identical", "check_no_advisory_text", "check_no_grounding_text", "check_only_block_differs",
     "check_oracle_content", "check_placebo_matched", "grounding_files_for", "is_exposed", "label_hint_of",
     "label_hint_totals", "load_eval_tasks", "placebo_reference", "placebo_unavailable", "prompts_table",
-    "render_condition", "run_evidence_checks", "task_answer", "task_id",
+    "render_condition", "render_conditions", "run_evidence_checks", "task_answer", "task_id",
 ]

@@ -41,7 +41,7 @@ def check_rendered_store(prompt_rows: list[dict], store_hash: str, condition: st
     rendered_with = {r.get("store_hash") for r in prompt_rows if r.get("store_hash")}
     if rendered_with and rendered_with != {store_hash}:
         raise ArtifactError(f"{prompts_path} was rendered with store {sorted(rendered_with)} but the store is now "
-                            f"{store_hash}: re-render (`dvc repro render@{condition}`)")
+                            f"{store_hash}: re-render (`dvc repro render`)")
 
 
 def attach_prompts(tasks: list[Task], prompt_rows: list[dict], condition: str, prompts_path: Path) -> None:
@@ -52,11 +52,11 @@ def attach_prompts(tasks: list[Task], prompt_rows: list[dict], condition: str, p
         if r.get("prompt_sha256") and sha256_text(r["system_prompt"]) != r["prompt_sha256"]:
             raise ArtifactError(f"{prompts_path}: the system prompt of {r['scene_id']}/{r['quest_id']} does not hash "
                                 f"to its recorded prompt_sha256 {r['prompt_sha256'][:12]}…: the file was modified "
-                                f"outside the render stage (`dvc repro render@{condition}`)")
+                                f"outside the render stage (`dvc repro render`)")
     missing = [t.episode_id for t in tasks if (t.scene_id, t.quest_id) not in by_task]
     if missing:
         raise ArtifactError(f"{prompts_path} has no prompt for {len(missing)} eval task(s), e.g. {missing[0]}: "
-                            "re-render (`dvc repro render@" + condition + "`)")
+                            "re-render (`dvc repro render`)")
     for t in tasks:
         row = by_task[(t.scene_id, t.quest_id)]
         t.system_prompt = row["system_prompt"]

@@ -5,7 +5,7 @@
     dvc plots show                             # success by condition / scene, turns
 
 Reads, for every condition in ``condition``: ``data/eval/<C>/episodes.parquet`` and
-``turns.parquet`` (written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render@C``),
+``turns.parquet`` (written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render``),
 ``data/eval_reader/<C>/episodes.parquet`` (``evaluate_reader@C``, with ``experiment.reader``);
 ``data/curve/outcomes.parquet`` (the ``curve`` stage: the learning curves);
 and ``data/games/manifest.parquet`` for the breakdowns (scene, quest length, scene split).

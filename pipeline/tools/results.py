@@ -256,16 +256,17 @@ def _games_time(games: Mapping[str, Any]) -> float | None:
 
 def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
     """``(stage, wall seconds, processes)`` of each experiment stage as its metrics recorded them
-    (None: not recorded); the conditions' ``render`` / ``evaluate`` / ``evaluate_reader`` summed."""
+    (None: not recorded); the conditions' ``evaluate`` / ``evaluate_reader`` summed."""
     games, curve, collect = _read(metrics / "games.json"), _read(metrics / "curve.json"), _read(metrics / "collect.json")
-    render, n_render = _summed(metrics, "render")
+    render_metrics = _read(metrics / "render.json")  # one stage for every condition
+    render, n_render = render_metrics.get("wall_time_s"), len(render_metrics.get("conditions") or {})
     evaluate, n_eval = _summed(metrics, "eval")
     reader, n_reader = _summed(metrics, "eval_reader")
     return [("games", _games_time(games), games.get("compile_workers")),
             ("collect", collect.get("wall_time_s"), 1),
             ("ground", _read(metrics / "ground.json").get("wall_time_s"), 1),
             ("store", _read(metrics / "store.json").get("wall_time_s"), 1),
-            (f"render ({n_render} conditions)", render, None),
+            (f"render ({n_render} conditions)", render, 1),
             (f"evaluate ({n_eval} conditions)", evaluate, None),
             (f"evaluate_reader ({n_reader} conditions)", reader, None),
             ("curve", curve.get("wall_time_s"), curve.get("workers"))]

@@ -1,7 +1,7 @@
 """The viewer's data: eval artifacts of several runs -> a JSON-ready view (no I/O, no HTML).
 
 A *run* is one condition's eval collection (``data/eval/<C>/{episodes,turns}.parquet``)
-with the prompts ``render@C`` wrote (``data/prompts/<C>.parquet``); with ``--diff`` a run
+with the prompts ``render`` wrote (``data/prompts/<C>.parquet``); with ``--diff`` a run
 is a condition at one revision (``A:C1``). Episodes of different runs are paired by
 ``episode_id`` (the same task played with the same seed, as ``compare`` pairs them)::
 
