@@ -256,7 +256,10 @@ def main(argv: list[str] | None = None) -> int:
             w.writeheader()
             w.writerows(rows)
             atomic_write_text(args.out, buf.getvalue())
-            atomic_write_text(args.out.with_name(args.out.stem + "_summary.csv"), summary_csv(rows))
+            summary = args.out.with_name(args.out.stem + "_summary.csv")
+            atomic_write_text(summary, summary_csv(rows))
+            print(f"wrote {args.out} and {summary}; draw C2 - C1 per point with `dvc plots show {summary} "
+                  "--template bar_horizontal -x c2_minus_c1 -y point` (c1_minus_c0 for the grounding)", file=sys.stderr)
     except (ConfigError, ValueError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
