@@ -12,8 +12,13 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 install: $(VENV)/.installed
 
 # --no-compile: pip would byte-compile every module of every package (torch's thousands) on 2 cores, half
-# of the install's time (166 s vs 80 s, a 2-core AMD EPYC); Python compiles what a stage imports on its
-# first import instead (written to __pycache__ atomically, so concurrent stages are safe).
+# of the install's time (166 s vs 80 s, a 2-core AMD EPYC); Python compiles what a process imports on its
+# first import instead, and caches it in __pycache__ (atomically: concurrent stages are safe; .dvcignore
+# keeps the caches out of the directory deps' hashes). So Python must be let write them: with
+# PYTHONDONTWRITEBYTECODE set (as on some CI images) every stage process and each of its workers compiled
+# torch again (an evaluate stage 68 s with it set, 52 s without). The targets below unset it.
+unexport PYTHONDONTWRITEBYTECODE
+
 $(VENV)/.installed: requirements.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-compile -r requirements.lock

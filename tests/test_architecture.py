@@ -197,6 +197,27 @@ def test_code_deps_are_what_can_change_a_stage_outputs():
     assert "pipeline/llm/backends/${model.backend}.py" in listed["collect"]
 
 
+def test_bytecode_caches_are_no_part_of_a_directory_dep():
+    """A first import writes ``__pycache__/`` beside the sources, inside directory deps such as
+    ``pipeline/agents`` (the Makefile lets Python write them): .dvcignore must keep them out of the
+    deps' hashes, or every stage would look changed after any run or test (issue 63)."""
+    import shutil
+    import subprocess
+    import sys
+
+    listed = {**deps.stage_deps(ROOT), **deps.stage_deps(ROOT, "models/dvc.yaml")}
+    folders = sorted({d.rstrip("/") for ds in listed.values() for d in ds
+                      if "${" not in d and (ROOT / d).is_dir() and any((ROOT / d).rglob("*.py"))})
+    assert "pipeline/agents" in folders
+    caches = [f"{d}/__pycache__/mod.cpython-311.pyc" for d in folders] + ["pipeline/envs/household/__pycache__/x.pyc"]
+    dvc = shutil.which("dvc", path=str(Path(sys.executable).parent)) or "dvc"
+    proc = subprocess.run([dvc, "check-ignore", *caches], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.split() == caches, proc.stdout + proc.stderr
+    source = subprocess.run([dvc, "check-ignore", "pipeline/agents/reader.py"], cwd=ROOT, capture_output=True,
+                            text=True)
+    assert source.returncode == 1  # the sources themselves are hashed
+
+
 def test_a_factory_reached_statically_makes_its_selected_implementation_a_templated_dep(tmp_path):
     files = {
         "__init__.py": "", "stages/__init__.py": "",
