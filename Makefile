@@ -15,7 +15,7 @@ install: $(VENV)/.installed
 # of the install's time (166 s vs 80 s, a 2-core AMD EPYC); Python compiles what a process imports on its
 # first import instead, and caches it in __pycache__ (atomically: concurrent stages are safe; .dvcignore
 # keeps the caches out of the directory deps' hashes). So Python must be let write them: with
-# PYTHONDONTWRITEBYTECODE set (as on some CI images) every stage process and each of its workers compiled
+# PYTHONDONTWRITEBYTECODE set (as this project's machines set it) every stage process and each of its workers compiled
 # torch again (an evaluate stage 68 s with it set, 52 s without). The targets below unset it.
 unexport PYTHONDONTWRITEBYTECODE
 

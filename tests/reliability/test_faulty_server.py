@@ -36,8 +36,8 @@ ANSWERED_TIMEOUT_S = 10.0
 
 def model_cfg(url: str, **kw) -> DictConfig:
     return section(ModelConfig, dict(backend="openai", base_url=url, api_model="fake-model", name_or_path=None,
-                                     **{"timeout_s": ANSWERED_TIMEOUT_S, **kw}, max_retries=RETRIES, backoff_s=BACKOFF_S,
-                                     logprobs=False, extra_body={}, api_key_env="REL_UNSET_KEY"))
+                                     timeout_s=ANSWERED_TIMEOUT_S, max_retries=RETRIES, backoff_s=BACKOFF_S,
+                                     logprobs=False, extra_body={}, api_key_env="REL_UNSET_KEY") | kw)
 
 
 SAMPLING = section(SamplingConfig, dict(seed=0, do_sample=False, temperature=0.7, top_p=0.9, top_k=0,
