@@ -41,9 +41,11 @@ def test_the_committed_docs_carry_the_committed_metrics(tmp_path):
     `python -m pipeline.tools.results` after a run and commit the two together."""
     root = _committed(tmp_path)
     readme = (root / "README.md").read_text(encoding="utf-8")
-    for block in ("conditions", "headline", "runtime"):
+    for block in ("conditions", "runtime_summary"):
         assert f"<!-- results:{block} -->" in readme
-    assert "<!-- results:comparisons -->" in (root / "docs" / "experiments.md").read_text(encoding="utf-8")
+    for block in ("comparisons", "headline"):
+        assert f"<!-- results:{block} -->" in (root / "docs" / "experiments.md").read_text(encoding="utf-8")
+    assert "<!-- results:runtime -->" in (root / "docs" / "performance.md").read_text(encoding="utf-8")
     assert "<!-- results:curve -->" in (root / "docs" / "memory.md").read_text(encoding="utf-8")
     docs = results.documents(root)
     assert root / "README.md" in docs and root / "docs" / "policy.md" in docs
@@ -232,16 +234,16 @@ def test_an_opener_whose_closer_is_forgotten_is_an_error_naming_the_line_and_not
     root = _committed(tmp_path)
     readme = root / "README.md"
     text = readme.read_text(encoding="utf-8")
-    opener = _line_of(text, "<!-- results:runtime -->")
-    text = text.replace("<!-- /results:runtime -->\n", "", 1)
+    opener = _line_of(text, "<!-- results:runtime_summary -->")
+    text = text.replace("<!-- /results:runtime_summary -->\n", "", 1)
     readme.write_text(text, encoding="utf-8")
     before, memory = readme.read_bytes(), _stale_memory_md(root)
     for argv in (["--check"], []):
         capsys.readouterr()
         assert results.main([*argv, "--root", str(root)]) == 1
         err = capsys.readouterr().err
-        assert f"README.md:{_line_of(text, '<!-- results:headline -->')}: <!-- results:headline --> opens a block " \
-               f"before results:runtime (opened at line {opener}) is closed" in err
+        assert f"README.md:{_line_of(text, '<!-- results:conditions -->')}: <!-- results:conditions --> opens a block " \
+               f"before results:runtime_summary (opened at line {opener}) is closed" in err
         assert "nothing written" in err
         assert readme.read_bytes() == before and (root / "docs" / "memory.md").read_bytes() == memory
 
@@ -277,14 +279,14 @@ def test_a_deleted_block_or_document_is_an_error_in_check_and_write_mode(tmp_pat
     root = _committed(tmp_path)
     readme = root / "README.md"
     text = readme.read_text(encoding="utf-8")
-    start, end = text.index("<!-- results:headline -->"), text.index("<!-- /results:headline -->\n")
-    readme.write_text(text[:start] + text[end + len("<!-- /results:headline -->\n"):], encoding="utf-8")
+    start, end = text.index("<!-- results:conditions -->"), text.index("<!-- /results:conditions -->\n")
+    readme.write_text(text[:start] + text[end + len("<!-- /results:conditions -->\n"):], encoding="utf-8")
     before, memory = readme.read_bytes(), _stale_memory_md(root)
     for argv in (["--check"], []):
         capsys.readouterr()
         assert results.main([*argv, "--root", str(root)]) == 1
         err = capsys.readouterr().err
-        assert "README.md: the results:headline block is missing" in err
+        assert "README.md: the results:conditions block is missing" in err
         assert readme.read_bytes() == before and (root / "docs" / "memory.md").read_bytes() == memory
     (root / "docs" / "policy.md").unlink()
     capsys.readouterr()

@@ -19,6 +19,7 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - ``policy``: the default model's in-context probe (``models/metrics/policy.json``), before and after training;
 - ``episodes``: the default model's whole-episode probe (``models/metrics/policy.json``): success in held-out
   generated houses under plain, grounded and oracle prompts after the demonstrations and after each DAgger round;
+- ``runtime_summary`` (the README's): each pipeline's summed stage minutes, its longest stages, the projection;
 - ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), the model
   pipeline's (``make model``: ``models/metrics/*.json``), and the scaling benchmark's projection of the cold run
   to more cores (``benchmarks/results.json``).
@@ -317,6 +318,17 @@ def _measured_where(meta: Mapping[str, Any], measured_at: Mapping[str, Any] | No
             f"at commit {meta.get('git') or '?'}, {meta.get('date') or '?'}")
 
 
+def _scaling(metrics: Path) -> tuple[dict, dict, dict]:
+    """The scaling benchmark's ``(meta, details, projection)`` (``benchmarks/results.json``; empty when not run)."""
+    bench = _read(metrics.parent / "benchmarks" / "results.json").get("benchmarks", {}).get("scaling") or {}
+    details = (bench.get("runs") or [{}])[0].get("details") or {}
+    return bench.get("meta") or {}, details, details.get("projection") or {}
+
+
+def _projected(cores: Mapping[str, Any]) -> str:
+    return ", ".join(f"{cores[c]['total_s'] / 60:.0f} min on {c} cores" for c in sorted(cores, key=int))
+
+
 def runtime_table(metrics: Path) -> str:
     """The default run's stage wall times as its metrics recorded them, the model pipeline's
     (``make model``), and the scaling benchmark's projection of the cold run to more cores
@@ -325,14 +337,9 @@ def runtime_table(metrics: Path) -> str:
     model = model_metrics(metrics)
     if model.is_dir():
         text += "\n\n" + _times_table(_model_times(model), "step (`make model`)")
-    bench = _read(metrics.parent / "benchmarks" / "results.json").get("benchmarks", {}).get("scaling") or {}
-    runs = bench.get("runs") or [{}]
-    details = runs[0].get("details") or {}
-    proj = details.get("projection") or {}
+    meta, details, proj = _scaling(metrics)
     cores = proj.get("cores") or {}
     if cores:
-        meta = bench.get("meta") or {}
-        cols = sorted(cores, key=int)
         slice_ = details.get("experiment") == "slice"
         capped = any((s or {}).get("parts") for s in (proj.get("stages") or {}).values())
         text += ("\n\nProjected cold `make repro` (install included) by `python -m benchmarks --only scaling"
@@ -340,22 +347,44 @@ def runtime_table(metrics: Path) -> str:
                  + ("parallel fractions measured on a slice of the default config" if slice_
                     else "parallel fractions measured on `experiment=tiny`, a floor")
                  + ("; no stage on more cores than its work has parts" if capped else "")
-                 + _measured_where(meta, details.get("measured_at")) + "): "
-                 + ", ".join(f"{cores[c]['total_s'] / 60:.0f} min on {c} cores" for c in cols)
+                 + _measured_where(meta, details.get("measured_at")) + "): " + _projected(cores)
                  + f"; parallel fraction of the run's time {_fraction(proj.get('parallel_fraction'))}.")
+    return text
+
+
+def _minutes(times: list[tuple[str, float | None, Any]]) -> str:
+    """``total: stage m, ...`` in minutes (stages that took under 0.1 min left out of the list)."""
+    total = sum(secs or 0.0 for _, secs, _ in times)
+    parts = [f"{stage.split(' (')[0]} {secs / 60:.1f}" for stage, secs, _ in times if secs and secs >= 6]
+    return f"**{total / 60:.1f}** ({', '.join(parts)})"
+
+
+def runtime_summary(metrics: Path) -> str:
+    """The README's short form of :func:`runtime_table`: each pipeline's summed stage minutes and
+    its longest stages, and the projected cold run (install and DVC included) by core count."""
+    rows = [["`make repro`", _minutes(_stage_times(metrics))]]
+    model = model_metrics(metrics)
+    if model.is_dir():
+        rows.append(["`make model`", _minutes(_model_times(model))])
+    text = markdown_table(["command", "minutes of stage work as the committed metrics recorded it"], rows)
+    cores = (_scaling(metrics)[2].get("cores")) or {}
+    if cores:
+        text += "\n\nProjected cold `make repro`, the install and DVC's own work included: " + _projected(cores) + "."
     return text
 
 
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
                                             "policy": policy_table, "targets": targets_table,
-                                            "runtime": runtime_table, "episodes": episodes_table}
+                                            "runtime": runtime_table, "runtime_summary": runtime_summary,
+                                            "episodes": episodes_table}
 
 
 # The documents each block must appear in (it may appear in others too): a deleted block is an
 # error, not a document silently left without its figures.
-HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": ("README.md",),
-                                     "runtime": ("README.md",), "comparisons": ("docs/experiments.md",),
+HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": ("docs/experiments.md",),
+                                     "runtime_summary": ("README.md",), "runtime": ("docs/performance.md",),
+                                     "comparisons": ("docs/experiments.md",),
                                      "curve": ("docs/experiments.md", "docs/memory.md"),
                                      "targets": ("docs/memory.md",), "policy": ("docs/policy.md",),
                                      "episodes": ("docs/policy.md",)}

@@ -111,7 +111,7 @@ NO_TENSOR_REASONS = {
     NO_LOGPROBS: "the server returned no logprobs (it ignores logprobs and top_logprobs): the action is located in "
                  "the text only",
     NO_TOKEN_IDS: "the server returned tokens without ids (for vLLM set "
-                  "model.extra_body={return_tokens_as_token_ids: true})",
+                  "+model.extra_body.return_tokens_as_token_ids=true)",
     TOKENS_MISMATCH: "the returned tokens do not spell the returned text",
 }
 
