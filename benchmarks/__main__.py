@@ -42,26 +42,22 @@ if str(ROOT) not in sys.path:  # allow `python benchmarks/__main__.py`
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
+    BENCH_DIR_ENV,
+    RESULTS,
+    _r,
+    bench_dir,
     load_average,
     machine_info,
     make_scratch_repo,
     peak_rss_gib,
+    row,
     run_timed,
     venv_env,
 )
 
-RESULTS = ROOT / "benchmarks" / "results.json"
-BENCH_DIR_ENV = "PIPELINE_BENCH_DIR"  # the parent's scratch folder, shared by its children
 RESULT_TAG = "BENCH_RESULT "
 DEFAULTS_ENV = "PIPELINE_BENCH_DEFAULTS"  # --set-default, for the pipeline benchmark's scratch copy
 DEVICE_ENV = "PIPELINE_BENCH_DEVICE"  # --device, for the engines benchmark's model-running variants
-
-
-def row(figure: str, value: float | None, unit: str, *, ratio: float | None = None, vs: str | None = None,
-        target: str | None = None, met: bool | None = None, note: str | None = None) -> dict[str, Any]:
-    """One line of the table. ``ratio`` is ``value`` against ``vs`` (measured in the same run)."""
-    return {"figure": figure, "value": value, "unit": unit, "ratio": ratio, "vs": vs, "target": target,
-            "met": met, "note": note}
 
 
 def device_info(dev: str) -> dict[str, Any]:
@@ -76,14 +72,6 @@ def device_info(dev: str) -> dict[str, Any]:
                 "cuda": torch.version.cuda}
     why = "CUDA is not available on this machine" if dev.startswith("cuda") else "only cpu and cuda are measured"
     return {"device": dev, "problem": f"{why} (torch {torch.__version__})"}
-
-
-def bench_dir() -> Path:
-    return Path(os.environ.get(BENCH_DIR_ENV) or Path(tempfile.gettempdir()) / "pipeline_bench")
-
-
-def _r(x: float | None, nd: int = 3) -> float | None:
-    return None if x is None else round(float(x), nd)
 
 
 def _ratio(a: float | None, b: float | None, nd: int = 2) -> float | None:

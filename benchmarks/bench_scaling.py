@@ -469,7 +469,7 @@ def previous_experiment(path: Path) -> str | None:
 
 
 def bench_scaling(variant: str, quick: bool, *, scratch: Path | None = None) -> dict[str, Any]:
-    from benchmarks.__main__ import RESULTS, _r, bench_dir, row
+    from benchmarks.common import RESULTS, _r, bench_dir, row
     from pipeline.core.parallel import available_cores
 
     opts = options()

@@ -15,6 +15,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,24 @@ VENV_BIN = Path(sys.executable).parent
 # What a scratch copy of the project needs for `dvc repro` (the lead's workspace is never used).
 # (benchmarks/ too: benchmarks that use the copy's data run from it, with its code.)
 SCRATCH_COPY = ("conf", "hydra_plugins", "pipeline", "benchmarks", "dvc.yaml", "params.yaml")
+
+RESULTS = ROOT / "benchmarks" / "results.json"
+BENCH_DIR_ENV = "PIPELINE_BENCH_DIR"  # the parent's scratch folder, shared by its children
+
+
+def row(figure: str, value: float | None, unit: str, *, ratio: float | None = None, vs: str | None = None,
+        target: str | None = None, met: bool | None = None, note: str | None = None) -> dict[str, Any]:
+    """One line of the table. ``ratio`` is ``value`` against ``vs`` (measured in the same run)."""
+    return {"figure": figure, "value": value, "unit": unit, "ratio": ratio, "vs": vs, "target": target,
+            "met": met, "note": note}
+
+
+def bench_dir() -> Path:
+    return Path(os.environ.get(BENCH_DIR_ENV) or Path(tempfile.gettempdir()) / "pipeline_bench")
+
+
+def _r(x: float | None, nd: int = 3) -> float | None:
+    return None if x is None else round(float(x), nd)
 
 
 def cpu_model() -> str:

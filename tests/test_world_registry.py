@@ -127,7 +127,7 @@ TWO_ROOMS = WorldDescriptor(
     make_env=lambda cfg, task, root, scenes: TwoRoomsEnv(task.objective, cfg.env.max_steps),
     build_games=build_two_rooms, fact_reader=TwoRoomsReader,
     words=WorldWords(success="reaching the Garden"), make_user=TwoRoomsUser,
-    entity_pattern=TwoRoomsReader.entity_pattern, unread_env_keys=("env.scienceworld",),
+    unread_env_keys=("env.scienceworld",),
 )
 
 
@@ -185,7 +185,7 @@ def test_each_world_names_its_things_for_the_memory_signature():
     from pipeline.memory.signature import SignatureBuilder
 
     house, science = registry.lookup("household"), registry.lookup("scienceworld")
-    assert house.fact_reader().entity_pattern == house.entity_pattern == r"[A-Za-z]+_\d+"
+    assert house.entity_pattern == r"[A-Za-z]+_\d+" and TWO_ROOMS.entity_pattern == r"Hall|Garden"
     objective = "Put Apple_2 in Fridge_0 but do not open Cabinet_0"
     assert SignatureBuilder(house.entity_pattern).build(objective) == SignatureBuilder().build(objective)
     sw = ("Your task is to find a(n) non-living thing. First, focus on the thing. Then, move it to the "

@@ -130,8 +130,6 @@ class WorldDescriptor:
         words: its words in the world-agnostic packages' text.
         make_user: ``(user_cfg, scene_spec, quest_row, seed) -> User``: its simulated user; None
             when it has none (feedback then comes from a file, ``user=file``).
-        entity_pattern: a regular expression of its things' names as an objective writes them
-            (the memory's signature counts them; the same as its fact reader's ``entity_pattern``).
         unread_env_keys: the dotted ``env`` keys it never reads (left out of the config hash
             that labels its episodes: :func:`pipeline.envs.unread_env_keys`).
     """
@@ -143,5 +141,10 @@ class WorldDescriptor:
     fact_reader: Callable[[], FactReader]
     words: WorldWords
     make_user: Callable[..., Any] | None
-    entity_pattern: str
     unread_env_keys: tuple[str, ...] = ()
+
+    @property
+    def entity_pattern(self) -> str:
+        """A regular expression of its things' names as an objective writes them (what the
+        memory's signature counts): its fact reader's, the one place a world states it."""
+        return self.fact_reader().entity_pattern

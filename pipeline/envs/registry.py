@@ -24,14 +24,11 @@ def register(world: WorldDescriptor) -> WorldDescriptor:
     """Make ``world`` answer to each of its ``names``.
 
     Raises:
-        ValueError: a name already belongs to another world, or the world's fact reader
-            names its things otherwise than the descriptor says.
+        ValueError: a name already belongs to another world.
     """
     taken = [n for n in world.names if n in WORLDS and WORLDS[n] is not world]
     if taken:
         raise ValueError(f"env.name={taken[0]!r} is already the world {WORLDS[taken[0]].family!r}")
-    if getattr(world.fact_reader(), "entity_pattern", world.entity_pattern) != world.entity_pattern:
-        raise ValueError(f"world {world.family!r}: its fact reader's entity_pattern is not the descriptor's")
     for name in world.names:
         WORLDS[name] = world
     return world

@@ -23,8 +23,6 @@ its expert commands) and dropped with a warning when one is found::
 
 from __future__ import annotations
 
-import functools
-import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -37,7 +35,7 @@ from pipeline.memory.schemas import (
 from pipeline.core.facts import WorldWords
 from pipeline.memory.knowledge import (HABITS_LEAD, HOUSE_LEAD, LESSONS_LEAD, StoreKnowledge, entry_facts,
                                        relevant_first)
-from pipeline.memory.scene import clip, join_facts, split_scene_facts
+from pipeline.memory.scene import clip, join_facts, split_scene_facts, whole_words
 
 # Principle stated for each kind of failure (first tag found wins the principle_id).
 PRINCIPLES = {
@@ -234,13 +232,9 @@ def _norm(text: str) -> str:
 
 
 def _contains(haystack: str, needle: str) -> bool:
+    """``needle`` in ``haystack`` as a whole phrase (both lower case, :func:`_norm`)."""
     # a plain substring test first: most commands are not in most messages, and the regex costs far more
-    return needle in haystack and _whole_phrase(needle).search(haystack) is not None
-
-
-@functools.lru_cache(maxsize=4096)
-def _whole_phrase(needle: str) -> re.Pattern:
-    return re.compile(r"(?<![a-z0-9_])" + re.escape(needle) + r"(?![a-z0-9_])")
+    return needle in haystack and whole_words((needle,)).search(haystack) is not None
 
 
 def plan_object_commands(expert_plan: Sequence[str]) -> list[str]:

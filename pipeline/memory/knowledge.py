@@ -20,14 +20,13 @@ many sightings support them is part of the sentence. :func:`read_lessons` reads 
 
 from __future__ import annotations
 
-import functools
 import re
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from pipeline.core.facts import Fact, FactReader
-from pipeline.memory.scene import read_scene_facts, split_scene_facts
+from pipeline.memory.scene import read_scene_facts, split_scene_facts, whole_words
 from pipeline.memory.schemas import table_to_entries
 
 # "Apple in a Fridge (5 of 6 seen)": things of a kind, the kind of holder most of them were
@@ -176,9 +175,13 @@ class StoreKnowledge:
         things were and what is locked, then the containers no visit looked into, then those
         found empty, then routes between rooms (a walk shows those), each group in the order
         first seen."""
-        key = ("house", scene)
+        return self._answer("house", scene, self._house_facts)
+
+    def _answer(self, question: str, arg: Any, compute: Callable[[Any], list]) -> list:
+        """``compute(arg)``, computed once per ``(question, arg)``; a copy (callers may change it)."""
+        key = (question, arg)
         if key not in self._memo:
-            self._memo[key] = self._house_facts(scene)
+            self._memo[key] = compute(arg)
         return list(self._memo[key])
 
     def _house_facts(self, scene: str | None) -> list[str]:
@@ -202,10 +205,7 @@ class StoreKnowledge:
         """Placement lessons over the houses (but ``exclude``): per kind of thing, the kind of
         holder most often found holding it, with at least :data:`MIN_SUPPORT` sightings and
         more than half of them; most supported first, then by name."""
-        key = ("lessons", exclude)
-        if key not in self._memo:
-            self._memo[key] = self._lessons(exclude)
-        return list(self._memo[key])
+        return self._answer("lessons", exclude, self._lessons)
 
     def _lessons(self, exclude: str | None) -> list[Lesson]:
         counts: dict[str, Counter] = {}
@@ -233,10 +233,5 @@ def relevant_first(items: Sequence[str], words: Iterable[str]) -> list[str]:
     keys = tuple(sorted({w.lower() for w in words if w}))
     if not keys:
         return list(items)
-    pattern = _words_pattern(keys)
+    pattern = whole_words(keys, ignore_case=True)
     return sorted(items, key=lambda s: pattern.search(s) is None)
-
-
-@functools.lru_cache(maxsize=1024)
-def _words_pattern(keys: tuple[str, ...]) -> re.Pattern:
-    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(re.escape(k) for k in keys) + r")(?![A-Za-z0-9_])", re.IGNORECASE)

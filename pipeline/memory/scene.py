@@ -23,6 +23,7 @@ first seen, written in fact notation: a new world needs no change here.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
@@ -41,6 +42,15 @@ RATIONALE_CHARS_WITH_FACTS = 240
 # (the agent's own state is no fact of the scene); any other is a world's own.
 KNOWN_PREDICATES = frozenset({"here", "at", "in", "on", "open", "closed", "locked", "empty", "exit", "carried",
                               "took", "unlocked", "went"})
+
+
+@functools.lru_cache(maxsize=4096)
+def whole_words(words: tuple[str, ...], ignore_case: bool = False) -> re.Pattern:
+    """A pattern of any of ``words`` where no ASCII letter, digit or underscore touches it on
+    either side (lookarounds, not ``\\b``: a word may begin or end with punctuation, and
+    Korean particles follow names directly); compiled once per argument."""
+    return re.compile(r"(?<![A-Za-z0-9_])(?:" + "|".join(re.escape(w) for w in words) + r")(?![A-Za-z0-9_])",
+                      re.IGNORECASE if ignore_case else 0)
 
 
 def clip(text: str, limit: int) -> str:

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.facts import SEED_ENTITY_NAME
 from pipeline.envs.common import WorldDescriptor, scene_preferences
 from pipeline.envs.household.build import build_games
 from pipeline.envs.household.env import HouseholdEnv
@@ -34,6 +33,5 @@ WORLD = WorldDescriptor(
     fact_reader=HouseholdFactReader,
     words=WORDS,
     make_user=SimulatedUser,
-    entity_pattern=SEED_ENTITY_NAME,
     unread_env_keys=("env.scienceworld",),
 )

@@ -15,7 +15,7 @@ from pipeline.envs.common import WorldDescriptor
 from pipeline.envs.scienceworld.build import build_games
 from pipeline.envs.scienceworld.env import ScienceWorldTaskEnv
 from pipeline.envs.scienceworld.reader import ScienceWorldFactReader
-from pipeline.envs.scienceworld.text import ENTITY_PATTERN, WORDS
+from pipeline.envs.scienceworld.text import WORDS
 from pipeline.envs.scienceworld.user import SimulatedUser
 
 
@@ -37,6 +37,5 @@ WORLD = WorldDescriptor(
     fact_reader=ScienceWorldFactReader,
     words=WORDS,
     make_user=SimulatedUser,
-    entity_pattern=ENTITY_PATTERN,
     unread_env_keys=(),
 )
