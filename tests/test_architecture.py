@@ -128,6 +128,19 @@ def test_memory_grounding_conditions_analysis_name_no_world():
     assert not offenders, "world names in world-agnostic packages:\n" + "\n".join(offenders)
 
 
+def test_the_memory_package_names_no_control():
+    """The memory is primitives (store, retrieval, advisories, knowledge, the gate under an
+    exposure); what the experiment's controls inject is pipeline/conditions/ (one object per
+    kind), so no line of pipeline/memory, code or prose, names the placebo or the oracle."""
+    import re
+
+    hits = [f"{p.relative_to(ROOT).as_posix()}:{i}: {line.strip()[:80]}"
+            for p in sorted((PACKAGE / "memory").rglob("*.py")) if "__pycache__" not in p.parts
+            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if re.search(r"placebo|oracle", line, re.IGNORECASE)]
+    assert not hits, "pipeline/memory names a control:\n" + "\n".join(hits)
+
+
 def test_each_world_supplies_its_own_words_to_the_world_agnostic_text():
     """The household's advisory principle and report definition are its own words (the bytes of
     its artifacts), ScienceWorld's are not the household's, and both reach the text through the

@@ -373,7 +373,7 @@ def test_the_reader_sits_beside_the_model_with_the_models_utilisation():
     data = {c: _condition(c, man, w) for c, w in model.items()}
     episodes = {c: _condition(c, man, w).episodes for c, w in reader.items()}
     cfg = OmegaConf.merge(_cfg(comparisons=[["C2", "C1"], ["C2", "C2_placebo"]], positive_controls=[["C2_oracle", "C1"]],
-                               checks=[]), {"condition": {"C2_placebo": {"placebo": True}}})
+                               checks=[]), {"condition": {"C2_placebo": {"kind": "placebo"}}})
     m = C.compare(data, man, cfg, episodes).metrics
     r = m["reader"]
     assert r["conditions"]["C2"]["reader"]["value"] == pytest.approx(2 / 3, abs=1e-6)

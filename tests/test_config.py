@@ -81,7 +81,7 @@ def test_inside_dvc_exp_run_overrides_are_accepted_and_recorded(repo: Path, monk
         ("sampling.temperature=abc", "sampling.temperature"),
         ("agent.temperature=0.5", "agent.temperature"),
         ("agent.name=foo", "agent.name"),
-        ("condition.C1.memory_mode=maybe", "condition.C1.memory_mode"),
+        ("condition.C1.kind=maybe", "condition.C1.kind"),
         ("env.max_steps=many", "env.max_steps"),
         ("agent.on_backend_error=maybe", "agent.on_backend_error"),  # closed sets are StrEnums: refused at compose
         ("model.structured_output=xml", "model.structured_output"),
@@ -285,13 +285,13 @@ def test_restated_default_check_sees_one(tmp_path: Path):
     shutil.copytree(ROOT / "conf", conf)
     (conf / "env" / "tiny.yaml").write_text((conf / "env" / "tiny.yaml").read_text()
                                             + "reward:\n  win: 1.0  # restated\nmin_quest_length: 2\n")
-    (conf / "condition" / "C1.yaml").write_text("C1:\n  placebo: false\n  description: no memory\n")
+    (conf / "condition" / "C1.yaml").write_text("C1:\n  kind: none\n  description: no memory\n")
     (conf / "sampling" / "default.yaml").write_text("seed: ${seed}\ntop_k: 40\n")
     (conf / "sampling" / "greedy.yaml").write_text("defaults: [default, _self_]\ndo_sample: false\ntop_k: 40\n")
     tiny = conf / "env" / "tiny.yaml"
     assert _restated(_rooted(tiny, conf), conf_schema.Config, _inherited(tiny, conf)) == [
         "env.reward.win", "env.min_quest_length"]
-    assert _restated(_rooted(conf / "condition" / "C1.yaml", conf), conf_schema.Config, {}) == ["condition.C1.placebo"]
+    assert _restated(_rooted(conf / "condition" / "C1.yaml", conf), conf_schema.Config, {}) == ["condition.C1.kind"]
     greedy = conf / "sampling" / "greedy.yaml"
     assert _restated(_rooted(greedy, conf), conf_schema.Config, _inherited(greedy, conf)) == ["sampling.top_k"]
 

@@ -13,6 +13,8 @@ from pydantic import ValidationError
 
 from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
 from pipeline.core.config import ConfigError
+from pipeline.conditions import memory_slot, source_for
+from pipeline.conditions.placebo import draw_from_other_scenes, match_block_length
 from pipeline.memory.advisory import named_plan_commands
 from pipeline.memory import (
     AdvisoryBuilder,
@@ -27,8 +29,8 @@ from pipeline.memory import (
     InputSignatureV1_1,
     Retriever,
     SignatureBuilder,
-    build_memory_slot,
-    check_condition,
+    Exposure,
+    check_exposure,
     entries_to_table,
     bundle_label_hints,
     find_label_hints,
@@ -397,7 +399,7 @@ def store() -> EpisodicStore:
 )
 def test_seed_table_2_4_row_by_row(store, name, retrieval_executed, injection_mask, memory_on, mode,
                                    has_advisories, merged):
-    slot = build_memory_slot(store, TASK, load_condition(name), MEMORY, rng=0, condition_name=name)
+    slot = memory_slot(store, TASK, load_condition(name), MEMORY, rng=0, name=name)
     b = slot.bundle
     assert b.meta.retrieval_executed is retrieval_executed
     assert b.meta.masked_injection is injection_mask
@@ -416,7 +418,7 @@ def test_seed_table_2_4_row_by_row(store, name, retrieval_executed, injection_ma
 
 def test_c2_injects_its_advisories_under_the_configured_slot_name(store):
     memory = OmegaConf.merge(MEMORY, {"io": {"slot_memory_name": "MY_SLOT"}})
-    slot = build_memory_slot(store, TASK, load_condition("C2"), memory, rng=0)
+    slot = memory_slot(store, TASK, load_condition("C2"), memory, rng=0)
     assert list(slot.context) == ["MY_SLOT"]
     assert slot.context["MY_SLOT"] == slot.bundle.model_dump(mode="json")  # the whole bundle, for the record
     # What the model reads: the slot name, then each advisory's type, strength and message.
@@ -428,8 +430,8 @@ def test_c2_injects_its_advisories_under_the_configured_slot_name(store):
 
 
 def test_c1_and_c2_silent_show_the_model_the_same_thing(store):
-    c1 = build_memory_slot(store, TASK, load_condition("C1"), MEMORY, rng=0)
-    silent = build_memory_slot(store, TASK, load_condition("C2_silent"), MEMORY, rng=0)
+    c1 = memory_slot(store, TASK, load_condition("C1"), MEMORY, rng=0)
+    silent = memory_slot(store, TASK, load_condition("C2_silent"), MEMORY, rng=0)
     assert c1.injected_block_text == silent.injected_block_text == ""
     assert c1.context == silent.context == {}
     assert (c1.reason, silent.reason) == ("memory_off", "masked")
@@ -438,7 +440,7 @@ def test_c1_and_c2_silent_show_the_model_the_same_thing(store):
 def test_build_slot_payload_per_condition():
     advs = [advisory(1), advisory(2)]
     for name, expect in (("C1", []), ("C2", advs), ("C2_silent", [])):
-        bundle = InjectionController(load_condition(name)).build_slot_payload(advs, store_hash="h")
+        bundle = InjectionController(source_for(load_condition(name)).exposure).build_slot_payload(advs, store_hash="h")
         assert bundle.retrieved == expect
 
 
@@ -473,7 +475,7 @@ def test_gate_reasons(bundle, kwargs, expected):
 
 def test_gate_threshold_from_config_refuses_c2(store):
     memory = OmegaConf.merge(MEMORY, {"relevance_threshold": 1.0})
-    slot = build_memory_slot(store, TASK, load_condition("C2"), memory, rng=0)
+    slot = memory_slot(store, TASK, load_condition("C2"), memory, rng=0)
     assert (slot.gate_ok, slot.reason, slot.injected_block_text) == (False, "below_relevance_threshold", "")
     assert slot.bundle.retrieved  # recorded, just not injected
 
@@ -485,33 +487,43 @@ def test_merge_slot_needs_exposure_content_and_gate():
 
 
 @pytest.mark.parametrize(
-    "fields, key",
+    "exposure, key",
     [
-        ({"memory_mode": "off", "retrieval_executed": True, "injection_mask": True}, "retrieval_executed"),
-        ({"memory_mode": "on", "retrieval_executed": False, "injection_mask": False}, "retrieval_executed"),
-        ({"memory_mode": "on", "retrieval_executed": True, "injection_mask": True}, "injection_mask"),
-        ({"memory_mode": "silent", "retrieval_executed": True, "injection_mask": False}, "silent"),
-        ({"memory_mode": "silent", "retrieval_executed": True, "injection_mask": True, "placebo": True}, "placebo"),
+        (Exposure("off", True, True), "retrieval_executed"),
+        (Exposure("on", False, False), "retrieval_executed"),
+        (Exposure("on", True, True), "injection_mask"),
+        (Exposure("silent", True, False), "silent"),
+        (Exposure("loud", True, False), "memory_mode='loud'"),
     ],
 )
-def test_contradictory_conditions_are_config_errors(fields, key):
+def test_contradictory_exposures_are_config_errors(exposure, key):
     with pytest.raises(ConfigError, match=key):
-        check_condition(fields, "Cx")
+        check_exposure(exposure, "Cx")
 
 
-def test_every_condition_yaml_is_consistent():
+def test_an_unknown_kind_is_a_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"condition\.Cx\.kind='loud': expected one of none, memory, silent, "
+                                          r"placebo, oracle"):
+        source_for({"kind": "loud"}, "Cx")
+
+
+def test_every_condition_yaml_names_a_kind_with_a_consistent_exposure():
     names = sorted(p.stem for p in (ROOT / "conf" / "condition").glob("*.yaml"))
     assert {"C1", "C2", "C2_silent", "C2_placebo"} <= set(names)
+    kinds = {}
     for name in names:
-        check_condition(load_condition(name), name)
+        source = source_for(load_condition(name), name)
+        check_exposure(source.exposure, name)
+        kinds[name] = str(source.kind)
+    assert kinds["C1"] == "none" and kinds["C2"] == "memory" and kinds["C2_placebo"] == "placebo"
 
 
 # --------------------------------------------------------------------------- placebo
 
 
 def test_placebo_matches_c2_in_count_and_length_with_other_scenes_content(store):
-    c2 = build_memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
-    pl = build_memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
+    c2 = memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
+    pl = memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
     assert c2.gate_ok and pl.gate_ok and pl.reason == "ok"
     a, b = c2.bundle.retrieved, pl.bundle.retrieved
     assert len(b) == len(a) == 3
@@ -532,11 +544,12 @@ def test_a_refitted_placebo_message_is_never_cut_to_a_stub(store):
     messages shrink, last first, but none below MIN_FITTED_CHARS; once all are there, the
     closest fit is kept. Before the floor, a message could be cut to "P", which the render
     checks then found in every prompt."""
-    from pipeline.memory.injection import MIN_FITTED_CHARS, InjectionController, block_text, match_block_length
+    from pipeline.conditions.placebo import MIN_FITTED_CHARS
+    from pipeline.memory.injection import InjectionController, block_text
 
-    c2 = build_memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
-    pl = build_memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
-    controller = InjectionController.from_config(load_condition("C2_placebo"), MEMORY, "C2_placebo")
+    c2 = memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
+    pl = memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
+    controller = InjectionController.from_config(Exposure.of("on"), MEMORY, "C2_placebo")
     filler = ["Cabinet_4 was empty in the Garage; go south to reach the Hall."]
     for short in ("Open it.", "Open Fridge_0 before you take the Apple_2 inside it, then close it again."):
         ref = c2.bundle.model_copy(update={"retrieved": [a.model_copy(update={"message": short})
@@ -558,11 +571,11 @@ def test_a_refitted_placebo_never_takes_filler_that_names_the_tasks_answer(store
     become a label hint that the gate refuses (the default run's render once failed on one:
     the placebo injected nothing where C2 injected three advisories)."""
     from pipeline.memory import find_label_hints
-    from pipeline.memory.injection import InjectionController, match_block_length
+    from pipeline.memory.injection import InjectionController
 
-    c2 = build_memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
-    pl = build_memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
-    controller = InjectionController.from_config(load_condition("C2_placebo"), MEMORY, "C2_placebo")
+    c2 = memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
+    pl = memory_slot(store, TASK, load_condition("C2_placebo"), MEMORY, rng=0)
+    controller = InjectionController.from_config(Exposure.of("on"), MEMORY, "C2_placebo")
     plan = ["take Key_2 from Cabinet_3", "unlock Drawer_2 with Key_2", "open Drawer_2"]
     answer = "Cabinet_3 held Key_2: take Key_2 from Cabinet_3, then unlock Drawer_2 with Key_2 and open Drawer_2."
     plain = "Cabinet_4 was empty in the Garage; go south to reach the Hall."
@@ -602,21 +615,20 @@ def test_no_injected_block_names_the_answer_though_each_advisory_alone_would_pas
 
     store = _store_whose_advisories_name_the_answer_together()
     for seed in range(6):
-        slot = build_memory_slot(store, TASK, load_condition(name), MEMORY, rng=seed, condition_name=name)
+        slot = memory_slot(store, TASK, load_condition(name), MEMORY, rng=seed, name=name)
         assert slot.gate_ok and slot.injected_block_text, (seed, slot.reason)
         assert label_hint_of(slot.injected_block_text, TASK, MEMORY.label_hint_min_commands) == (False, 1), seed
         assert any("(with the advisories before it)" in w for w in slot.bundle.warnings)
 
 
 def test_placebo_draws_skip_an_entry_that_names_the_answer_with_those_drawn_before_it():
-    from pipeline.memory.injection import draw_placebo
-
     store = _store_whose_advisories_name_the_answer_together()
     targets = [advisory(i, "Principle: open containers before taking from them. " * 8) for i in (1, 2, 3)]
     plan = TASK["expert_plan"]
     for seed in range(6):
-        out, sources, notes, _ = draw_placebo(store, targets, query_scene_id="s0", rng=np.random.default_rng(seed),
-                                              builder=AdvisoryBuilder(), query_expert_plan=plan)
+        out, sources, notes, _ = draw_from_other_scenes(store, targets, query_scene_id="s0",
+                                                        rng=np.random.default_rng(seed), builder=AdvisoryBuilder(),
+                                                        query_expert_plan=plan)
         assert len(out) == 3 and not bundle_label_hints([a.message for a in out], expert_plan=plan), seed
         assert len({m for a in out for m in named_plan_commands(a.message, plan)}) == 1
     assert any("skipped (label hint)" in n for n in notes)
@@ -624,16 +636,16 @@ def test_placebo_draws_skip_an_entry_that_names_the_answer_with_those_drawn_befo
 
 def test_placebo_is_seeded(store):
     cond = load_condition("C2_placebo")
-    runs = [build_memory_slot(store, TASK, cond, MEMORY, rng=s).injected_entry_ids for s in (0, 0, 1, 2, 3)]
+    runs = [memory_slot(store, TASK, cond, MEMORY, rng=s).injected_entry_ids for s in (0, 0, 1, 2, 3)]
     assert runs[0] == runs[1]
     assert len({tuple(r) for r in runs}) > 1
-    gen = build_memory_slot(store, TASK, cond, MEMORY, rng=np.random.default_rng(5))
+    gen = memory_slot(store, TASK, cond, MEMORY, rng=np.random.default_rng(5))
     assert gen.gate_ok
 
 
 def test_placebo_injects_nothing_when_c2_would_not(store):
     memory = OmegaConf.merge(MEMORY, {"relevance_threshold": 1.0})
-    pl = build_memory_slot(store, TASK, load_condition("C2_placebo"), memory, rng=0)
+    pl = memory_slot(store, TASK, load_condition("C2_placebo"), memory, rng=0)
     assert (pl.gate_ok, pl.reason, pl.injected_block_text, pl.bundle.retrieved) == (
         False, "below_relevance_threshold", "", [])
 
@@ -641,7 +653,7 @@ def test_placebo_injects_nothing_when_c2_would_not(store):
 def test_signature_query_uses_the_objective(store):
     s = SignatureBuilder().build(TASK["objective"])
     direct = Retriever(tie_seed=0).retrieve(store, s, TASK["objective"], 3, query_scene_id="s0", query_quest_id="q9")
-    slot = build_memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
+    slot = memory_slot(store, TASK, load_condition("C2"), MEMORY, rng=0)
     assert ids(direct) == slot.retrieved_entry_ids
 
 

@@ -99,8 +99,7 @@ def test_verified_plan_is_read_back_and_followed_as_written(cfg, tiny_games, mem
     parts read as none); the expert follows a true verified plan step by step, preference
     steps included, and ignores one that names another house's things."""
     from pipeline.envs.household.generate import GeneratedHouses, HouseSizes
-    from pipeline.memory import read_verified_steps
-    from pipeline.memory.injection import oracle_advisories
+    from pipeline.conditions.oracle import oracle_advisories, read_verified_steps
     from pipeline.policy.demos import house_env
     from pipeline.policy.expert import expert_episode, read_knowledge
 

@@ -19,7 +19,7 @@ from pipeline.core.facts import StepFacts, fact
 from pipeline.envs import fact_reader, make_env
 from pipeline.envs.household.text import (exits_sentence, location_sentence, preference_text, read_statements,
                                           route_sentence)
-from pipeline.memory.injection import oracle_advisories, read_verified_steps
+from pipeline.conditions.oracle import oracle_advisories, read_verified_steps
 from pipeline.memory.scene import read_scene_facts, scene_facts
 
 pytestmark = pytest.mark.filterwarnings("ignore:Game .* is not fully supported")

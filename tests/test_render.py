@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline import memory as memory_pkg
+from pipeline.conditions import sources
 from pipeline.core.config import ConfigError, load_params
 from pipeline.core.io import read_parquet, write_parquet
 from pipeline.envs.household.reader import HouseholdFactReader
@@ -144,16 +144,15 @@ def test_unknown_condition(project, store):
 
 def _leak_silent(monkeypatch):
     """A broken injection: C2_silent gets C2's slot (content exposed despite the mask)."""
-    real = memory_pkg.build_memory_slot
+    real = sources.memory_slot
 
-    def leaky(store, task, cond, mem, rng=0, *, condition_name="?", measure=len, words=None, facts=None):
-        kw = dict(condition_name=condition_name, measure=measure, words=words, facts=facts)
-        if condition_name == "C2_silent":
-            on = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
-            return real(store, task, on, mem, rng, **kw)
+    def leaky(store, task, cond, mem, rng=0, *, name="?", measure=len, words=None, facts=None):
+        kw = dict(name=name, measure=measure, words=words, facts=facts)
+        if name == "C2_silent":
+            return real(store, task, {"kind": "memory"}, mem, rng, **kw)
         return real(store, task, cond, mem, rng, **kw)
 
-    monkeypatch.setattr(memory_pkg, "build_memory_slot", leaky)
+    monkeypatch.setattr(sources, "memory_slot", leaky)
 
 
 def test_stage_fails_when_a_masked_condition_leaks(project, store, monkeypatch):

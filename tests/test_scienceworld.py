@@ -214,7 +214,7 @@ def test_simulated_user_gives_typed_hints_from_the_gold_and_the_tree(sw_cfg, sw_
 def test_reader_follows_the_oracle_advisory_to_success(sw_cfg, sw_games):
     """The positive control's text (the gold sequence, in the oracle's advisory form) is worth a win."""
     from pipeline.agents import make_agent
-    from pipeline.memory.injection import oracle_advisories
+    from pipeline.conditions.oracle import oracle_advisories
 
     row = _row(sw_games, "eval")
     messages = [a.message for a in oracle_advisories(row["expert_plan"], 2, 800, "k")]

@@ -205,7 +205,8 @@ def test_a_trial_that_raised_the_score_is_a_memory_the_reader_wins_with(adaptati
     drops it for this task (a trial's memory passes only when it is not the gold plan)."""
     from pipeline.agents import make_agent
     from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
-    from pipeline.memory import AdvisoryBuilder, EpisodicStore, build_entry, build_memory_slot, find_label_hints
+    from pipeline.conditions import memory_slot
+    from pipeline.memory import AdvisoryBuilder, EpisodicStore, build_entry, find_label_hints
     from pipeline.memory.advisory import Recall
     from pipeline.memory.injection import objective_words
     from pipeline.memory.knowledge import StoreKnowledge
@@ -230,10 +231,8 @@ def test_a_trial_that_raised_the_score_is_a_memory_the_reader_wins_with(adaptati
     # the variation's facts open with what raised the score (those naming the task's words first)
     assert all(f in message for f in raised) and message.split("past visit: ")[1].startswith("advanced("), message
     assert find_label_hints(message, expert_plan=gold)  # the gold plan, found by the trial: a label hint here
-    slot = build_memory_slot(EpisodicStore.from_entries([entry]), ev,
-                             section(ConditionConfig, {"memory_mode": "on", "retrieval_executed": True,
-                                                       "injection_mask": False}),
-                             section(MemoryConfig, {"facts": "house", "same_scene_first": True}), 0, facts=READER)
+    slot = memory_slot(EpisodicStore.from_entries([entry]), ev, section(ConditionConfig, {"kind": "memory"}),
+                       section(MemoryConfig, {"facts": "house", "same_scene_first": True}), 0, facts=READER)
     assert (slot.gate_ok, slot.reason) == (False, "label_hint")
 
     (task,) = tasks_from_manifest(games.rows, split="eval", master_seed=cfg.seed)

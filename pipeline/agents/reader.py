@@ -8,7 +8,7 @@ each condition's information ceiling. It reads
   the same typed-fact parsers the memory uses: the world's :class:`~pipeline.core.facts.FactReader`
   (``read_text``: where the user said things are, routes, preferences, what a command named
   in prose did), the memory's scene facts (:func:`pipeline.memory.scene.read_scene_facts`)
-  and the positive control's verified plan (:func:`pipeline.memory.injection.read_verified_steps`);
+  and the positive control's verified plan (:func:`pipeline.prompts.verified.read_verified_steps`);
 - each observation as the model sees it, read as typed facts by the same reader
   (``read_turn``): never the game's state, the scene id, the expert plan or the ground truth.
 
@@ -45,7 +45,7 @@ from typing import Any, Mapping
 from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, etype
 from pipeline.core.conf_schema import AgentConfig
 from pipeline.core.facts import Fact, FactReader
-from pipeline.memory.injection import read_verified_steps
+from pipeline.prompts.verified import read_verified_steps
 from pipeline.memory.knowledge import Lesson, read_lessons
 from pipeline.memory.scene import read_scene_facts
 

@@ -18,7 +18,7 @@ difference over the reader's, on the same tasks, is the model's *utilisation* of
   reader's difference is 0 (the text is worth nothing to an agent that uses all of it);
 - the controls that read first: the reader must beat the positive control's baseline by a
   wide margin (Holm p < ``alpha``), otherwise the oracle's text itself is broken (a
-  pipeline failure, not a model's); a placebo condition (``condition.<C>.placebo``) must
+  pipeline failure, not a model's); a placebo condition (``condition.<C>.kind: placebo``) must
   not help the reader against that baseline.
 """
 
@@ -112,7 +112,7 @@ def controls(comparisons: Mapping[str, Mapping[str, Any]], reader: Mapping[str, 
             out.append({"check": "positive_control", "treatment": v["treatment"], "control": v["control"],
                         "reader_diff": v["reader_diff"]["value"], "reader_p_holm": v["reader_p_holm"],
                         "ok": v["reader_verdict"] == "better"})
-    placebos = [c for c, spec in cfg.condition.items() if spec.placebo and c in reader]
+    placebos = [c for c, spec in cfg.condition.items() if str(spec.kind) == "placebo" and c in reader]
     for c in placebos:
         if baseline is None or baseline not in reader:
             continue

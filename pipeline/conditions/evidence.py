@@ -8,13 +8,13 @@ raises :class:`EvidenceError`:
 2. every prompt equals the no-memory prompt of its task (with the condition's grounding
    setting) with its injected block removed (so the memory block is the only difference,
    and a prompt without one is identical);
-3. a masked condition (C0, C1, C2_silent: not ``memory_mode=on`` or ``injection_mask``)
-   injects nothing and shows no advisory text (slot name, heading, advisory JSON, messages);
+3. a masked condition (C0, C1, C2_silent: ``kind`` none or silent, whose exposure shows
+   nothing: :func:`pipeline.conditions.sources.is_exposed`) injects nothing and shows no advisory text (slot name, heading, advisory JSON, messages);
 4. for the same task, the prompts of all masked conditions with the same grounding
    setting are byte-identical (C1 and C2_silent);
 5. a condition without grounding shows none of its scene's grounding text;
 6. a placebo (C2_placebo), wherever its reference (the exposed, real-memory condition
-   with the same grounding: C2, :func:`placebo_reference`) injects, injects as many
+   with the same grounding: C2, :func:`pipeline.conditions.sources.placebo_reference`) injects, injects as many
    advisories, from entries C2 did not inject and of other scenes than the task's, in a
    block within 2% of C2's length in the model's tokens (characters when no local model
    plays: :func:`~pipeline.conditions.length.block_length_for`); where C2 injects nothing,
@@ -24,8 +24,9 @@ raises :class:`EvidenceError`:
 7. an oracle (C2_oracle) injects, for every task with an expert plan, a block that holds
    every step of that plan.
 
-:func:`pipeline.conditions.render.run_evidence_checks` runs those that apply to one
-condition with a renderer, given the rows of every configured condition; the ``check_*``
+:func:`pipeline.conditions.render.run_evidence_checks` runs checks 1-5 that apply to one
+condition with a renderer, given the rows of every configured condition, and the condition's
+own (6, 7) through its object's ``checks`` (:mod:`pipeline.conditions.sources`); the ``check_*``
 functions here are pure, over plain rows::
 
     check_masked_identical({"C1": {"s0/q0": text}, "C2_silent": {"s0/q0": text}})   # []
@@ -33,12 +34,9 @@ functions here are pure, over plain rows::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from pipeline.conditions.schema import task_id
-from pipeline.core.conf_schema import ConditionConfig, Config
-
-#: Notes of a placebo the store could not supply (pipeline.memory.injection.draw_placebo).
+#: Notes of a placebo the store could not supply (pipeline.conditions.placebo.draw_from_other_scenes).
 PLACEBO_UNAVAILABLE = ("too few entries of other scenes", "no entries of other scenes")
 
 
@@ -52,20 +50,6 @@ class EvidenceError(RuntimeError):
     def __init__(self, message: str, violations: Sequence[str] = ()):
         super().__init__(message)
         self.violations = list(violations)
-
-
-def is_exposed(condition_cfg: ConditionConfig) -> bool:
-    """Whether a condition may show advisories at all (seed 001: mode ``on``, unmasked)."""
-    return condition_cfg.memory_mode == "on" and not condition_cfg.injection_mask
-
-
-def placebo_reference(cfg: Config, condition: str, exposed: Mapping[str, bool]) -> Optional[str]:
-    """The condition a placebo is matched to (check 6): the first exposed one, in config
-    order, that shows real advisories (no placebo, no oracle) with the placebo's grounding
-    setting (C2 for C2_placebo); None when none is configured."""
-    grounded = bool(cfg.condition[condition].grounding)
-    return next((c for c in cfg.condition if exposed[c] and not bool(cfg.condition[c].placebo)
-                 and not bool(cfg.condition[c].oracle) and bool(cfg.condition[c].grounding) == grounded), None)
 
 
 # --------------------------------------------------------------------------- the checks

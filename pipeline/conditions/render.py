@@ -1,7 +1,8 @@
 """Rendering: one eval task's frozen system prompt under one condition, and the stage's core.
 
-For one eval task: signature -> retrieval -> advisory bundle -> gate
-(``pipeline.memory.build_memory_slot``) -> system prompt (``prompts.system_template`` with
+For one eval task: the condition's memory block (its kind's object,
+:func:`pipeline.conditions.sources.memory_slot`: signature -> retrieval -> advisory bundle ->
+gate) -> system prompt (``prompts.system_template`` with
 the scene's merged grounding ``data/grounding_merged/<scene_id>.md`` (+ ``configured.md``
 when ``grounding.files`` is set) and the injected block, assembled by
 :func:`pipeline.prompts.task_prompt`, as the policy's demonstrations are). :class:`Renderer`
@@ -22,18 +23,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from pipeline import memory, prompts
+from pipeline import prompts
+from pipeline.conditions import sources
 from pipeline.conditions.evidence import (
     EvidenceError,
     check_injected_blocks,
     check_masked_identical,
     check_no_advisory_text,
     check_no_grounding_text,
-    check_oracle_content,
     check_only_block_differs,
-    check_placebo_matched,
-    is_exposed,
-    placebo_reference,
     placebo_unavailable,
 )
 from pipeline.conditions.hints import label_hint_of, label_hint_totals
@@ -45,13 +43,12 @@ from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import safe_name, sha256_text
 from pipeline.core.schemas import canonical_json
 from pipeline.memory import EpisodicStore
-from pipeline.memory.injection import condition_section
 from pipeline.prompts import FrozenPrompt, PromptOrganizer, render_turn_prompt, split_grounding_paths
 
 #: Observation used to fill the turn slots of a frozen prompt for the evidence checks.
 PROBE_OBSERVATION: dict[str, Any] = {}
 #: An unmasked retrieval: what a masked prompt must not show (:meth:`Renderer.reference_advisories`).
-REFERENCE_CONDITION = {"memory_mode": "on", "retrieval_executed": True, "injection_mask": False, "placebo": False}
+REFERENCE_CONDITION = {"kind": "memory"}
 
 
 def grounding_files_for(scene_id: str, *, merged_dir: str, use_in_prompt: bool, configured: bool,
@@ -104,8 +101,6 @@ class Renderer:
         self.memory_defaults = canonical_json(self.organizer.memory_defaults)
         g = self.cfg.grounding
         self._configured = bool(split_grounding_paths(list(g.files) if not isinstance(g.files, str) else g.files))
-        # The unmasked retrieval the masking checks compare with, typed once (not per task).
-        self._reference = condition_section(REFERENCE_CONDITION)
 
     def grounding(self, scene_id: str, condition: str | None = None) -> list[str]:
         """The grounding files of ``scene_id``'s prompt (:func:`grounding_files_for`); none
@@ -134,10 +129,9 @@ class Renderer:
     def row(self, task: Mapping[str, Any], condition: str) -> dict:
         """One Parquet row: retrieval, bundle, gate and prompt of ``task`` under ``condition``."""
         cond_cfg = self.cfg.condition[condition]
-        # Looked up on the package at call time, so a test can substitute it.
-        slot = memory.build_memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=self.cfg.seed,
-                                        condition_name=condition, measure=self.length.measure,
-                                        words=self.words, facts=self.facts)
+        # Looked up on the module at call time, so a test can substitute it.
+        slot = sources.memory_slot(self.store, dict(task), cond_cfg, self.cfg.memory, rng=self.cfg.seed,
+                                   name=condition, measure=self.length.measure, words=self.words, facts=self.facts)
         files = self.grounding(str(task["scene_id"]), condition)
         frozen = self.prompt(task, slot.injected_block_text, files)
         bundle = slot.bundle
@@ -181,8 +175,8 @@ class Renderer:
 
     def reference_advisories(self, task: Mapping[str, Any]) -> list[str]:
         """Messages an unmasked retrieval would give ``task`` (what masked prompts must not show)."""
-        slot = memory.build_memory_slot(self.store, dict(task), self._reference, self.cfg.memory, rng=self.cfg.seed,
-                                        condition_name="reference", words=self.words, facts=self.facts)
+        slot = sources.memory_slot(self.store, dict(task), REFERENCE_CONDITION, self.cfg.memory, rng=self.cfg.seed,
+                                   name="reference", words=self.words, facts=self.facts)
         return [a.message for a in slot.bundle.retrieved]
 
 
@@ -218,12 +212,12 @@ def render_conditions(tasks: Sequence[Mapping[str, Any]], conditions: Sequence[s
     r = Renderer(cfg, store, root, length or BlockLength(), words, facts)
     tasks = sorted(tasks, key=lambda t: (str(t["scene_id"]), str(t["quest_id"])))
     rows_by = {c: [r.row(t, c) for t in tasks] for c in cfg.condition}
-    exposed = {c: is_exposed(cfg.condition[c]) for c in cfg.condition}
+    exposed = {c: sources.is_exposed(cfg.condition[c]) for c in cfg.condition}
     out = {}
     for condition in conditions:
         checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
         target = rows_by[condition]
-        unavailable = placebo_unavailable(target) if bool(cfg.condition[condition].placebo) else []
+        unavailable = placebo_unavailable(target) if str(cfg.condition[condition].kind) == "placebo" else []
         report = {
             "condition": condition,
             "placebo_unavailable": unavailable,
@@ -292,17 +286,14 @@ def run_evidence_checks(r: Renderer, tasks: Sequence[Mapping[str, Any]], rows_by
     if not grounded:
         scene_grounding = {task_id(t): r.organizer.grounding_content(r.grounding(str(t["scene_id"]))) for t in tasks}
         run("no_grounding_text", check_no_grounding_text(seen_rows, scene_grounding))
-    this = cfg.condition[condition]
-    if bool(this.placebo):
-        ref = placebo_reference(cfg, condition, exposed)
-        if ref is not None:
-            scenes = {e["entry_id"]: str((e.get("provenance") or {}).get("scene_id"))
-                      for e in r.store.table.select(["entry_id", "provenance"]).to_pylist()}
-            run("placebo_matched", check_placebo_matched(rows_by[condition], rows_by[ref], scenes,
-                                                         measure=r.length.measure, unit=r.length.unit))
-    if bool(this.oracle):
-        run("oracle_content", check_oracle_content(rows_by[condition], {task_id(t): list(t.get("expert_plan") or [])
-                                                                      for t in tasks}))
+    def entry_scene() -> dict[str, str]:
+        return {e["entry_id"]: str((e.get("provenance") or {}).get("scene_id"))
+                for e in r.store.table.select(["entry_id", "provenance"]).to_pylist()}
+
+    own = sources.source_for(cfg.condition[condition], condition).checks(
+        sources.CheckRequest(cfg, condition, rows_by, tasks, entry_scene, r.length.measure, r.length.unit))
+    for name, found in own.items():  # the condition's own checks (its kind's: placebo_matched, oracle_content)
+        run(name, found)
     return checks, violations
 
 

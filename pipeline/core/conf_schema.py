@@ -139,6 +139,16 @@ class MemoryMode(StrEnum):
     silent = "silent"  # retrieved, masked: the prompt is the memory-off one
 
 
+class ConditionKind(StrEnum):
+    """What a condition's memory block shows: one object each in ``pipeline.conditions.sources``."""
+
+    none = "none"  # no retrieval, no block (C0, C1)
+    memory = "memory"  # the store's advisories for the task, shown when the gate passes (C2)
+    silent = "silent"  # retrieval runs, nothing is shown: the prompt is the no-memory one (C2_silent)
+    placebo = "placebo"  # other scenes' advisories, as many and as long as memory's (C2_placebo)
+    oracle = "oracle"  # the task's own expert plan, in memory's form (C2_oracle, the positive control)
+
+
 class SaveFormat(StrEnum):
     """Grounding files written: JSON, text, or both."""
 
@@ -481,21 +491,14 @@ class AgentConfig:
 
 
 @dataclass
-class MemorySwitches:
-    """How a block of advisories is built (``pipeline.memory.build_memory_slot``): the memory switches of a
-    condition (:class:`ConditionConfig`) and of an advisory variant of the policy's demonstrations
-    (:class:`AdvisoryVariantConfig`). The defaults are no memory (C1's)."""
+class MemoryBlockConfig:
+    """Which memory block a condition (:class:`ConditionConfig`) or an advisory variant of the policy's
+    demonstrations (:class:`AdvisoryVariantConfig`) shows: its ``kind``, one object of
+    ``pipeline.conditions.sources`` that builds the block and knows the render stage's checks of it.
+    The default is no memory (C1's)."""
 
-    memory_mode: MemoryMode = MemoryMode.off
-    """off | on | silent (:class:`MemoryMode`)."""
-    retrieval_executed: bool = False
-    """Run retrieval at all."""
-    injection_mask: bool = True
-    """Retrieved advisories are masked (never shown)."""
-    placebo: bool = False
-    """Inject length-matched advisories from other scenes instead (C2_placebo)."""
-    oracle: bool = False
-    """Positive control: advisories built from the task's own expert plan (C2_oracle)."""
+    kind: ConditionKind = ConditionKind.none
+    """none | memory | silent | placebo | oracle (:class:`ConditionKind`)."""
 
 
 @dataclass
@@ -505,27 +508,23 @@ class _VariantName:
 
 
 @dataclass
-class AdvisoryVariantConfig(MemorySwitches, _VariantName):
-    """An advisory block the policy's demonstrations carry, built exactly as the block of the
-    condition with the same switches (``conf/condition/``); the prompt variant is named after
-    ``name`` (``plain+C2``, ``grounded+C2_placebo``). With ``oracle`` (the train quest's own
-    verified plan) the expert follows it.
+class AdvisoryVariantConfig(MemoryBlockConfig, _VariantName):
+    """An advisory block the policy's demonstrations carry, built exactly as the block of a
+    condition of the same ``kind`` (``conf/condition/``); the prompt variant is named after
+    ``name`` (``plain+C2``, ``grounded+C2_placebo``). With ``kind: oracle`` (the train quest's
+    own verified plan) the expert follows it.
 
-    The defaults are C2's block. ``name`` comes first in the config: a dataclass lists the
+    The default is C2's block. ``name`` comes first in the config: a dataclass lists the
     fields of its last base first.
     """
 
-    memory_mode: MemoryMode = MemoryMode.on
-    """C2's: on."""
-    retrieval_executed: bool = True
-    """C2's: retrieval runs."""
-    injection_mask: bool = False
-    """C2's: shown when the gate passes."""
+    kind: ConditionKind = ConditionKind.memory
+    """C2's: the store's advisories."""
 
 
 def _default_advisory_variants() -> List[AdvisoryVariantConfig]:
-    return [AdvisoryVariantConfig(name="C2"), AdvisoryVariantConfig(name="C2_placebo", placebo=True),
-            AdvisoryVariantConfig(name="C2_oracle", oracle=True)]
+    return [AdvisoryVariantConfig(name="C2"), AdvisoryVariantConfig(name="C2_placebo", kind=ConditionKind.placebo),
+            AdvisoryVariantConfig(name="C2_oracle", kind=ConditionKind.oracle)]
 
 
 @dataclass
@@ -849,10 +848,10 @@ class MemoryConfig:
 
 
 @dataclass
-class ConditionConfig(MemorySwitches):
-    """One experimental condition (seed 001 section 2.4, plus the placebo control and C0):
-    grounding (on / off) and memory (off / on / silent / placebo: :class:`MemorySwitches`) are
-    orthogonal switches. The defaults are C1: the scene's grounding, no memory."""
+class ConditionConfig(MemoryBlockConfig):
+    """One experimental condition (seed 001 section 2.4, plus the placebo, the positive control and
+    C0): grounding (on / off) and the memory block's ``kind`` (:class:`ConditionKind`) are
+    orthogonal. The defaults are C1: the scene's grounding, no memory."""
 
     grounding: bool = True
     """The scene's merged grounding in the prompt (false: C0)."""

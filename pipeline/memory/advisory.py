@@ -76,8 +76,8 @@ class Recall:
     does not repeat (``stated``). Facts and lessons naming the objective's things (or their
     kinds) come first.
 
-    ``unrelated`` is the placebo's recall: the same form with nothing this task can use: an
-    entry's own (other) house stated as "this house", lessons only about kinds the
+    ``unrelated``: the recall of a block built from other houses' entries, the same form
+    with nothing this task can use: an entry's own (other) house stated as "this house", lessons only about kinds the
     objective does not name and that open nothing, no habits.
 
     Attributes:
@@ -86,7 +86,7 @@ class Recall:
         words: the objective's names and their kinds (what "naming the task's things" means).
         house: state a house's facts over all its visits (``memory.facts=house``).
         lessons: state the lessons across houses (``memory.lessons``).
-        unrelated: the placebo's recall (see above).
+        unrelated: the recall of a block from other houses' entries (see above).
     """
 
     knowledge: StoreKnowledge

@@ -279,7 +279,7 @@ class EpisodeProbe:
 
         organizer = PromptOrganizer.from_config(cfg)
         rule_cfg = rule_agent_config(cfg)
-        oracle = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
+        oracle = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
         tasks: list[HouseTask] = []
         houses = training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=2).houses(n) if n > 0 else []
         for house in houses:

@@ -57,7 +57,8 @@ from pipeline.envs.household.env import HouseholdEnv, LogicHouseholdEnv
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
 from pipeline.grounding import TEXT_JOINER
 from pipeline.grounding.episodes import scene_groundings
-from pipeline.memory import EpisodicStore, build_memory_slot
+from pipeline.conditions import memory_slot
+from pipeline.memory import EpisodicStore
 from pipeline.memory.build import build_store
 from pipeline.policy.demo_workers import DemoWorkers, Shared, WorkerContext
 from pipeline.policy.expert import (
@@ -327,8 +328,8 @@ def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
         groundings.append(("grounded", text))
     blocks: list[tuple[str, str]] = [("", "")]
     for adv in cfg.demos.advisory_variants:
-        slot = build_memory_slot(memory.store, dict(row), adv, cfg.memory, rng=cfg.seed,
-                                 condition_name=str(adv.name), words=world_words(cfg), facts=fact_reader(cfg))
+        slot = memory_slot(memory.store, dict(row), adv, cfg.memory, rng=cfg.seed, name=str(adv.name),
+                           words=world_words(cfg), facts=fact_reader(cfg))
         block = slot.injected_block_text
         if block and block not in [b for _, b in blocks]:
             blocks.append((str(adv.name), block))
@@ -533,7 +534,7 @@ def house_demo(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, orga
     """
     pol = cfg.policy
     n_houses = max(0, pol.generated_houses)
-    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
+    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
     rule_cfg = rule_cfg if rule_cfg is not None else rule_agent_config(cfg)
     row = house.row(0)
     all_scenes = {**scenes, house.scene_id: house.spec}
@@ -589,7 +590,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     time. The drills of a quest are one training unit (:func:`training_unit`).
     """
     n = cfg.policy.plan_drills
-    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
+    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
     picks = [i for i, v in enumerate(variants) if v.source in oracle_names]
     if n <= 0 or not picks:
         return []

@@ -47,7 +47,7 @@ from pipeline.envs.household.games import CONTAINER_KINDS, OBJECT_KINDS, ROOM_NA
 from pipeline.envs.household.planner import breadth_first, shortest_plan
 from pipeline.envs.household.text import preference_text, read_locations, things_in_commands
 from pipeline.envs.household.world import INVENTORY, World, parse_fact, parse_preference
-from pipeline.memory import read_verified_steps
+from pipeline.prompts.verified import read_verified_steps
 
 # The positive control's advisories (C2_oracle, pipeline.memory.injection) say their steps
 # "solve this exact task"; the commands they write name where the task's objects are.

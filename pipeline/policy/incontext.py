@@ -64,7 +64,7 @@ class InContextProbe:
     def build(cls, cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
               memory: SceneMemory, *, n: int) -> "InContextProbe":
         organizer = PromptOrganizer.from_config(cfg)
-        oracle = [str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)]
+        oracle = [str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"]
         agent = LLMAgent(cfg, backend=NoBackend())
         tasks: list[ProbeTask] = []
         for house in training_houses(cfg, manifest, scenes, heldout=True).houses(n) if n > 0 else []:

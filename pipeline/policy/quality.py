@@ -31,20 +31,17 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import OmegaConf
 
 from pipeline.agents.llm import LLMAgent
-from pipeline.conditions import is_exposed
-from pipeline.core.conf_schema import AdvisoryVariantConfig, Config, DemosConfig, MemoryMode
+from pipeline.conditions import memory_slot, source_for
+from pipeline.core.conf_schema import AdvisoryVariantConfig, Config, ConditionKind, DemosConfig
 from pipeline.envs import fact_reader, world_words
 from pipeline.llm.backends.transformers import TransformersBackend
-from pipeline.memory import build_memory_slot
 from pipeline.policy.demos import SceneMemory, _Progress, freeze_prompt, grounding_text
 from pipeline.prompts import PromptOrganizer, extract_json_object
 from pipeline.session.collection import make_factories
 from pipeline.session.rollout import play, tasks_from_manifest
 
 # The memory prompts' advisories when no advisory variant shows real ones.
-LITERAL_MEMORY = OmegaConf.structured(AdvisoryVariantConfig(name="memory", memory_mode=MemoryMode.on,
-                                                            retrieval_executed=True, injection_mask=False,
-                                                            placebo=False))
+LITERAL_MEMORY = OmegaConf.structured(AdvisoryVariantConfig(name="memory", kind=ConditionKind.memory))
 
 
 def run_metrics(records: Sequence[Mapping[str, Any]]) -> dict:
@@ -86,7 +83,7 @@ def exposed_variant(demos_cfg: DemosConfig) -> tuple[str, Any]:
     change when the experiment's list of conditions does.
     """
     for v in demos_cfg.advisory_variants:
-        if is_exposed(v) and not v.placebo and v.retrieval_executed:
+        if source_for(v, str(v.name)).real:
             return v.name, v
     return LITERAL_MEMORY.name, LITERAL_MEMORY
 
@@ -97,8 +94,8 @@ def memory_prompts(cfg: Config, rows: Mapping[tuple[str, str], Mapping[str, Any]
     organizer = PromptOrganizer.from_config(cfg)
     out = {}
     for key, row in rows.items():
-        slot = build_memory_slot(memory.store, dict(row), variant, cfg.memory, rng=cfg.seed,
-                                 condition_name=variant_name, words=world_words(cfg), facts=fact_reader(cfg))
+        slot = memory_slot(memory.store, dict(row), variant, cfg.memory, rng=cfg.seed, name=variant_name,
+                           words=world_words(cfg), facts=fact_reader(cfg))
         out[key] = freeze_prompt(organizer, row["objective"], row["scene_id"],
                                  grounding_text(cfg.grounding, memory, row["scene_id"], organizer),
                                  slot.injected_block_text)

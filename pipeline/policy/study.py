@@ -201,7 +201,7 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     held-out houses (their first quests do not depend on ``quests``). ``skip``: the held-out
     stream's first ``skip`` houses are passed over (a fresh sample of houses for a confirmation)."""
     organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
-    oracle = {str(a.name) for a in cfg.demos.advisory_variants if bool(a.oracle)}
+    oracle = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
     out = []
     for house in training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=quests).houses(skip + n)[skip:]:
         episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
