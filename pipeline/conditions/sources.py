@@ -38,7 +38,7 @@ from pipeline.conditions.schema import task_id
 from pipeline.core.conf_schema import ConditionKind, Config, MemoryConfig
 from pipeline.core.config import ConfigError
 from pipeline.core.facts import FactReader, WorldWords
-from pipeline.memory.injection import Exposure, MemorySlot, build_memory_slot, retrieve_for
+from pipeline.memory.injection import Exposure, MemorySlot, Retrieval, build_memory_slot, retrieve_for
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,12 @@ class SlotRequest:
     measure: Callable[[str], int] = len
     words: Optional[WorldWords] = None
     facts: Optional[FactReader] = None
+
+    def retrieval(self, exposure: Exposure) -> Retrieval:
+        """The task's retrieval under ``exposure`` (:func:`~pipeline.memory.injection.retrieve_for`):
+        what a block built from C2's (its count, its lengths) starts from."""
+        return retrieve_for(self.store, self.task, exposure, self.memory_cfg, name=self.name, words=self.words,
+                            facts=self.facts)
 
 
 @dataclass(frozen=True)
@@ -133,9 +139,7 @@ class Placebo:
     real: bool = False
 
     def slot(self, req: SlotRequest) -> MemorySlot:
-        got = retrieve_for(req.store, req.task, self.exposure, req.memory_cfg, name=req.name, words=req.words,
-                           facts=req.facts)
-        return placebo_slot(req.store, dict(req.task), got, req.rng, req.measure)
+        return placebo_slot(req.store, dict(req.task), req.retrieval(self.exposure), req.rng, req.measure)
 
     def checks(self, req: CheckRequest) -> dict[str, list[str]]:
         ref = placebo_reference(req.cfg, req.condition)
@@ -155,9 +159,7 @@ class Oracle:
     real: bool = False
 
     def slot(self, req: SlotRequest) -> MemorySlot:
-        got = retrieve_for(req.store, req.task, self.exposure, req.memory_cfg, name=req.name, words=req.words,
-                           facts=req.facts)
-        return oracle_slot(dict(req.task), got)
+        return oracle_slot(dict(req.task), req.retrieval(self.exposure))
 
     def checks(self, req: CheckRequest) -> dict[str, list[str]]:
         plans = {task_id(t): list(t.get("expert_plan") or []) for t in req.tasks}
