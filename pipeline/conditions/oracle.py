@@ -50,10 +50,8 @@ def oracle_slot(task: dict, got: Retrieval) -> MemorySlot:
     """The oracle's slot: as many advisories as C2's bundle holds for the task (``got``: its
     retrieval, shown), from the task's plan. The positive control gives the answer on purpose:
     the label-hint gate is not applied."""
-    controller, store_hash = got.controller, got.store_hash
-    c2 = controller.build_slot_payload(got.advisories, warnings=got.warnings, store_hash=store_hash)
     key = f"{task.get('scene_id')}/{task.get('quest_id')}"
-    oracle = oracle_advisories(got.plan, len(c2.retrieved), got.builder.max_message_chars, key)
-    bundle = controller.build_slot_payload(oracle, store_hash=store_hash)
-    return finish_slot(controller, bundle, got.retrieved_ids, [], [f"oracle: {len(oracle)} advisories from the task's "
-                                                                   f"expert plan ({len(got.plan)} steps)"], [], None)
+    oracle = oracle_advisories(got.plan, len(got.bundle().retrieved), got.builder.max_message_chars, key)
+    bundle = got.bundle(oracle, warnings=[])  # the oracle's bundle carries none of retrieval's warnings
+    note = f"oracle: {len(oracle)} advisories from the task's expert plan ({len(got.plan)} steps)"
+    return finish_slot(got.controller, bundle, got.retrieved_ids, [], [note], [], None)

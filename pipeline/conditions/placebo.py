@@ -202,22 +202,21 @@ def placebo_slot(store: Any, task: dict[str, Any], got: Retrieval, rng: int | np
                  measure: Callable[[str], int] = len) -> MemorySlot:
     """The placebo's slot: what would C2 inject (``got``: the task's retrieval, shown)? Then
     the same count and lengths drawn from other scenes (nothing when C2's gate would refuse)."""
-    controller, builder, warnings, store_hash = got.controller, got.builder, got.warnings, got.store_hash
+    controller, builder = got.controller, got.builder
     retrieved_ids, kept_ids, plan, gt = got.retrieved_ids, got.kept_ids, got.plan, got.ground_truth
     recall = got.recall(unrelated=True) if got.recall else None
-    c2_bundle = controller.build_slot_payload(got.advisories, warnings=warnings, store_hash=store_hash)
+    c2_bundle = got.bundle()
     c2_ok, c2_reason = controller.gate(c2_bundle, query_expert_plan=plan, query_ground_truth=gt)
     if not c2_ok:
-        bundle = controller.build_slot_payload([], warnings=warnings, store_hash=store_hash)
-        return finish_slot(controller, bundle, retrieved_ids, [], [f"placebo: C2 would inject nothing ({c2_reason})"],
-                       plan, gt, reason=c2_reason)
+        return finish_slot(controller, got.bundle([]), retrieved_ids, [],
+                           [f"placebo: C2 would inject nothing ({c2_reason})"], plan, gt, reason=c2_reason)
     generator = rng if isinstance(rng, np.random.Generator) else task_rng(int(rng), task)
     c2_entries = [e for e in retrieved_ids if e in set(kept_ids)]
     placebo, sources, notes, filler = draw_from_other_scenes(
         store, c2_bundle.retrieved, query_scene_id=task.get("scene_id"), rng=generator,
         builder=builder, query_expert_plan=plan, query_ground_truth=gt, exclude_entry_ids=c2_entries, recall=recall,
     )
-    bundle = controller.build_slot_payload(placebo, warnings=warnings, store_hash=store_hash)
+    bundle = got.bundle(placebo)
     if len(placebo) == len(c2_bundle.retrieved):
         def names_answer(text: str) -> bool:  # any one command of the plan, or the ground truth verbatim
             return bool(named_plan_commands(text, plan) or find_label_hints(text, ground_truth=gt))

@@ -387,9 +387,6 @@ def build_memory_slot(
         A :class:`MemorySlot`.
     """
     got = retrieve_for(store, task, exposure, memory_cfg, name=name, words=words, facts=facts)
-    if not got.controller.retrieval_executed:
-        return finish_slot(got.controller, got.controller.build_slot_payload(), [], [], [], got.plan,
-                           got.ground_truth)
     return finish_slot(got.controller, got.bundle(), got.retrieved_ids, got.kept_ids, [], got.plan,
                        got.ground_truth)
 
