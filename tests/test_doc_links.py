@@ -126,7 +126,7 @@ def config_mentions(text: str) -> list[str]:
     writes: in inline code (a span holding a call, ``f(x=1)``, is code, not config), and
     in code blocks as ``-S`` arguments and ``pipeline.core.config compose`` arguments. Only
     those whose first part is a top-level key of either pipeline's config; file names left out."""
-    spans = [s for s in _CODE_SPAN.findall(_FENCE.sub("", text)) if "(" not in s]
+    spans = [s for s in _CODE_SPAN.findall(_prose(text)) if "(" not in s]
     for block in _FENCE.finditer(text):
         for line in block[0].splitlines():
             line = line.split("  #")[0]
@@ -248,7 +248,7 @@ def missing_names(text: str, root: Path = ROOT) -> list[str]:
     """Each source path in inline code that matches no file (globs allowed; ``<x>`` placeholders
     skipped) and each ``pipeline.<...>`` name that does not resolve."""
     bad = []
-    for span in _CODE_SPAN.findall(_FENCE.sub("", text)):
+    for span in _CODE_SPAN.findall(_prose(text)):
         for path in _SOURCE_PATH.findall(span):
             if "<" not in span and not any(root.glob(path)):
                 bad.append(f"{path}: no such file")
