@@ -2,7 +2,7 @@
 
     python -m benchmarks.bench_rollouts [--houses 56] [--batch 14] [--json]
 
-:class:`pipeline.policy.rollout_workers.RolloutWorkers` plays a list of generated-house tasks
+:func:`pipeline.policy.dagger.play_rollouts` plays a list of generated-house tasks
 one ``agent.batch_size`` batch per job, in this process or in spawned workers. Here: the
 first DAgger round's tasks of a small world (the tests' tiny games for the scene memory and
 the eval exclusions; the houses are generated, ``env.max_steps`` the default's 20), a model of
@@ -42,10 +42,10 @@ def run(houses: int = 56, batch: int = 14, counts: tuple[int, ...] = (1, 2)) -> 
     from pipeline.core.config import compose_text, validate
     from pipeline.core.numerics import pin
     from pipeline.envs.household.build import build_games
-    from pipeline.policy.dagger import dagger_tasks, rollout_config
+    from pipeline.core.parallel import partition
+    from pipeline.policy.dagger import dagger_tasks, play_rollouts, rollout_config, rollout_pool
     from pipeline.policy.demos import build_scene_memory
     from pipeline.policy.model import build_model, train_tokenizer
-    from pipeline.policy.rollout_workers import RolloutWorkers, batches
 
     cfg = validate(OmegaConf.create(compose_text(ROOT, WORLD)))
     cfg = OmegaConf.merge(cfg, {"agent": {"name": "llm", "batch_size": batch}, "workers": 1})
@@ -65,15 +65,15 @@ def run(houses: int = 56, batch: int = 14, counts: tuple[int, ...] = (1, 2)) -> 
     turns = 0
     for n in counts:
         t = time.perf_counter()
-        with RolloutWorkers(rcfg, workers=n) as pool:
-            rolls = pool.play(model, tok, tasks, label=True)
+        with rollout_pool(rcfg, workers=n) as pool:
+            rolls = play_rollouts(pool, model, tok, tasks, label=True)
         seconds[n] = time.perf_counter() - t
         records[n] = _record(rolls)
         turns = sum(r.turns for r in rolls)
     base = counts[0]
     speedups = {n: seconds[base] / seconds[n] for n in counts}
     fractions = {n: (1 - 1 / s) / (1 - 1 / n) if n > 1 else None for n, s in speedups.items()}
-    return {"houses": houses, "batch": batch, "jobs": len(batches(tasks, batch)), "episodes": len(tasks),
+    return {"houses": houses, "batch": batch, "jobs": len(partition(tasks, batch)), "episodes": len(tasks),
             "turns": turns,
             "setup_s": round(setup_s, 1), "seconds": {str(n): round(s, 2) for n, s in seconds.items()},
             "turns_per_s": {str(n): round(turns / s, 2) for n, s in seconds.items()},

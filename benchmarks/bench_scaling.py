@@ -217,12 +217,12 @@ def default_run_times(root: Path) -> dict[str, dict[str, Any]]:
 def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
     """``{stage: {"parts", "why"}}``: how many workers each stage of the default run could use
     at most, from its metrics and ``params.yaml``, by the stages' own rules asked with an
-    unbounded ``workers`` (the batches of :func:`pipeline.session.rollout.batches` that
+    unbounded ``workers`` (the batches of :func:`pipeline.core.parallel.partition` that
     ``worker_count`` counts, one process per curve point). A stage missing here is taken as
     having parts to spare."""
     import yaml
 
-    from pipeline.session.rollout import batches
+    from pipeline.core.parallel import partition
 
     m = root / "metrics"
 
@@ -241,7 +241,7 @@ def default_run_parts(root: Path) -> dict[str, dict[str, Any]]:
     for name, folder in (("evaluate", "eval"), ("evaluate_reader", "eval_reader")):
         tasks = [load(f).get("num_tasks") for f in sorted((m / folder).glob("*.json"))]
         if tasks and all(tasks):
-            out[name] = {"parts": len(batches(list(range(max(tasks))), size)), "why": f"batches of agent.batch_size={size}"}
+            out[name] = {"parts": len(partition(list(range(max(tasks))), size)), "why": f"batches of agent.batch_size={size}"}
     points = load(m / "curve.json").get("points")
     if points:
         out["curve"] = {"parts": len(points), "why": "one curve point per part"}

@@ -1,7 +1,7 @@
 """Learning from its own mistakes (``pipeline.policy.dagger``): the policy plays generated houses,
 the knowledge-limited expert labels every state it reaches, the model trains on the labels; and
 the whole-episode probe on held-out houses; the same episodes played in worker processes
-(``pipeline.policy.rollout_workers``).
+(``pipeline.policy.dagger.play_rollouts``).
 
 Real code on the session's tiny games and a tiny untrained model (it plays badly, which is the
 point: its states are not the expert's).
@@ -155,18 +155,19 @@ def _rollout_record(rolls) -> list:
 
 
 def test_rollouts_in_one_or_two_worker_processes_are_play_houses_own(cfg, tiny_games, memory, tiny_model):
-    """``pipeline.policy.rollout_workers``: the batches of ``agent.batch_size`` are the partition,
+    """``pipeline.policy.dagger.play_rollouts``: the batches of ``agent.batch_size`` are the partition,
     so one worker and two give the same rollouts, the expert's labels included, and both equal
     ``play_houses`` run single-threaded; the caller's thread count and the model's mode are kept."""
     import torch
 
-    from pipeline.policy.dagger import dagger_tasks, model_backend, play_houses, rollout_config
-    from pipeline.policy.rollout_workers import RolloutWorkers, batches
+    from pipeline.core.parallel import partition
+    from pipeline.policy.dagger import dagger_tasks, model_backend, play_houses, play_rollouts, rollout_config, \
+        rollout_pool
 
     model, tok = tiny_model
     rcfg = rollout_config(cfg)
     tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
-    assert [len(b) for b in batches(tasks, rcfg.agent.batch_size)] == [3, 1]  # the last batch is partial
+    assert [len(b) for b in partition(tasks, rcfg.agent.batch_size)] == [3, 1]  # the last batch is partial
 
     torch.set_num_threads(1)
     reference = _rollout_record(play_houses(rcfg, model_backend(rcfg, model, tok), tasks, label=True))
@@ -174,15 +175,15 @@ def test_rollouts_in_one_or_two_worker_processes_are_play_houses_own(cfg, tiny_g
 
     model.train()
     seen: list[int] = []
-    with RolloutWorkers(rcfg, workers=1) as pool:
-        one = _rollout_record(pool.play(model, tok, tasks, label=True, progress=seen.append))
+    with rollout_pool(rcfg, workers=1) as pool:
+        one = _rollout_record(play_rollouts(pool, model, tok, tasks, label=True, progress=seen.append))
     assert model.training  # left as it came
     assert seen == [3, 1]
     torch.set_num_threads(2)  # the caller's threads do not reach a job
     try:
-        with RolloutWorkers(rcfg, workers=2) as pool:
-            two = _rollout_record(pool.play(model, tok, tasks, label=True))
-            assert pool.play(model, tok, tasks[:2], label=False)[1].task.task_id == tasks[1].task_id  # served again
+        with rollout_pool(rcfg, workers=2) as pool:
+            two = _rollout_record(play_rollouts(pool, model, tok, tasks, label=True))
+            assert play_rollouts(pool, model, tok, tasks[:2], label=False)[1].task.task_id == tasks[1].task_id
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
@@ -196,16 +197,18 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
     import pyarrow.parquet as pq
     import torch
 
-    from pipeline.policy.dagger import EpisodeProbe, InProcess, rollout_config
+    from pipeline.core.parallel import OrderedPool
+    from pipeline.policy.dagger import EpisodeProbe, rollout_config, rollout_pool
     from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
     from pipeline.policy.training import build_policy
 
-    class Counted(InProcess):  # the stage passes its RolloutWorkers here: every episode goes through it
+    class Counted(OrderedPool):  # the stage passes its rollout pool here: every episode goes through it
         calls: list = []
 
-        def play(self, model, tokenizer, tasks, *, label, progress=None):
-            self.calls.append((label, len(tasks)))
-            return super().play(model, tokenizer, tasks, label=label, progress=progress)
+        def map(self, fn, jobs, *, progress=None):
+            jobs = list(jobs)  # a play's batches: (model, tokenizer, tasks, label)
+            self.calls.append((jobs[0][3], sum(len(j[2]) for j in jobs)))
+            return super().map(fn, jobs, progress=progress)
 
     torch.set_num_threads(1)
     small = OmegaConf.merge(cfg, {"policy": {"demos_per_quest": 2, "dagger_rounds": 2, "dagger_houses": 3,
@@ -213,9 +216,10 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
     write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
     demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
     probe = EpisodeProbe.build(small, tiny_games.rows, tiny_games.scenes, demo_set.memory, n=2)
-    players = Counted(rollout_config(small))
+    base = rollout_pool(rollout_config(small))
+    players = Counted(1, context=base.context, numerics=base.numerics, threads=base.threads)
     built = build_policy(small, demo_set, tmp_path / "policy", episode_probe=probe,
-                         games=(tiny_games.rows, tiny_games.scenes), players=players)
+                         games=(tiny_games.rows, tiny_games.scenes), pool=players)
     n_probe = len(probe.tasks)  # the probe after the demonstrations, then each round's rollouts and probe
     assert players.calls == [(False, n_probe), (True, 3), (False, n_probe), (True, 3), (False, n_probe)]
     s = json.loads((tmp_path / "policy" / "training.json").read_text())

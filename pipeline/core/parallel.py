@@ -11,8 +11,12 @@ config (whole batches, shards, micro-batches, per-item seeds), each part compute
 single-threaded under the pinned numerics (:mod:`pipeline.core.numerics`), the results
 merged in partition order. So ``workers`` is in no stage's DVC params and in no hashed
 config section; the count a run used goes to its metrics only. :class:`OrderedPool` runs
-such jobs for ``games``, ``demos``, ``curve`` and the policy's rollouts: spawned workers, each
-started by an initializer, the results in job order.
+such jobs for every stage (``games``, ``demos``, ``collect``, ``evaluate``, ``curve``, the
+policy's rollouts): spawned workers, each started by the one start-up here (:func:`_start`: the
+numerics pinned, the jobs' context and shared objects received), the results in job order;
+:func:`partition` cuts the work into the jobs. The policy's data-parallel training
+(:mod:`pipeline.policy.model`) is the one other place that starts processes: its helpers hold
+a model replica each and exchange gradients every step, which no job queue expresses.
 
 Supervision, for every process a stage starts (the pool's workers, a collection's workers, the
 policy's training helpers): a worker whose process does not run for ``agent.worker_stall_s``
@@ -30,9 +34,10 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
 AUTO = "auto"
+T = TypeVar("T")
 
 
 def available_cores() -> int:
@@ -64,6 +69,16 @@ def resolve_workers(value: Any, *, limit: int | None = None) -> int:
 def stage_workers(cfg: Any, *, limit: int | None = None) -> int:
     """:func:`resolve_workers` of a composed config's ``workers`` key."""
     return resolve_workers(cfg.workers, limit=limit)
+
+
+def partition(items: Sequence[T], size: int) -> list[list[T]]:
+    """The work's fixed partition into jobs: consecutive runs of ``size`` items, in order (the
+    last one shorter). A collection's batches (``agent.batch_size``: resume and shards work in
+    these units), the policy's rollout batches and the demos' chunks are all cut here, so what a
+    job holds follows the config, never the number of workers."""
+    size = max(1, int(size))
+    items = list(items)
+    return [items[i:i + size] for i in range(0, len(items), size)]
 
 
 # --------------------------------------------------------------------------- supervision
@@ -111,11 +126,14 @@ def supervision() -> Supervision:
     return _SUPERVISION
 
 
-def stall_message(what: str, age: float, stall_s: float) -> str:
+PROCESS_STALL = "its process did not run, stopped or frozen"
+
+
+def stall_message(what: str, age: float, stall_s: float, why: str = PROCESS_STALL) -> str:
     """One spelling of a stall, for every kind of worker."""
     where = f"{_SUPERVISION.stage}: " if _SUPERVISION.stage else ""
-    return (f"{where}{what} made no progress for {age:.0f} s ({STALL_KEY}={stall_s:g} s: its process did not run, "
-            "stopped or frozen) and was stopped with its siblings")
+    return (f"{where}{what} made no progress for {age:.0f} s ({STALL_KEY}={stall_s:g} s: {why}) "
+            "and was stopped with its siblings")
 
 
 def die_with_parent(parent_pid: int, beat: Callable[[], None] | None = None, every: float = BEAT_S) -> threading.Thread:
@@ -201,60 +219,124 @@ class _Watch:
 
 # --------------------------------------------------------------------------- the ordered pool
 
-_WORKER_CONTEXT: Any = None  # a spawned worker's context: what its initializer returned (set by _start)
+Beats = Literal["process", "job"]
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A handle to an object :meth:`OrderedPool.share` sent to every worker; a job reads the
+    object with :func:`shared`."""
+
+    key: str
+
+
+_WORKER_CONTEXT: Any = None  # a spawned worker's context: the pool's, received at its start (_start)
 _WORKER_SLOT: tuple[Any, int] | None = None  # (its pool's _Watch, its slot)
+_SHARED: dict[str, Any] = {}  # this process's shared objects: a worker's from its start, a caller's while its pool lives
+_POOLS = iter(range(1 << 62))  # each pool's prefix for its shared keys (unique in this process)
 
 
-def _start(parent_pid: int, watch: _Watch, initializer: Callable[..., Any] | None, initargs: tuple) -> None:
+def _pin(numerics: Any, threads: int | None, load_torch: bool) -> None:
+    """Pin a worker's numerics (:func:`pipeline.core.numerics.pin`) before its first job, at
+    ``threads`` when given (else the config's ``numerics.threads``)."""
+    from pipeline.core.numerics import pin
+
+    if threads is not None:
+        from omegaconf import OmegaConf
+
+        numerics = OmegaConf.merge(numerics, {"threads": int(threads)})
+    pin(numerics, load_torch=load_torch)
+
+
+def _start(parent_pid: int, watch: _Watch, beats: Beats, numerics: Any, threads: int | None, load_torch: bool,
+           context: Any, objects: dict[str, Any]) -> None:
+    """Every pool worker's start-up, the only one: watched from its first line, its numerics
+    pinned (before anything loads torch), its jobs' context and the pool's shared objects kept."""
     global _WORKER_CONTEXT, _WORKER_SLOT
     slot = watch.claim()
     _WORKER_SLOT = (watch, slot)
-    die_with_parent(parent_pid, beat=lambda: watch.beat(slot))  # before the initializer: its start-up is watched
-    _WORKER_CONTEXT = initializer(*initargs) if initializer is not None else None
+    # the watch thread beats for the process; with job beats only while no job runs (start-up, idle)
+    alive = (lambda: watch.beat(slot)) if beats == "process" else (lambda: watch.jobs[slot] < 0 and watch.beat(slot))
+    die_with_parent(parent_pid, beat=alive)  # before the pin: a worker's start-up is watched too
+    if numerics is not None:
+        _pin(numerics, threads, load_torch)
+    _SHARED.update(objects)
+    _WORKER_CONTEXT = context
+
+
+def beat() -> None:
+    """In a job: a sign of progress (a pool with ``beats="job"`` stops a running job that has not
+    called it for the stall bound). Anywhere else (a job run in its caller's process): nothing."""
+    if _WORKER_SLOT is not None:
+        watch, slot = _WORKER_SLOT
+        watch.beat(slot)
+
+
+def shared(handle: Shared) -> Any:
+    """The object behind a :class:`Shared` handle, in a worker or in the process that shared it."""
+    return _SHARED[handle.key]
 
 
 def _run(fn: Callable[[Any, Any], Any], job: Any, index: int = -1) -> Any:
     watch, slot = _WORKER_SLOT if _WORKER_SLOT is not None else (None, -1)
     if slot >= 0:
+        watch.beat(slot)
         watch.jobs[slot] = index
     try:
         return fn(_WORKER_CONTEXT, job)
     finally:
         if slot >= 0:
             watch.jobs[slot] = -1
+            watch.beat(slot)
 
 
 class OrderedPool:
     """Jobs in ``workers`` fresh ``spawn`` processes, their results in job order::
 
-        with OrderedPool(n, initializer=init, initargs=(cfg,), context=ctx) as pool:
-            results = pool.map(job_fn, jobs, progress=lambda result: bar.update())
+        with OrderedPool(n, context=ctx, numerics=cfg.numerics) as pool:
+            results = pool.map(job_fn, partition(items, size), progress=lambda result: bar.update())
 
-    ``job_fn(context, job)`` is a module-level function. In a worker, ``context`` is what
-    ``initializer(*initargs)`` returned when that process started (where it pins the numerics:
-    it runs before any job); ``workers=1`` runs every job in this process, in order, with
-    ``context`` (this process's own, already pinned): nothing is spawned, no initializer runs.
-    The processes start at the first :meth:`map` and serve every later one; leaving the
-    ``with`` block normally joins them; with an error or Ctrl-C (a stage's SIGTERM included)
-    it cancels what has not started and stops the running jobs (:func:`stop_processes`).
+    ``job_fn(context, job)`` is a module-level function. ``context`` is sent to each worker
+    once, at its start (multiprocessing's own pickling between this run's processes, never a
+    file), after the worker pinned ``numerics`` (:func:`pipeline.core.numerics.pin`, at
+    ``threads`` threads when given; ``load_torch=False``: only the environment, torch left
+    unloaded; ``numerics=None``: nothing pinned, for work that runs no float kernel). A context
+    may cache what its jobs derive from it per process. ``workers=1`` runs every job in this
+    process, in order, with ``context`` itself (this process's numerics, already pinned):
+    nothing is spawned. :meth:`share` sends a further object to every worker (restarting idle
+    workers that lack it); jobs read it with :func:`shared`. The processes start at the first
+    :meth:`map` and serve every later one; leaving the ``with`` block normally joins them; with
+    an error or Ctrl-C (a stage's SIGTERM included) it cancels what has not started and stops
+    the running jobs (:func:`stop_processes`, ``grace_s`` to finish as Ctrl-C finishes them).
 
-    Supervised: a worker whose process does not run for ``stall_s`` seconds (default: the
-    bound of :func:`supervised`, the config's ``agent.worker_stall_s``; 0: never; a worker's
-    start-up counts against it too) makes
-    :meth:`map` stop every worker and raise :class:`WorkerStalled` naming it, its job and the
-    bound; a worker whose parent (this process) is killed stops within seconds
-    (:func:`die_with_parent`). Neither changes what a job computes.
+    Supervised: a worker that makes no progress for ``stall_s`` seconds (default: the bound of
+    :func:`supervised`, the config's ``agent.worker_stall_s``; 0: never; a worker's start-up
+    counts against it too) makes :meth:`map` stop every worker and raise :class:`WorkerStalled`
+    naming it, its job and the bound. Progress is the process running (``beats="process"``) or,
+    with ``beats="job"``, a running job calling :func:`beat` (a collection beats before every
+    step: a worker blocked on a lock or a hung call is seen too). A job's exception is raised
+    by :meth:`map` as it was raised; a worker that died (killed, out of memory) raises
+    ``BrokenProcessPool``. A worker whose parent (this process) is killed stops within seconds
+    (:func:`die_with_parent`). None of this changes what a job computes.
     """
 
-    def __init__(self, workers: int, *, initializer: Callable[..., Any] | None = None, initargs: tuple = (),
-                 context: Any = None, stall_s: float | None = None):
+    def __init__(self, workers: int, *, context: Any = None, numerics: Any = None, threads: int | None = None,
+                 load_torch: bool = True, stall_s: float | None = None, beats: Beats = "process",
+                 grace_s: float = PARENT_GRACE_S):
+        if beats not in ("process", "job"):
+            raise ValueError(f"OrderedPool beats={beats!r}: expected 'process' or 'job'")
         self.workers = max(1, int(workers))
-        self.initializer, self.initargs, self.context = initializer, tuple(initargs), context
+        self.context, self.numerics, self.threads, self.load_torch = context, numerics, threads, load_torch
+        self.beats, self.grace_s = beats, float(grace_s)
         self._stall_s = None if stall_s is None else float(stall_s)
         self._executor: Any = None
         self._watch: _Watch | None = None
         self._seen: dict[int, float] = {}  # pid -> when this process first saw it (before it claims a slot)
         self._jobs = 0
+        self._prefix = f"pool{next(_POOLS)}-"
+        self._objects: dict[str, Any] = {}  # what share() sent, by key
+        self._handles: dict[int, tuple[Any, Shared]] = {}  # id(obj) -> (obj, handle): an object is sent once
+        self._started_with = 0  # how many shared objects the running workers received
 
     @property
     def stall_s(self) -> float:
@@ -266,6 +348,18 @@ class OrderedPool:
 
     def __exit__(self, exc_type: Any, *_: Any) -> None:
         self.close(cancel=exc_type is not None)
+
+    def share(self, obj: Any) -> Shared:
+        """A handle through which every job reads ``obj`` (:func:`shared`): sent to each worker
+        once, at its start (workers already running are restarted at the next :meth:`map`);
+        the same object shared twice gives the same handle."""
+        hit = self._handles.get(id(obj))
+        if hit is not None and hit[0] is obj:
+            return hit[1]
+        handle = Shared(f"{self._prefix}{len(self._objects)}")
+        self._objects[handle.key] = _SHARED[handle.key] = obj
+        self._handles[id(obj)] = (obj, handle)  # the object is kept: its id is not reused meanwhile
+        return handle
 
     def _processes(self) -> list[Any]:
         # ProcessPoolExecutor's own table of its processes ({pid: Process}; CPython 3.8-3.13)
@@ -290,27 +384,53 @@ class OrderedPool:
     def _stall_error(self, stalled: tuple[int, float, int]) -> WorkerStalled:
         pid, age, job = stalled
         doing = f"running job {job + 1} of {self._jobs}" if job >= 0 else "between jobs or starting"
+        why = PROCESS_STALL if self.beats == "process" or job < 0 else "its job took no step"
         return WorkerStalled(stall_message(f"worker process {pid} of workers={self.workers} ({doing})", age,
-                                           self.stall_s))
+                                           self.stall_s, why))
 
     def close(self, cancel: bool = False) -> None:
         """Stop the processes: after their running jobs, a stalled one stopped after the bound;
-        ``cancel``: drop the queued jobs and stop the running ones (:func:`stop_processes`)."""
+        ``cancel``: drop the queued jobs and stop the running ones (:func:`stop_processes`).
+        The shared objects are released."""
+        self._stop(cancel)
+        for key in self._objects:
+            _SHARED.pop(key, None)
+        self._objects, self._handles = {}, {}
+
+    def _stop(self, cancel: bool = False) -> None:
         if self._executor is None:
             return
         procs, manager = self._processes(), getattr(self._executor, "_executor_manager_thread", None)
         executor, self._executor = self._executor, None
         executor.shutdown(wait=False, cancel_futures=cancel)
         if cancel:
-            stop_processes(procs)
+            stop_processes(procs, self.grace_s)
         else:
             while any(p.is_alive() for p in procs):
                 for p in procs:
                     p.join(BEAT_S / len(procs))
                 if self._stalled(procs) is not None:
-                    stop_processes(procs, wait_s=0.0)
+                    stop_processes(procs, self.grace_s, wait_s=0.0)
         if manager is not None:
             manager.join(PARENT_GRACE_S)
+
+    def _executor_for_map(self) -> Any:
+        """The running workers; started (again, when an object was shared since) as needed."""
+        if self._executor is not None and self._started_with != len(self._objects):
+            self._stop()  # between maps: every worker idle
+        if self._executor is None:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # spawn: a clean interpreter per worker (no inherited threads, engine or model state)
+            ctx = multiprocessing.get_context("spawn")
+            self._watch, self._seen = _Watch(ctx, self.workers), {}
+            self._executor = ProcessPoolExecutor(
+                self.workers, mp_context=ctx, initializer=_start,
+                initargs=(os.getpid(), self._watch, self.beats, self.numerics, self.threads, self.load_torch,
+                          self.context, dict(self._objects)))
+            self._started_with = len(self._objects)
+        return self._executor
 
     def map(self, fn: Callable[[Any, Any], Any], jobs: Iterable[Any], *,
             progress: Callable[[Any], None] | None = None) -> list:
@@ -325,20 +445,12 @@ class OrderedPool:
                 if progress is not None:
                     progress(out[-1])
             return out
-        if self._executor is None:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor
-
-            # spawn: a clean interpreter per worker (no inherited threads, engine or model state)
-            ctx = multiprocessing.get_context("spawn")
-            self._watch, self._seen = _Watch(ctx, self.workers), {}
-            self._executor = ProcessPoolExecutor(self.workers, mp_context=ctx, initializer=_start,
-                                                 initargs=(os.getpid(), self._watch, self.initializer, self.initargs))
+        executor = self._executor_for_map()
         from concurrent.futures import FIRST_COMPLETED, wait
 
         jobs = list(jobs)
         self._jobs = len(jobs)
-        futures = [self._executor.submit(_run, fn, job, i) for i, job in enumerate(jobs)]
+        futures = [executor.submit(_run, fn, job, i) for i, job in enumerate(jobs)]
         pending = set(futures)
         poll = None if self.stall_s <= 0 else min(1.0, self.stall_s / 4)
         try:

@@ -21,6 +21,8 @@ labels to the data, train again. Here:
   scene's layout, never an eval objective: :func:`pipeline.policy.demos.training_houses`),
   each under one prompt variant in turn (plain, grounded, each advisory), half of them
   grounded as the demonstrations are.
+- :func:`rollout_pool` and :func:`play_rollouts`: those episodes in worker processes, a batch a
+  job, one thread each: any worker count, the same rollouts.
 - :class:`EpisodeProbe`: whole-episode success in *held-out* generated houses (the
   in-context probe's seed stream) under C0-, C1- and C2_oracle-like prompts (plain; the
   house's own grounding; grounding + the verified plan). The first-turn probe
@@ -34,12 +36,13 @@ fixed by ``agent.batch_size``, decoding is greedy, the houses are drawn by index
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
 from pipeline.agents.llm import LLMAgent, render_response
 from pipeline.core.conf_schema import Config
+from pipeline.core.parallel import OrderedPool, partition
 from pipeline.core.seeding import crc_rng, derive_seed
 from pipeline.envs import scene_preferences
 from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
@@ -207,33 +210,50 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
     return out
 
 
-class Players(Protocol):
-    """Who plays a model's episodes (:func:`play_houses`' batches): this process
-    (:class:`InProcess`) or worker processes (:class:`pipeline.policy.rollout_workers.RolloutWorkers`)."""
-
-    def play(self, model: Any, tokenizer: Any, tasks: Sequence[HouseTask], *, label: bool,
-             progress: Callable[[int], None] | None = None) -> list[Rollout]:
-        """Every task's :class:`Rollout`, in task order (``label``: the expert's answers too)."""
-        ...
+ROLLOUT_THREADS = 1  # every rollout job's torch threads, in this process and in a worker
 
 
-@dataclass
-class InProcess:
-    """:class:`Players` in this process, on its current torch threads: the library's default
-    (tests, a caller with no pool); the ``policy`` stage plays in
-    :class:`~pipeline.policy.rollout_workers.RolloutWorkers`, on one thread at any worker count."""
+def rollout_pool(cfg: Config, workers: int = 1) -> OrderedPool:
+    """The pool a model's whole episodes are played in (:func:`play_rollouts`): ``workers``
+    processes (1: this one), each pinned as ``cfg``'s numerics at one thread, ``cfg``
+    (:func:`rollout_config`'s) their context. The processes start at the first episodes and
+    serve every later play (the ``policy`` step keeps them through its training between rounds)."""
+    return OrderedPool(workers, context=cfg, numerics=cfg.numerics, threads=ROLLOUT_THREADS)
 
-    cfg: Any  # rollout_config's
 
-    def play(self, model: Any, tokenizer: Any, tasks: Sequence[HouseTask], *, label: bool,
-             progress: Callable[[int], None] | None = None) -> list[Rollout]:
-        was_training = model.training
+def play_rollouts(pool: OrderedPool, model: Any, tokenizer: Any, tasks: Sequence[HouseTask], *, label: bool,
+                  progress: Callable[[int], None] | None = None) -> list[Rollout]:
+    """Every task's :class:`Rollout`, in task order (``label``: the expert's answer at every turn),
+    played in ``pool`` (:func:`rollout_pool`): the batches of ``agent.batch_size`` are the
+    partition, a batch a job, each played by :func:`play_houses` on one thread with a backend of
+    its own (no prompt cache shared between batches), the model in eval mode. So any worker
+    count gives the same rollouts, and they equal :func:`play_houses` run single-threaded. The
+    model and tokenizer travel to a worker inside the job (multiprocessing's own pickling between
+    this run's processes, never a file: the default policy is ~3 MB, a job a whole batch of
+    episodes). ``progress(n)`` as a batch of ``n`` episodes finishes; ``model`` is left in the
+    mode (train/eval) it came in."""
+    tick = None if progress is None else (lambda rolls: progress(len(rolls)))
+    parts = partition(tasks, pool.context.agent.batch_size)
+    was_training = model.training
+    try:
+        done = pool.map(_rollout_job, [(model, tokenizer, part, label) for part in parts], progress=tick)
+    finally:
+        model.train(was_training)
+    return [r for part in done for r in part]
+
+
+def _rollout_job(cfg: Config, job: tuple[Any, Any, list[HouseTask], bool]) -> list[Rollout]:
+    """One batch of tasks, played by :func:`play_houses` on one thread with a backend of its own."""
+    import torch  # deferred: heavy optional dependency (torch)
+
+    model, tokenizer, tasks, label = job
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ROLLOUT_THREADS)
+    try:
         model.eval()
-        try:
-            return play_houses(self.cfg, model_backend(self.cfg, model, tokenizer), tasks, label=label,
-                               progress=progress)
-        finally:
-            model.train(was_training)
+        return play_houses(cfg, model_backend(cfg, model, tokenizer), tasks, label=label)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def model_backend(cfg: Config, model: Any, tokenizer: Any) -> TransformersBackend:
@@ -293,12 +313,13 @@ class EpisodeProbe:
                     tasks.append(_task(cfg, organizer, f"probe_{kind}_{house.scene_id}", kind, house, picks[kind]))
         return cls(rollout_config(cfg), tasks)
 
-    def score(self, model: Any, tokenizer: Any, *, players: Players | None = None) -> dict[str, Any]:
+    def score(self, model: Any, tokenizer: Any, *, pool: OrderedPool | None = None) -> dict[str, Any]:
         """``{"<kind>_success": share, "<kind>_turns": mean, "houses": n}`` of the model, greedy,
-        played by ``players`` (default: :class:`InProcess`)."""
+        played in ``pool`` (:func:`rollout_pool`; default: this process)."""
         if not self.tasks:
             return {"houses": 0}
-        rollouts = (players or InProcess(self.cfg)).play(model, tokenizer, self.tasks, label=False)
+        pool = pool if pool is not None else rollout_pool(self.cfg)
+        rollouts = play_rollouts(pool, model, tokenizer, self.tasks, label=False)
         out: dict[str, Any] = {}
         for kind in self.KINDS:
             rs = [r for r in rollouts if r.task.kind == kind]
@@ -345,7 +366,7 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
                manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *, start_step: int,
                processes: int = 1, after_round: Callable[[int, int], dict] | None = None,
                progress: Callable[[str, int, int], None] | None = None,
-               players: Players | None = None) -> DaggerResult:
+               pool: OrderedPool | None = None) -> DaggerResult:
     """``policy.dagger_rounds`` rounds of DAgger on ``model`` (in place).
 
     Round ``r``: the model plays round ``r``'s houses (:func:`dagger_tasks`, greedy, as
@@ -354,12 +375,12 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
     demonstration units (``base_units``, drawn from ``crc_rng(seed, "dagger-replay", r)``),
     ``dagger_epochs`` epochs at ``dagger_lr``, batch order seeded by ``seed + 1 + r``.
     ``after_round(r, step)`` returns figures kept in the round's summary (the probes).
-    ``progress(what, done, total)`` reports rollouts and training steps. ``players`` plays the
-    rollouts (default: :class:`InProcess`, on this process's threads)."""
+    ``progress(what, done, total)`` reports rollouts and training steps. The rollouts are
+    played in ``pool`` (:func:`rollout_pool` of :func:`rollout_config`; default: this process)."""
     from pipeline.policy.model import train
 
     pol = cfg.policy
-    players = players or InProcess(rollout_config(cfg))
+    pool = pool if pool is not None else rollout_pool(rollout_config(cfg))
     turns: list[RenderedTurn] = []
     prompts: list[str] = []
     units: list[Any] = []
@@ -376,7 +397,7 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
             if progress is not None:
                 progress(f"dagger round {r}: episodes", done, total)
 
-        rolls = players.play(model, tokenizer, tasks, label=True, progress=played)
+        rolls = play_rollouts(pool, model, tokenizer, tasks, label=True, progress=played)
         new = [t for roll in rolls for t in roll.labels]
         turns += new
         new_units, new_prompts = turn_units(cfg, model, tokenizer, new)

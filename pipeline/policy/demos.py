@@ -29,7 +29,7 @@ played here):
     demos = play_demos(cfg, root, manifest, scenes, memory)
     turns = render_demos(cfg, demos)      # [RenderedTurn(messages, response, train, ...)]
 
-Steps 1 and 2 take ``workers=`` (:class:`pipeline.policy.demo_workers.DemoWorkers`, the
+Steps 1 and 2 take ``workers=`` (:func:`pipeline.policy.demo_workers.demo_pool`, the
 stage's ``workers`` processes): the rule agent's tasks, each train quest and each chunk of
 generated houses are jobs fixed by the config (:data:`RULE_TASKS_PER_JOB`,
 :data:`HOUSES_PER_JOB`), every item seeded by its own identity (``crc_rng``, ``task_seed``,
@@ -49,6 +49,7 @@ from omegaconf import OmegaConf
 from pipeline import prompts
 from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import Config, GroundingConfig
+from pipeline.core.parallel import OrderedPool, Shared, partition
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng, task_seed
 from pipeline.envs import fact_reader, scene_preferences, world_words
@@ -60,7 +61,7 @@ from pipeline.grounding.episodes import scene_groundings
 from pipeline.conditions import memory_slot
 from pipeline.memory import EpisodicStore
 from pipeline.memory.build import build_store
-from pipeline.policy.demo_workers import DemoWorkers, Shared, WorkerContext
+from pipeline.policy.demo_workers import WorkerContext, demo_pool, ticks
 from pipeline.policy.expert import (
     DemoEpisode,
     draw_renaming,
@@ -203,13 +204,13 @@ def make_env(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[st
 
 
 @contextmanager
-def _workers_or_inline(workers: DemoWorkers | None, cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]],
-                       scenes: Mapping[str, Any]) -> Iterator[DemoWorkers]:
+def _workers_or_inline(workers: OrderedPool | None, cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]],
+                       scenes: Mapping[str, Any]) -> Iterator[OrderedPool]:
     """``workers``, or (None) every job in this process."""
     if workers is not None:
         yield workers
         return
-    with DemoWorkers(cfg, root, manifest, scenes, workers=1) as pool:
+    with demo_pool(cfg, root, manifest, scenes, workers=1) as pool:
         yield pool
 
 
@@ -224,7 +225,7 @@ def rule_agent_config(cfg: Config) -> Config:
 
 def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                         *, progress: Callable[[int], None] | None = None,
-                        workers: DemoWorkers | None = None) -> tuple[list[dict], list[dict]]:
+                        workers: OrderedPool | None = None) -> tuple[list[dict], list[dict]]:
     """The rule agent (``policy.rule_agent`` with ``policy.rule_epsilon``) on every train quest,
     in chunks of :data:`RULE_TASKS_PER_JOB` tasks (``workers``: the processes; None: this one).
 
@@ -232,9 +233,9 @@ def rule_agent_episodes(cfg: Config, root: Path, manifest: Sequence[Mapping[str,
         ``(episodes, turns)``: the rows :func:`pipeline.session.rollout.play` records.
     """
     tasks = tasks_from_manifest(manifest, split="train", master_seed=cfg.seed)
-    jobs = [tasks[i:i + RULE_TASKS_PER_JOB] for i in range(0, len(tasks), RULE_TASKS_PER_JOB)]
     with _workers_or_inline(workers, cfg, root, manifest, scenes) as pool:
-        records = [r for part in pool.map(_rule_agent_job, jobs, progress=progress) for r in part]
+        records = [r for part in pool.map(_rule_agent_job, partition(tasks, RULE_TASKS_PER_JOB),
+                                          progress=ticks(progress)) for r in part]
     return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
 
 
@@ -251,7 +252,7 @@ def _rule_agent_job(ctx: WorkerContext, tasks: list[Task]) -> list[dict]:
 
 def build_scene_memory(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                        *, progress: Callable[[int], None] | None = None,
-                       workers: DemoWorkers | None = None) -> SceneMemory:
+                       workers: OrderedPool | None = None) -> SceneMemory:
     """Play the train quests with the rule agent (in ``workers``) and build grounding + store from them."""
     episodes, turns = rule_agent_episodes(cfg, root, manifest, scenes, progress=progress, workers=workers)
     return memory_from_episodes(cfg, episodes, turns)
@@ -355,14 +356,14 @@ def demo_renaming(spec: Mapping[str, Any], objective: str, eval_objectives: set[
 
 def play_demos(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                memory: SceneMemory, *, progress: Callable[[int], None] | None = None,
-               workers: DemoWorkers | None = None) -> list[Demo]:
+               workers: OrderedPool | None = None) -> list[Demo]:
     """Expert episodes on every train quest and prompt variant (see the module docstring),
     then the generated houses' (:func:`generated_demos`); each train quest's and each chunk
     of houses' in one job of ``workers`` (None: this process), merged in that order."""
     rows = sorted((r for r in manifest if r["split"] == "train"), key=lambda r: (r["scene_id"], r["quest_id"]))
     with _workers_or_inline(workers, cfg, root, manifest, scenes) as pool:
         shared = pool.share((_prompt_memory(memory), PromptOrganizer.from_config(cfg)))
-        demos = [d for part in pool.map(_quest_job, [(shared, dict(r)) for r in rows], progress=progress)
+        demos = [d for part in pool.map(_quest_job, [(shared, dict(r)) for r in rows], progress=ticks(progress))
                  for d in part]
         demos += _generated_demos(pool, shared, progress=progress)
     return demos
@@ -452,7 +453,7 @@ def house_grounding(rule_cfg: Config, house: GeneratedHouse, scenes: dict[str, A
 def generated_demos(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                     memory: SceneMemory, organizer: PromptOrganizer, *,
                     progress: Callable[[int], None] | None = None,
-                    workers: DemoWorkers | None = None) -> list[Demo]:
+                    workers: OrderedPool | None = None) -> list[Demo]:
     """One expert demonstration in each of ``policy.generated_houses`` generated houses, and
     ``policy.generated_drills`` drills in further houses (:func:`house_demo`), in chunks of
     :data:`HOUSES_PER_JOB` houses in ``workers`` (None: this process), merged in house order."""
@@ -466,7 +467,7 @@ def _prompt_memory(memory: SceneMemory) -> SceneMemory:
     return replace(memory, episodes=[], turns=[])
 
 
-def _generated_demos(pool: DemoWorkers, shared: Shared, *,
+def _generated_demos(pool: OrderedPool, shared: Shared, *,
                      progress: Callable[[int], None] | None = None) -> list[Demo]:
     """:func:`generated_demos` on ``pool``, ``shared`` holding ``(memory, organizer)``."""
     pol = pool.context.cfg.policy
@@ -476,12 +477,12 @@ def _generated_demos(pool: DemoWorkers, shared: Shared, *,
     # two quests a house: the first is demonstrated, the second (where the house has one) is
     # what the rule agent plays for the house's grounding; the first is the same either way
     houses = _draw_houses(pool, n)
-    jobs = [(shared, list(enumerate(houses))[i:i + HOUSES_PER_JOB]) for i in range(0, n, HOUSES_PER_JOB)]
-    parts = pool.map(_generated_job, jobs, progress=progress, count=lambda ds: sum(d is not None for d in ds))
+    jobs = [(shared, part) for part in partition(list(enumerate(houses)), HOUSES_PER_JOB)]
+    parts = pool.map(_generated_job, jobs, progress=ticks(progress, lambda ds: sum(d is not None for d in ds)))
     return [d for part in parts for d in part if d is not None]
 
 
-def _draw_houses(pool: DemoWorkers, n: int) -> list[GeneratedHouse]:
+def _draw_houses(pool: OrderedPool, n: int) -> list[GeneratedHouse]:
     """``training_houses(..., quests_per_house=2).houses(n)``, drawn in chunks of house indices on the
     workers: the first ``n`` houses not skipped (each a pure function of its index).
 

@@ -35,7 +35,7 @@ from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_write_json, read_json, read_parquet, write_parquet
 from pipeline.core.parallel import stage_workers
 from pipeline.memory import load_store, write_store
-from pipeline.policy.demo_workers import DemoWorkers
+from pipeline.policy.demo_workers import demo_pool
 from pipeline.policy.demos import (
     HOUSES_PER_JOB,
     RULE_TASKS_PER_JOB,
@@ -105,7 +105,7 @@ def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]
     """Rule agent episodes -> grounding and store -> expert demonstrations -> rendered turns.
 
     The episodes and demonstrations are played in :func:`demo_workers` processes
-    (:class:`pipeline.policy.demo_workers.DemoWorkers`): the same bytes for any number.
+    (:func:`pipeline.policy.demo_workers.demo_pool`): the same bytes for any number.
 
     Raises:
         ConfigError: the manifest has no train quests.
@@ -115,7 +115,7 @@ def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]
     n = demo_workers(cfg, manifest)
     wall: dict[str, float] = {}
     t = time.perf_counter()
-    with DemoWorkers(cfg, root, manifest, scenes, workers=n) as pool:
+    with demo_pool(cfg, root, manifest, scenes, workers=n) as pool:
         wall["start_s"] = time.perf_counter() - t
         t = time.perf_counter()
         memory = build_scene_memory(cfg, root, manifest, scenes, progress=memory_progress, workers=pool)

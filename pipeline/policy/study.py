@@ -38,7 +38,7 @@ rule agent drew feedback), with the discordant pairs b (only grounded won) and c
 Nothing here is a DVC stage (no stage imports this module, so it is no stage's code
 dependency) and nothing is written into the run: rows go to ``--out`` (JSON)
 and a Markdown table is printed. The episodes (the arm's round, both probes) are played in
-``--workers`` processes (:mod:`pipeline.policy.rollout_workers`: the same rollouts at any count).
+``--workers`` processes (:func:`pipeline.policy.dagger.rollout_pool`: the same rollouts at any count).
 The arms' code is the candidate for the library: an arm
 that wins moves into :mod:`pipeline.policy.dagger` / :mod:`pipeline.policy.demos` with the
 next default run (changing them changes the model pipeline's recorded code).
@@ -60,7 +60,7 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
-from pipeline.core.parallel import resolve_workers
+from pipeline.core.parallel import OrderedPool, resolve_workers
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng, derive_seed, task_seed
 from pipeline.envs import fact_reader
@@ -71,7 +71,9 @@ from pipeline.policy.dagger import (  # _task: the library's task of a house and
     HouseTask,
     _task,
     house_variants,
+    play_rollouts,
     rollout_config,
+    rollout_pool,
     rollout_summary,
     turn_units,
 )
@@ -85,7 +87,6 @@ from pipeline.policy.demos import (
     training_unit,
 )
 from pipeline.policy.quality import exposed_variant
-from pipeline.policy.rollout_workers import RolloutWorkers
 from pipeline.policy.training import DEMOS_FILE, MODEL_DIR
 from pipeline.prompts import PromptOrganizer
 from pipeline.session.collection import make_factories
@@ -304,12 +305,12 @@ class Study:
     """A finished run's games, demonstrations, model and the two probes' tasks."""
 
     def __init__(self, root: Path, cfg: Config, *, probe_houses: int, probe_quests: int,
-                 pool: RolloutWorkers | None = None, probe_skip: int = 0):
+                 pool: OrderedPool | None = None, probe_skip: int = 0):
         from pipeline.policy.demoset import load_demo_set
         from pipeline.session.collection import load_games
 
         self.root, self.cfg, self.rcfg = root, cfg, rollout_config(cfg)
-        self.pool = pool if pool is not None else RolloutWorkers(self.rcfg)  # the episodes: any count, same rollouts
+        self.pool = pool if pool is not None else rollout_pool(self.rcfg)  # the episodes: any count, same rollouts
         self.manifest, self.scenes = load_games(root, cfg)
         self.demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
         self._units: tuple[list[Any], list[Any]] | None = None
@@ -335,7 +336,7 @@ class Study:
         return AutoModelForCausalLM.from_pretrained(path), AutoTokenizer.from_pretrained(path)
 
     def probe(self, model: Any, tokenizer: Any) -> dict[str, dict[str, bool]]:
-        return {name: {r.task.task_id: bool(r.success) for r in self.pool.play(model, tokenizer, tasks, label=False)}
+        return {name: {r.task.task_id: bool(r.success) for r in play_rollouts(self.pool, model, tokenizer, tasks, label=False)}
                 for name, tasks in self.probes.items()}
 
     def arm(self, arm: Arm, houses: int, *, progress: Callable[[str], None] = print) -> dict[str, Any]:
@@ -347,7 +348,7 @@ class Study:
         r = int(pol.dagger_rounds)
         t = time.perf_counter()
         tasks = round_tasks(cfg, self.manifest, self.scenes, self.demo_set.memory, r, houses, arm)
-        rolls = self.pool.play(model, tok, tasks, label=True)
+        rolls = play_rollouts(self.pool, model, tok, tasks, label=True)
         roll_s = time.perf_counter() - t
         progress(f"{arm.name}: {len(rolls)} episodes in {roll_s:.0f} s")
         base_units, run_labels = self.units(model, tok)
@@ -438,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
         print(markdown(rows[-1:]), flush=True)
 
-    with RolloutWorkers(rollout_config(cfg), workers=workers) as pool:
+    with rollout_pool(rollout_config(cfg), workers=workers) as pool:
         study = Study(root, cfg, probe_houses=args.probe_houses, probe_quests=args.probe_quests, pool=pool,
                       probe_skip=args.probe_skip)
         t = time.perf_counter()

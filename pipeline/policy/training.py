@@ -140,12 +140,12 @@ def demos_table(turns: Sequence[RenderedTurn], prompts: Sequence[str]) -> pa.Tab
                     schema=DEMOS_SCHEMA)
 
 
-def _episode_probe(episode_probe: Any, tok: Tokenized, timings: dict[str, float], players: Any) -> dict | None:
+def _episode_probe(episode_probe: Any, tok: Tokenized, timings: dict[str, float], pool: Any) -> dict | None:
     """The whole-episode probe's figures now (None without one); its time joins ``timings``."""
     if episode_probe is None:
         return None
     t = time.perf_counter()
-    out = episode_probe.score(tok.model, tok.tokenizer, players=players)
+    out = episode_probe.score(tok.model, tok.tokenizer, pool=pool)
     timings["episode_probe_s"] = timings.get("episode_probe_s", 0.0) + time.perf_counter() - t
     return out
 
@@ -164,7 +164,7 @@ def incontext_csv(curve: list[dict]) -> str:
 def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
                  train_progress: Callable[[int], Callable[[int, float], None]] | None = None,
                  probe: Any = None, episode_probe: Any = None, games: tuple[Sequence[Any], Any] | None = None,
-                 dagger_progress: Callable[[str, int, int], None] | None = None, players: Any = None) -> dict:
+                 dagger_progress: Callable[[str, int, int], None] | None = None, pool: Any = None) -> dict:
     """Tokenizer -> model -> training on ``demo_set``, saved into ``out_dir`` (swapped in whole).
 
     Args:
@@ -180,9 +180,8 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         games: ``(manifest, scenes)``, needed by ``policy.dagger_rounds`` > 0 (the rounds'
             houses avoid the eval scenes' layouts and objectives).
         dagger_progress: ``(what, done, total)`` of the DAgger rounds' episodes and steps.
-        players: who plays the whole episodes (the episode probe's, DAgger's rollouts): a
-            :class:`pipeline.policy.dagger.Players`, such as the stage's
-            :class:`pipeline.policy.rollout_workers.RolloutWorkers`; default this process.
+        pool: where the whole episodes are played (the episode probe's, DAgger's rollouts):
+            :func:`pipeline.policy.dagger.rollout_pool`, such as the stage's; default this process.
 
     Returns:
         ``{"memory", "summary", "curve", "incontext", "timings"}``: the scene memory (for
@@ -232,7 +231,7 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         if probe is not None:
             measure(len(curve))
         timings["train_s"] = time.perf_counter() - t - probe_s
-        episodes = _episode_probe(episode_probe, tok, timings, players)
+        episodes = _episode_probe(episode_probe, tok, timings, pool)
         dagger = None
         if pol.dagger_rounds > 0:
             if games is None:
@@ -246,12 +245,12 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
                     measure(step)
                     out["incontext"] = {k: v for k, v in incontext[-1].items() if k != "step"}
                 if episode_probe is not None:
-                    out["episode_probe"] = _episode_probe(episode_probe, tok, timings, players)
+                    out["episode_probe"] = _episode_probe(episode_probe, tok, timings, pool)
                 return out
 
             dagger = run_rounds(cfg, tok.model, tok.tokenizer, tok.units, demo_set.memory, games[0], games[1],
                                 start_step=len(curve), processes=processes, after_round=after_round,
-                                progress=dagger_progress, players=players)
+                                progress=dagger_progress, pool=pool)
             curve = curve + dagger.curve
             timings["dagger_s"] = time.perf_counter() - t - (probe_s + timings.get("episode_probe_s", 0.0)
                                                                 - probe_before)

@@ -19,14 +19,12 @@ import contextlib
 import copy
 import hashlib
 import json
-import multiprocessing
-import os
 import shutil
 import signal
 import sys
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
@@ -39,8 +37,7 @@ from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
-from pipeline.core.numerics import pin
-from pipeline.core.parallel import die_with_parent, stage_workers, stop_processes
+from pipeline.core.parallel import OrderedPool, WorkerStalled, beat, partition, stage_workers
 from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env, unread_env_keys
 from pipeline.llm.accounting import token_statistics
@@ -49,7 +46,7 @@ from pipeline.llm.backends.transformers import prompt_cache_budget
 from pipeline.llm.tensors import save_episode_tensors
 from pipeline.session.episodes import TENSORS_DIR, statistics, write_episodes
 from pipeline.session.online import play_online
-from pipeline.session.rollout import Checkpoints, Task, batches, play
+from pipeline.session.rollout import Checkpoints, Task, play
 from pipeline.users import FileFeedback, User, make_user
 
 # Config subtrees whose change invalidates checkpointed episodes: everything a collection reads
@@ -68,8 +65,9 @@ CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts
 CHECKPOINT_IGNORED = ("agent.worker_stall_s", "agent.max_error_fraction",
                       "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb",
                       "env.scienceworld.start_timeout_s")
-# How often the parent looks at its workers (exit codes, heartbeats).
-WORKER_POLL_S = 1.0
+# A worker's time to stop as Ctrl-C stops it (its finished episodes are checkpointed already;
+# a simulator is reaped) before it is killed.
+WORKER_GRACE_S = 30.0
 
 
 def collection_hash(cfg: Config) -> str:
@@ -318,12 +316,13 @@ def online_loop(cfg: Config) -> bool:
 
 def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,
                        shared: SharedBackend, online: tuple[Path, Path] | None = None,
-                       heartbeat: Callable[[], None] | None = None) -> list[dict]:
+                       heartbeat: Callable[[], None] | None = None, quiet: bool = False) -> list[dict]:
     """:func:`pipeline.session.rollout.play` under a progress bar, Ctrl-C flag and thread cap.
 
     ``online=(root, work_dir)`` plays seed 000's online loop (:func:`pipeline.session.online.play_online`).
-    ``heartbeat`` runs before every step (a worker's sign of life to its parent).
-    On Ctrl-C (exit 130) or a failure, says how many finished episodes the checkpoints keep.
+    ``heartbeat`` runs before every step (a worker's sign of progress to its pool).
+    On Ctrl-C (exit 130) or a failure, says how many finished episodes the checkpoints keep;
+    ``quiet`` (a worker's batch: its pool's caller has the bar and says it): no bar, no word.
     """
     make_env, make_agent_for, make_user = factories
     model_name = str(cfg.model.name_or_path or "") if plays_with_model(cfg.agent) else ""
@@ -333,7 +332,8 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
         return f"{n} of {len(tasks)} finished episodes kept in {ckpts.root}; rerun the stage to finish the rest"
 
     try:
-        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr) as bar, sigint_flag() as interrupted, \
+        with tqdm(total=len(tasks), desc=desc, unit="ep", file=sys.stderr, disable=quiet) as bar, \
+                sigint_flag() as interrupted, \
                 inference_threads(cfg):
             def should_stop() -> bool:
                 if heartbeat is not None:
@@ -354,42 +354,41 @@ def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: 
             else:
                 records = play_online(cfg, online[0], tasks, play_some, online[1])
     except KeyboardInterrupt:
-        print(f"\ninterrupted: {kept()}", file=sys.stderr)
+        if not quiet:
+            print(f"\ninterrupted: {kept()}", file=sys.stderr)
         raise SystemExit(130)
     except Exception:
-        print(f"\nstopped: {kept()}", file=sys.stderr)
+        if not quiet:
+            print(f"\nstopped: {kept()}", file=sys.stderr)
         raise
     return records
 
 
-def _worker_batches(tasks: list[Task], batch_size: int, k: int, n: int) -> list[Task]:
-    """The tasks of worker ``k`` of ``n``: every n-th batch of the fixed partition (whole batches,
-    so :func:`~pipeline.session.rollout.play` cuts them into the same batches again)."""
-    return [t for i, b in enumerate(batches(tasks, batch_size)) if i % n == k for t in b]
+@dataclass
+class _Playing:
+    """What a collection's worker plays its batches with (the pool's context, sent to each worker
+    once): the run's inputs, and the factories over one loaded model, made at its first batch."""
+
+    cfg: Config
+    root: Path
+    scenes: dict
+    ckpt_root: Path
+    feedback_source: Any
+    made: tuple | None = field(default=None, repr=False)  # (SharedBackend, factories) of this process
+
+    def factories(self) -> tuple:
+        if self.made is None:
+            shared = SharedBackend()
+            self.made = (shared, make_factories(self.cfg, self.root, self.scenes,
+                                                feedback_source=self.feedback_source, shared=shared))
+        return self.made
 
 
-def _worker_main(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
-                 feedback_source: Any, beat: Any = None, parent_pid: int | None = None) -> None:
-    """One worker process: pin the numerics, play its batches into the shared checkpoints,
-    writing ``time.monotonic()`` into ``beat`` (a shared double) before every step.
-    An expected failure is one ``error:`` line (exit 1), as a stage reports it. It stops, as
-    Ctrl-C stops it, when ``parent_pid`` (the stage) is killed (:func:`~pipeline.core.parallel.die_with_parent`):
-    never an orphan playing on into the checkpoints a rerun plays."""
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
-
-    def heartbeat() -> None:
-        if beat is not None:
-            beat.value = time.monotonic()
-
-    try:
-        pin(cfg.numerics, load_torch=plays_with_model(cfg.agent) and is_local(cfg.model))
-        shared = SharedBackend()
-        factories = make_factories(cfg, root, scenes, feedback_source=feedback_source, shared=shared)
-        _play_checkpointed(cfg, tasks, factories, Checkpoints(ckpt_root), desc, shared, heartbeat=heartbeat)
-    except (ConfigError, ArtifactError, BackendError, FileNotFoundError) as exc:
-        print(f"error: {desc}: {exc}", file=sys.stderr)
-        raise SystemExit(1)
+def _play_batch(ctx: _Playing, batch: list[Task]) -> int:
+    """One batch into the shared checkpoints, beating before every step; its number of tasks."""
+    shared, factories = ctx.factories()
+    _play_checkpointed(ctx.cfg, batch, factories, Checkpoints(ctx.ckpt_root), "", shared, heartbeat=beat, quiet=True)
+    return len(batch)
 
 
 def worker_count(cfg: Config, tasks: list[Task]) -> int:
@@ -400,81 +399,50 @@ def worker_count(cfg: Config, tasks: list[Task]) -> int:
     if plays_with_model(cfg.agent) and not is_local(cfg.model):
         return 1
     size = cfg.agent.batch_size if cfg.agent.batched else 1
-    return stage_workers(cfg, limit=len(batches(tasks, size)))
+    return stage_workers(cfg, limit=len(partition(tasks, size)))
 
 
 def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, ckpt_root: Path, desc: str,
                      feedback_source: Any) -> None:
-    """Play the tasks' batches in ``workers`` processes (batch i in worker i mod n), each
-    writing its finished episodes to the checkpoints the caller then assembles.
+    """Play the tasks' batches in ``workers`` processes (:class:`~pipeline.core.parallel.OrderedPool`,
+    a batch a job, to whichever worker is free), each writing its finished episodes to the
+    checkpoints the caller then assembles; a batch already checkpointed whole is not played again.
 
     Each batch is computed exactly as in one process (the same batch, the prompt cache
-    emptied before it, ``numerics.threads`` threads), so the outputs are the same bytes.
-    Workers are started fresh (``spawn``): torch and the model load in each. A worker that
-    starts no step for ``agent.worker_stall_s`` seconds is stopped (:func:`join_workers`).
+    emptied before it, the numerics pinned, ``numerics.threads`` threads), so the outputs are
+    the same bytes. Workers are started fresh (``spawn``): torch and the model load in each. A
+    worker whose batch starts no step for ``agent.worker_stall_s`` seconds is stopped with its
+    siblings (the pool's job beats: :func:`~pipeline.core.parallel.beat` before every step).
 
     Raises:
-        ArtifactError: a worker failed or stalled (its own message is printed above).
+        ArtifactError: a worker stalled. A batch's own error is raised as it was raised; either
+            way the finished episodes are kept for a rerun, and this says so.
     """
     size = cfg.agent.batch_size if cfg.agent.batched else 1
     n = worker_count(cfg, tasks)
-    ctx = multiprocessing.get_context("spawn")
-    beats = [ctx.Value("d", time.monotonic(), lock=False) for _ in range(n)]
-    procs = [ctx.Process(target=_worker_main, name=f"worker-{k}",
-                         args=(cfg, root, _worker_batches(tasks, size, k, n), scenes, ckpt_root,
-                               f"{desc} worker {k}/{n}", feedback_source, beats[k], os.getpid())) for k in range(n)]
+    ckpts = Checkpoints(ckpt_root)
+    todo = [b for b in partition(tasks, size) if not all(ckpts.path(t.episode_id).exists() for t in b)]
+    kept = f"the finished episodes are kept in {ckpt_root}: rerun the stage to finish the rest"
+    context = _Playing(cfg, root, scenes, ckpt_root, feedback_source)
+    bar = tqdm(total=len(tasks), initial=len(tasks) - sum(map(len, todo)), desc=f"{desc} [workers={n}]", unit="ep",
+               file=sys.stderr)
     try:
-        for p in procs:
-            p.start()
-        stalled = join_workers(procs, beats, cfg.agent.worker_stall_s)
-    except KeyboardInterrupt:  # Ctrl-C reaches the workers too (one process group); a SIGTERM only this process:
-        stop_processes(procs, grace_s=30.0, wait_s=2.0)  # then they get the SIGINT here, and 30 s to stop
-        print(f"\ninterrupted: the workers' finished episodes are kept in {ckpt_root}; rerun the stage to finish "
-              "the rest", file=sys.stderr)
-        raise SystemExit(130)
-    if stalled:
-        raise ArtifactError(f"{desc}: {', '.join(stalled)} of workers={n} started no step for "
-                            f"agent.worker_stall_s={cfg.agent.worker_stall_s:g} s and "
-                            f"{'was' if len(stalled) == 1 else 'were'} stopped; the finished "
-                            f"episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
-    failed = [p.name for p in procs if p.exitcode != 0]
-    if failed:
-        raise ArtifactError(f"{desc}: {', '.join(failed)} of workers={n} failed (exit "
-                            f"{', '.join(str(p.exitcode) for p in procs if p.exitcode != 0)}; their messages are "
-                            f"above); the finished episodes are kept in {ckpt_root}: rerun the stage to finish the rest")
-
-
-def join_workers(procs: list, beats: list, stall_s: float, *, poll_s: float = WORKER_POLL_S) -> list[str]:
-    """Wait for the worker processes; stop each that has not beaten for ``stall_s`` seconds.
-
-    Args:
-        procs: started processes.
-        beats: per process, a shared double its worker sets to ``time.monotonic()`` before every
-            step (the parent set it at creation: a worker's start-up counts against it too).
-        stall_s: seconds without a beat before a live worker is terminated (killed if it does
-            not end); 0: wait for ever.
-
-    Returns:
-        The names of the workers stopped for stalling (the others ran to their end).
-    """
-    stalled: list[str] = []
-    while any(p.is_alive() for p in procs):
-        for p in procs:
-            p.join(timeout=poll_s / len(procs))
-        now = time.monotonic()
-        for p, beat in zip(procs, beats):
-            if stall_s > 0 and p.is_alive() and now - beat.value > stall_s:
-                print(f"error: {p.name} started no step for {now - beat.value:.0f} s (agent.worker_stall_s="
-                      f"{stall_s:g}): stopping it", file=sys.stderr)
-                p.terminate()
-                with contextlib.suppress(ProcessLookupError):  # a stopped process takes SIGTERM once continued
-                    os.kill(p.pid, signal.SIGCONT)
-                p.join(timeout=10)
-                if p.is_alive():
-                    p.kill()
-                    p.join()
-                stalled.append(p.name)
-    return stalled
+        with OrderedPool(n, context=context, numerics=cfg.numerics,
+                         load_torch=plays_with_model(cfg.agent) and is_local(cfg.model),
+                         stall_s=cfg.agent.worker_stall_s, beats="job", grace_s=WORKER_GRACE_S) as pool:
+            pool.map(_play_batch, todo, progress=bar.update)
+    except WorkerStalled as exc:
+        raise ArtifactError(f"{desc}: {exc}; {kept}") from None
+    except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C here, or a worker's (SystemExit 130)
+        if isinstance(exc, SystemExit) and exc.code != 130:
+            raise
+        print(f"\ninterrupted: {kept}", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception:
+        print(f"\nstopped: {kept}", file=sys.stderr)
+        raise
+    finally:
+        bar.close()
 
 
 def write_collection(out_dir: Path, records: list[dict]) -> tuple[list[dict], list[dict]]:

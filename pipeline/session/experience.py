@@ -45,7 +45,6 @@ from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
 from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import read_json, read_parquet
-from pipeline.core.numerics import pin
 from pipeline.core.parallel import OrderedPool, stage_workers
 from pipeline.grounding.scenes import merge_groundings, write_merge_outputs
 from pipeline.llm.backends import is_local
@@ -235,15 +234,6 @@ def _play_at(ctx: Mapping[str, Any], prompt_rows: list) -> list[dict]:
     return [{"episode": r["episode"]} for r in records]
 
 
-def _init_worker(ctx: dict) -> dict:
-    """A spawn worker's start: pin the numerics (single-threaded as configured, before torch
-    loads); the run's shared inputs are its jobs' context (a block length measured in a
-    model's tokens loads that tokenizer at its first use)."""
-    play_cfg = ctx["play_cfg"]
-    pin(play_cfg.numerics, load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model))
-    return ctx
-
-
 def _curve_jobs(ctx: dict, ks: list[int], workers: int,
                 progress: Callable[[Any], None] | None = None) -> list[tuple[int, str, list, list[dict]]]:
     """``(k, condition, prompt rows, records)`` of every point, ``k`` major, in that order;
@@ -256,7 +246,11 @@ def _curve_jobs(ctx: dict, ks: list[int], workers: int,
     run's inputs (fresh factories per point), so where it runs changes no byte.
     """
     conditions = ctx["conditions"]
-    with OrderedPool(workers, initializer=_init_worker, initargs=(ctx,), context=ctx) as pool:
+    play_cfg = ctx["play_cfg"]
+    # each worker pinned as configured (single-threaded, before torch loads); a block length
+    # measured in a model's tokens loads that tokenizer at its first use
+    with OrderedPool(workers, context=ctx, numerics=play_cfg.numerics,
+                     load_torch=plays_with_model(play_cfg.agent) and is_local(play_cfg.model)) as pool:
         rendered = pool.map(_render_at, ks)
         points = [(k, cond, prompt_rows) for k, by_cond in zip(ks, rendered)
                   for cond, prompt_rows in zip(conditions, by_cond)]

@@ -2,7 +2,7 @@
 
 A plain function over narrow interfaces (``env.reset/step``, ``agent.act``,
 ``user.step_feedback``). The tasks are cut into a fixed partition of batches
-(:func:`batches`: consecutive runs of ``batch_size`` tasks, a function of the task list
+(:func:`pipeline.core.parallel.partition`: consecutive runs of ``batch_size`` tasks, a function of the task list
 and the batch size only), played one batch after the other; agents that can generate for
 several observations in one call (the llm agent) expose ``act_many(agents, observations)``
 and get one batched call per step across the batch's running episodes, finished episodes
@@ -29,6 +29,7 @@ from typing import Any, Callable, Iterable
 
 from pipeline.agents.base import AgentStep
 from pipeline.core.io import atomic_write_text, read_json, safe_name
+from pipeline.core.parallel import partition
 from pipeline.core.schemas import FEEDBACK_TYPES, EpisodeRecord, TurnRecord, canonical_json
 from pipeline.core.seeding import task_seed
 from pipeline.grounding.feedback import classify_feedback_lines
@@ -123,13 +124,6 @@ class Checkpoints:
     def save(self, episode_id: str, record: dict) -> None:
         if self.root is not None:
             atomic_write_text(self.path(episode_id), json.dumps(record, ensure_ascii=False, sort_keys=True))
-
-
-def batches(tasks: list[Task], batch_size: int) -> list[list[Task]]:
-    """The fixed partition of ``tasks`` into batches: consecutive runs of ``batch_size``
-    (the last one shorter). Resume and shards work in these units (module docstring)."""
-    size = max(1, int(batch_size))
-    return [tasks[i:i + size] for i in range(0, len(tasks), size)]
 
 
 def _feedback_columns(lines: list[str], unknown: str = "keep") -> dict:
@@ -278,7 +272,7 @@ def play(
     whole_batches: bool = False,
     on_batch_start: Callable[[], None] | None = None,
 ) -> list[dict]:
-    """Play every task, batch by batch (:func:`batches`); return one record
+    """Play every task, batch by batch (:func:`pipeline.core.parallel.partition`); return one record
     ``{"episode", "turns", "tensors"}`` per task.
 
     Records of episodes already checkpointed are loaded instead of replayed; with
@@ -300,7 +294,7 @@ def play(
         if progress is not None:
             progress.update(1)
 
-    for batch in batches(tasks, batch_size):
+    for batch in partition(tasks, batch_size):
         loaded = {t.episode_id: rec for t in batch if (rec := checkpoints.load(t.episode_id)) is not None}
         if whole_batches and 0 < len(loaded) < len(batch):
             print(f"replaying a batch of {len(batch)} whole ({len(loaded)} of its episodes were checkpointed): each "

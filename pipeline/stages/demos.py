@@ -13,7 +13,7 @@ read, so adding a condition does not change the demonstrations or the model the
 ``policy`` step trains on them.
 
 The rule agent's episodes and the demonstrations are played in ``workers`` processes
-(:mod:`pipeline.core.parallel`; :class:`pipeline.policy.demo_workers.DemoWorkers`): jobs
+(:mod:`pipeline.core.parallel`; :func:`pipeline.policy.demo_workers.demo_pool`): jobs
 fixed by the config, each item seeded by its identity, merged in job order, so any count
 writes the same bytes.
 

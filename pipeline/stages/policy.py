@@ -40,9 +40,8 @@ from pipeline.core.parallel import stage_workers
 from pipeline.llm.backends import BackendError
 from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
-from pipeline.policy.dagger import EpisodeProbe, rollout_config
+from pipeline.policy.dagger import EpisodeProbe, rollout_config, rollout_pool
 from pipeline.policy.incontext import InContextProbe
-from pipeline.policy.rollout_workers import RolloutWorkers
 from pipeline.policy.training import INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, build_policy, incontext_csv, loss_csv, model_dir
 from pipeline.session.collection import load_games
 from pipeline.stages.common import pin_numerics, run_stage
@@ -99,7 +98,8 @@ def summary_line(metrics: dict) -> str:
 def rollout_workers(cfg: Config, episode_probe: EpisodeProbe | None) -> int:
     """Processes for the policy's whole episodes (the DAgger rounds', the whole-episode probe's):
     the run's ``workers``, at most one per batch of the largest round; 1 (this process, no worker
-    to start) when there are none. The rollouts do not depend on it (:class:`RolloutWorkers`)."""
+    to start) when there are none. The rollouts do not depend on it
+    (:func:`pipeline.policy.dagger.play_rollouts`)."""
     pol = cfg.policy
     tasks = max(int(pol.dagger_houses) if int(pol.dagger_rounds) > 0 else 0,
                 len(episode_probe.tasks) if episode_probe is not None else 0)
@@ -119,11 +119,11 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
                                        n=cfg.policy.episode_probe_houses) \
         if cfg.policy.episode_probe_houses > 0 else None
     workers = rollout_workers(cfg, episode_probe)
-    with RolloutWorkers(rollout_config(cfg), workers) as players, \
+    with rollout_pool(rollout_config(cfg), workers) as pool, \
             tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
         built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar), probe=probe,
                              episode_probe=episode_probe, games=(manifest, scenes), dagger_progress=dagger_bar(bar),
-                             players=players)
+                             pool=pool)
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv(built["curve"]))
     atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv(built["incontext"]))
     metrics: dict[str, Any] = {"trained": True, "model_dir": model_dir(cfg), **built["summary"]}

@@ -107,7 +107,7 @@ def test_a_stopped_worker_fails_its_stage_with_exit_1_under_the_configs_bound(ti
     """Through a stage's runner and a real user of the pool (the demos' workers): the config's
     ``agent.worker_stall_s`` is the bound, and the stage exits 1 with one line naming it."""
     from pipeline.core.parallel import supervised
-    from pipeline.policy.demo_workers import DemoWorkers
+    from pipeline.policy.demo_workers import demo_pool
     from pipeline.stages import common
 
     cfg = OmegaConf.merge(tiny_cfg, {"agent": {"worker_stall_s": 2}})
@@ -115,11 +115,11 @@ def test_a_stopped_worker_fails_its_stage_with_exit_1_under_the_configs_bound(ti
     seen: set[int] = set()
 
     def body(cfg, root, args):
-        with DemoWorkers(cfg, root, [], {}, workers=2) as pool:
+        with demo_pool(cfg, root, [], {}, workers=2) as pool:
             with supervised(WARM_S, stage="demos"):
-                seen.update(pool.map(_sleep, [0.2, 0.2, 0.2, 0.2], count=lambda _: 1))
+                seen.update(pool.map(_sleep, [0.2, 0.2, 0.2, 0.2]))
             threading.Timer(0.5, os.kill, (min(seen), signal.SIGSTOP)).start()
-            pool.map(_sleep, [30, 30], count=lambda _: 1)
+            pool.map(_sleep, [30, 30])
 
     assert common.run_stage("demos", body, [], pipelines=("model",)) == 1
     err = capsys.readouterr().err

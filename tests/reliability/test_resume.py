@@ -329,21 +329,21 @@ def test_llm_evaluate_killed_in_a_batch_then_resumed_is_byte_identical_tensors_i
 
 @pytest.mark.slow
 def test_llm_evaluate_in_two_worker_processes_gives_the_same_bytes(rendered_project, tiny_model_dir):
-    """workers=2 plays the fixed partition's batches side by side (batch i in worker i mod 2):
-    each batch is computed as in one process, so every file matches, tensors included."""
+    """workers=2 plays the fixed partition's batches side by side (a batch a job of the ordered
+    pool): each batch is computed as in one process, so every file matches, tensors included."""
     project, cond = rendered_project, "C1"
     _llm_eval_project(project, tiny_model_dir)
     folder = f"data/eval/{cond}"
     project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
                       "sampling.max_new_tokens=12", "env.max_steps=6", "workers=1")
     proc = project.run("evaluate", "--condition", cond)
-    assert "worker 0/" not in proc.stderr  # one process
+    assert "[workers=" not in proc.stderr  # one process
     reference = _every_file(project, folder)
     shutil.rmtree(project.root / folder)
     project.configure("agent=llm", "model=local", f"model.name_or_path={tiny_model_dir}", "agent.batch_size=1",
                       "sampling.max_new_tokens=12", "env.max_steps=6", "workers=2")
     proc = project.run("evaluate", "--condition", cond)
-    assert "worker 1/2" in proc.stderr
+    assert "[workers=2]" in proc.stderr
     assert _every_file(project, folder) == reference
 
 
