@@ -217,7 +217,7 @@ def render_conditions(tasks: Sequence[Mapping[str, Any]], conditions: Sequence[s
     for condition in conditions:
         checks, violations = run_evidence_checks(r, tasks, rows_by, condition, exposed)
         target = rows_by[condition]
-        unavailable = placebo_unavailable(target) if str(cfg.condition[condition].kind) == "placebo" else []
+        unavailable = placebo_unavailable(target)  # noted by a placebo slot only: [] for every other source
         report = {
             "condition": condition,
             "placebo_unavailable": unavailable,

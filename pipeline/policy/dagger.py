@@ -41,7 +41,7 @@ from typing import Any, Callable, Mapping, Sequence
 from omegaconf import OmegaConf
 
 from pipeline.agents.llm import LLMAgent, render_response
-from pipeline.core.conf_schema import Config
+from pipeline.core.conf_schema import ConditionKind, Config
 from pipeline.core.parallel import OrderedPool, partition
 from pipeline.core.seeding import crc_rng, derive_seed
 from pipeline.envs import scene_preferences
@@ -49,6 +49,7 @@ from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, Ho
 from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.policy.demos import (
     DemoKind,
+    advisory_variant_names,
     RenderedTurn,
     SceneMemory,
     Variant,
@@ -299,7 +300,7 @@ class EpisodeProbe:
 
         organizer = PromptOrganizer.from_config(cfg)
         rule_cfg = rule_agent_config(cfg)
-        oracle = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
+        oracle = set(advisory_variant_names(cfg, ConditionKind.oracle))
         tasks: list[HouseTask] = []
         houses = training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=2).houses(n) if n > 0 else []
         for house in houses:

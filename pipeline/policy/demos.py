@@ -48,7 +48,7 @@ from omegaconf import OmegaConf
 
 from pipeline import prompts
 from pipeline.agents.llm import LLMAgent
-from pipeline.core.conf_schema import Config, GroundingConfig
+from pipeline.core.conf_schema import ConditionKind, Config, GroundingConfig
 from pipeline.core.parallel import OrderedPool, Shared, partition
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng, task_seed
@@ -215,6 +215,12 @@ def _workers_or_inline(workers: OrderedPool | None, cfg: Config, root: Path, man
 
 
 # --------------------------------------------------------------------------- scene memory
+
+
+def advisory_variant_names(cfg: Config, kind: ConditionKind) -> list[str]:
+    """The names of the ``demos.advisory_variants`` whose memory block is of ``kind`` (a
+    condition's :class:`~pipeline.core.conf_schema.ConditionKind`), in config order."""
+    return [str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == str(kind)]
 
 
 def rule_agent_config(cfg: Config) -> Config:
@@ -535,7 +541,7 @@ def house_demo(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, orga
     """
     pol = cfg.policy
     n_houses = max(0, pol.generated_houses)
-    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
+    oracle_names = set(advisory_variant_names(cfg, ConditionKind.oracle))
     rule_cfg = rule_cfg if rule_cfg is not None else rule_agent_config(cfg)
     row = house.row(0)
     all_scenes = {**scenes, house.scene_id: house.spec}
@@ -591,7 +597,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
     time. The drills of a quest are one training unit (:func:`training_unit`).
     """
     n = cfg.policy.plan_drills
-    oracle_names = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
+    oracle_names = set(advisory_variant_names(cfg, ConditionKind.oracle))
     picks = [i for i, v in enumerate(variants) if v.source in oracle_names]
     if n <= 0 or not picks:
         return []

@@ -34,10 +34,10 @@ from typing import Any, Mapping, Sequence
 from omegaconf import OmegaConf
 
 from pipeline.agents.llm import LLMAgent
-from pipeline.core.conf_schema import Config
+from pipeline.core.conf_schema import ConditionKind, Config
 from pipeline.llm.backends.transformers import TransformersBackend
-from pipeline.policy.demos import (NoBackend, SceneMemory, freeze_prompt, house_env, prompt_variants,
-                                   training_houses)
+from pipeline.policy.demos import (NoBackend, SceneMemory, advisory_variant_names, freeze_prompt, house_env,
+                                   prompt_variants, training_houses)
 from pipeline.prompts import PromptOrganizer
 from pipeline.prompts.observation import memory_from_response
 
@@ -64,7 +64,7 @@ class InContextProbe:
     def build(cls, cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
               memory: SceneMemory, *, n: int) -> "InContextProbe":
         organizer = PromptOrganizer.from_config(cfg)
-        oracle = [str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"]
+        oracle = advisory_variant_names(cfg, ConditionKind.oracle)
         agent = LLMAgent(cfg, backend=NoBackend())
         tasks: list[ProbeTask] = []
         for house in training_houses(cfg, manifest, scenes, heldout=True).houses(n) if n > 0 else []:

@@ -56,7 +56,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
-from pipeline.core.conf_schema import Config
+from pipeline.core.conf_schema import ConditionKind, Config
 from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
@@ -79,6 +79,7 @@ from pipeline.policy.dagger import (  # _task: the library's task of a house and
 )
 from pipeline.policy.demos import (
     DemoKind,
+    advisory_variant_names,
     SceneMemory,
     Variant,
     house_env,
@@ -202,7 +203,7 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     held-out houses (their first quests do not depend on ``quests``). ``skip``: the held-out
     stream's first ``skip`` houses are passed over (a fresh sample of houses for a confirmation)."""
     organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
-    oracle = {str(a.name) for a in cfg.demos.advisory_variants if str(a.kind) == "oracle"}
+    oracle = set(advisory_variant_names(cfg, ConditionKind.oracle))
     out = []
     for house in training_houses(cfg, manifest, scenes, heldout=True, quests_per_house=quests).houses(skip + n)[skip:]:
         episodes, turns = past_visits(rule_cfg, house, {**scenes, house.scene_id: house.spec})
