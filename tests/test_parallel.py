@@ -72,6 +72,13 @@ def test_spawned_workers_get_the_context_and_return_results_in_job_order_and_rai
             pool.map(_job, [1, -1, 2])
 
 
+def test_waiting_is_called_while_spawned_workers_run_the_jobs():
+    calls: list[float] = []
+    with OrderedPool(2, stall_s=0) as pool:  # no watchdog: waiting alone sets the poll
+        assert len(set(pool.map(_work, [("sleep", 2.5), ("sleep", 2.5)], waiting=lambda: calls.append(1.0)))) == 2
+    assert len(calls) >= 2  # about once a second
+
+
 def test_each_worker_pins_the_numerics_at_the_pools_threads_before_its_jobs():
     numerics = OmegaConf.structured(NumericsConfig(threads=3))
     assert os.environ.get("OMP_NUM_THREADS") != "5"

@@ -433,11 +433,12 @@ class OrderedPool:
         return self._executor
 
     def map(self, fn: Callable[[Any, Any], Any], jobs: Iterable[Any], *,
-            progress: Callable[[Any], None] | None = None) -> list:
+            progress: Callable[[Any], None] | None = None, waiting: Callable[[], None] | None = None) -> list:
         """``[fn(context, job) for job in jobs]``; ``progress(result)`` as each job finishes (in
-        the order they finish). A job's exception is raised here (a dead worker's:
-        ``BrokenProcessPool``; a stalled one's: :class:`WorkerStalled`, every worker stopped)
-        once the jobs not yet started are cancelled."""
+        the order they finish); ``waiting()`` about once a second while spawned workers run them
+        (a caller's finer progress: a collection counts its checkpointed episodes). A job's
+        exception is raised here (a dead worker's: ``BrokenProcessPool``; a stalled one's:
+        :class:`WorkerStalled`, every worker stopped) once the jobs not yet started are cancelled."""
         if self.workers <= 1:
             out = []
             for job in jobs:
@@ -453,9 +454,13 @@ class OrderedPool:
         futures = [executor.submit(_run, fn, job, i) for i, job in enumerate(jobs)]
         pending = set(futures)
         poll = None if self.stall_s <= 0 else min(1.0, self.stall_s / 4)
+        if waiting is not None:
+            poll = 1.0 if poll is None else poll
         try:
             while pending:
                 done, pending = wait(pending, timeout=poll, return_when=FIRST_COMPLETED)
+                if waiting is not None:
+                    waiting()
                 for fut in done:
                     res = fut.result()
                     if progress is not None:

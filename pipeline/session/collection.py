@@ -426,11 +426,15 @@ def _play_in_workers(cfg: Config, root: Path, tasks: list[Task], scenes: dict, c
     context = _Playing(cfg, root, scenes, ckpt_root, feedback_source)
     bar = tqdm(total=len(tasks), initial=len(tasks) - sum(map(len, todo)), desc=f"{desc} [workers={n}]", unit="ep",
                file=sys.stderr)
+
+    def count(_: Any = None) -> None:  # the episodes checkpointed so far, every worker's, about once a second
+        bar.update(max(0, sum(ckpts.path(t.episode_id).exists() for t in tasks) - bar.n))
+
     try:
         with OrderedPool(n, context=context, numerics=cfg.numerics,
                          load_torch=plays_with_model(cfg.agent) and is_local(cfg.model),
                          stall_s=cfg.agent.worker_stall_s, beats="job", grace_s=WORKER_GRACE_S) as pool:
-            pool.map(_play_batch, todo, progress=bar.update)
+            pool.map(_play_batch, todo, progress=count, waiting=count)
     except WorkerStalled as exc:
         raise ArtifactError(f"{desc}: {exc}; {kept}") from None
     except (KeyboardInterrupt, SystemExit) as exc:  # Ctrl-C here, or a worker's (SystemExit 130)
