@@ -292,3 +292,55 @@ def test_a_deleted_block_or_document_is_an_error_in_check_and_write_mode(tmp_pat
     capsys.readouterr()
     assert results.main(["--check", "--root", str(root)]) == 1
     assert "docs/policy.md: missing: it must hold the blocks policy, episodes" in capsys.readouterr().err
+
+
+def _finished_run(folder: Path, agent: str = "react") -> Path:
+    """A project folder as a finished run leaves it: the default run's committed metrics, its
+    overrides and its agent."""
+    import shutil
+
+    shutil.copytree(ROOT / "metrics", folder / "metrics", ignore=shutil.ignore_patterns("runs"))
+    (folder / "params.overrides.yaml").write_text("overrides:\n- {key: env.name, value: scienceworld}\n"
+                                                   "- {key: env.max_steps, value: 12}\n")
+    (folder / "params.yaml").write_text(f"agent:\n  name: {agent}\n")
+    return folder
+
+
+def test_a_snapshot_copies_a_runs_metrics_and_its_block_renders_from_it(tmp_path):
+    """``--snapshot NAME --from DIR``: another experiment's run into metrics/runs/NAME/, with its
+    overrides and agent; the run's block in its document is then rewritten from that copy."""
+    project = _committed(tmp_path)
+    run = _finished_run(tmp_path / "scratch")
+    assert results.main(["--root", str(project), "--snapshot", "scienceworld_adaptation", "--from", str(run)]) == 0
+    snap = project / "metrics" / "runs" / "scienceworld_adaptation"
+    meta = json.loads((snap / "run.json").read_text())
+    assert meta["params"] == {"env.name": "scienceworld", "env.max_steps": 12} and meta["agent"] == "react"
+    assert (snap / "compare.json").read_bytes() == (run / "metrics" / "compare.json").read_bytes()
+    assert sorted(p.name for p in (snap / "eval").iterdir()) == sorted(p.name for p in (run / "metrics" / "eval").iterdir())
+    text = results.run_table("scienceworld_adaptation")(project / "metrics")
+    assert "`scienceworld_adaptation`: 2 config keys set apart" in text and "`react` is the agent under test" in text
+    assert "react success [95% interval]" in text and "react Δ success" in text and "model success" not in text
+    assert results.conditions_table(snap, agent="react") in text and "Minutes of stage work" in text
+    assert text in (project / "docs" / "scienceworld.md").read_text(encoding="utf-8")  # the document rewritten
+    assert results.main(["--check", "--root", str(project)]) == 0
+    # the default run's tables keep their words
+    assert "model success [95% interval]" in results.conditions_table(project / "metrics")
+
+
+def test_a_snapshot_of_no_finished_run_or_a_bad_name_is_refused_and_copies_nothing(tmp_path, capsys):
+    project = tmp_path / "project"
+    (project / "metrics").mkdir(parents=True)
+    assert results.main(["--root", str(project), "--snapshot", "scienceworld_adaptation", "--from",
+                         str(tmp_path / "nothing")]) == 1
+    assert "no finished run there" in capsys.readouterr().err
+    assert results.main(["--root", str(project), "--snapshot", "../escape", "--from",
+                         str(_finished_run(tmp_path / "scratch"))]) == 1
+    assert "expected a lower-case identifier" in capsys.readouterr().err
+    assert not (project / "metrics" / "runs").exists()
+    with pytest.raises(SystemExit):
+        results.main(["--root", str(project), "--snapshot", "x"])  # --from missing
+
+
+def test_a_run_block_without_its_snapshot_says_how_to_make_one(tmp_path):
+    text = results.run_table("scienceworld_adaptation")(tmp_path)
+    assert text.startswith("_no run of scienceworld_adaptation is committed") and "--snapshot" in text

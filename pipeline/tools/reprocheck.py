@@ -4,6 +4,7 @@
     python -m pipeline.tools.reprocheck --rev HEAD~1    # ... vs another revision's
     python -m pipeline.tools.reprocheck --scratch experiment=tiny --golden .ci/repro_tiny.json
     python -m pipeline.tools.reprocheck --scratch experiment=tiny --golden .ci/repro_tiny.json --update
+    python -m pipeline.tools.reprocheck --scratch experiment=scienceworld_adaptation --keep   # run, keep, no check
 
 The first form makes two comparisons and says which: the outputs in the workspace
 (hashed as ``dvc status`` hashes them) against the workspace ``dvc.lock``, so a file changed
@@ -245,15 +246,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the DAG in a scratch copy composed with these Hydra overrides")
     parser.add_argument("--golden", help="with --scratch: the committed {output: md5} file to compare with")
     parser.add_argument("--update", action="store_true", help="with --scratch: rewrite the golden file")
-    parser.add_argument("--keep", action="store_true", help="with --scratch: keep the scratch repository")
+    parser.add_argument("--keep", action="store_true", help="with --scratch: keep the scratch repository (without "
+                                                             "--golden: only run and keep it, as for results --snapshot)")
     args = parser.parse_args(argv)
     root = project_root()
     try:
         if args.scratch is None:
             results = check_workspace(root, args.rev)
         else:
-            if not args.golden:
-                raise ReproCheckError("--scratch needs --golden FILE")
+            if not args.golden and not args.keep:
+                raise ReproCheckError("--scratch needs --golden FILE (or --keep: run it and keep the copy, compare nothing)")
+            if not args.golden:  # a run to keep (results --snapshot reads its metrics), no comparison
+                work = Path(tempfile.mkdtemp(prefix="reprocheck_"))
+                t0 = time.perf_counter()
+                scratch_repro(root, list(args.scratch), work)
+                print(f"kept: {work} (scratch `dvc repro` of {' '.join(args.scratch) or 'the default config'}, "
+                      f"{time.perf_counter() - t0:.0f} s; compared with nothing: no --golden)")
+                return 0
             golden = Path(args.golden) if Path(args.golden).is_absolute() else root / args.golden
             wanted = byte_overrides(args.scratch)
             level = cpu_level()

@@ -22,7 +22,15 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - ``runtime_summary`` (the README's): each pipeline's summed stage minutes, its longest stages, the projection;
 - ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), the model
   pipeline's (``make model``: ``models/metrics/*.json``), and the scaling benchmark's projection of the cold run
-  to more cores (``benchmarks/results.json``).
+  to more cores (``benchmarks/results.json``);
+- ``scienceworld_adaptation``: another experiment's run, from its committed snapshot
+  (``metrics/runs/<name>/``, :data:`RUN_BLOCKS`): how many config keys it set apart from the default,
+  per condition the agent under test's and the reader's success, the paired comparisons, its stage minutes.
+
+A snapshot is what a run of another experiment left in its ``metrics/`` (a scratch copy's, such as
+``reprocheck --scratch <overrides> --keep``'s), copied with its overrides::
+
+    python -m pipeline.tools.results --snapshot scienceworld_adaptation --from /tmp/reprocheck-xyz
 
 The model's metrics are the model pipeline's (``models/metrics/``, beside the checkpoint they describe).
 
@@ -90,8 +98,9 @@ def _count(n: Any) -> str:
     return f"{n:,}" if isinstance(n, int) else "?"
 
 
-def conditions_table(metrics: Path) -> str:
-    """Per condition: the model's success and turns, the reader's success and turns."""
+def conditions_table(metrics: Path, agent: str = "model") -> str:
+    """Per condition: the agent under test's success and turns (``agent``: its name in the
+    headers), the reader's success and turns."""
     compare = _read(metrics / "compare.json")
     reader = (compare.get("reader") or {}).get("conditions") or {}
     rows = []
@@ -101,12 +110,14 @@ def conditions_table(metrics: Path) -> str:
         rows.append([c, _ci(m.get("success_rate")), format_value((m.get("mean_turns") or {}).get("value"), 1),
                      _ci((reader.get(c) or {}).get("reader")), format_value((r.get("mean_turns") or {}).get("value"), 1)])
     n = compare.get("conditions", [{}])[0].get("num_episodes", "?") if compare.get("conditions") else "?"
-    return (markdown_table(["condition", "model success [95% interval]", "model turns", "reader success (ceiling)",
-                    "reader turns"], rows) + f"\n\n{n} paired eval tasks per condition; the model greedy.")
+    return (markdown_table(["condition", f"{agent} success [95% interval]", f"{agent} turns", "reader success (ceiling)",
+                    "reader turns"], rows)
+            + f"\n\n{n} paired eval tasks per condition{'; the model greedy' if agent == 'model' else ''}.")
 
 
-def comparisons_table(metrics: Path) -> str:
-    """Per comparison (controls first): model and reader differences, the reader's turns."""
+def comparisons_table(metrics: Path, agent: str = "model") -> str:
+    """Per comparison (controls first): the agent under test's (``agent``) and the reader's
+    differences, the reader's turns."""
     compare = _read(metrics / "compare.json")
     reader = (compare.get("reader") or {}).get("comparisons") or {}
     order = {"positive_control": 0, "check": 1}
@@ -126,7 +137,7 @@ def comparisons_table(metrics: Path) -> str:
                      _p(v.get("reader_turns_p_holm") if v.get("reader_turns_p_holm") is not None
                         else v.get("reader_turns_p_value")),
                      format_value(s.get("power", {}).get("mde"))])
-    return markdown_table(["comparison", "role", "model Δ success", "model b / c", "model p (Holm)", "reader Δ success",
+    return markdown_table(["comparison", "role", f"{agent} Δ success", f"{agent} b / c", f"{agent} p (Holm)", "reader Δ success",
                    "reader b / c", "reader p (Holm)", "reader Δ turns", "reader turns p (Wilcoxon, Holm)", "MDE"], rows)
 
 
@@ -373,11 +384,100 @@ def runtime_summary(metrics: Path) -> str:
     return text
 
 
+RUNS = "runs"  # metrics/runs/<name>/: committed snapshots of other experiments' runs (:func:`snapshot`)
+RUN_FILE = "run.json"  # a snapshot's record: the keys it set apart from the default, its agent, the revision
+SNAPSHOT_FILES = ("compare.json", "games.json", "collect.json", "ground.json", "store.json", "render.json",
+                  "curve.json")  # with eval/ and eval_reader/: what the run blocks read
+_RUN_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
+
+
+def run_table(name: str) -> Callable[[Path], str]:
+    """The block of the committed snapshot ``metrics/runs/<name>/``: the keys it set apart from the
+    default (counted; ``run.json`` lists them), per condition the agent under test's and the
+    reader's success, the paired comparisons (controls first), its stage minutes."""
+    def table(metrics: Path) -> str:
+        run = metrics / RUNS / name
+        meta = _read(run / RUN_FILE)
+        if not meta:
+            return (f"_no run of {name} is committed: run it (`python -m pipeline.tools.reprocheck --scratch "
+                    f"experiment={name} --keep`) and snapshot it (`python -m pipeline.tools.results --snapshot "
+                    f"{name} --from <its folder>`)_")
+        agent = str(meta.get("agent") or "agent")
+        return (f"The committed run `{name}`: {len(meta.get('params') or {})} config keys set apart from the "
+                f"default (`metrics/{RUNS}/{name}/{RUN_FILE}` lists them), copied at revision "
+                f"{meta.get('revision', '?')}; `{agent}` is the agent under test.\n\n"
+                + conditions_table(run, agent=agent) + "\n\n" + comparisons_table(run, agent=agent)
+                + f"\n\nMinutes of stage work as the run recorded them: {_minutes(_stage_times(run))}.")
+    table.__doc__ = f"The committed run of {name} (:func:`run_table`)."
+    return table
+
+
+def snapshot(root: Path, name: str, source: Path) -> Path:
+    """Copy the metrics a finished run left in ``source`` (a project folder: ``<source>/metrics``,
+    ``<source>/params.overrides.yaml``, ``<source>/params.yaml``) into ``<root>/metrics/runs/<name>/``,
+    replacing what was there, with a ``run.json`` holding the config keys the run set apart from the
+    default (``params``, from its overrides record), its agent under test and this project's
+    revision. Returns the snapshot's folder.
+
+    Raises:
+        ValueError: ``name`` is not a lower-case identifier, or ``source`` holds no finished run
+            (no ``metrics/compare.json``), naming what is missing.
+    """
+    import shutil
+
+    import yaml
+
+    from pipeline.core.io import atomic_dir
+
+    if not _RUN_NAME_RE.fullmatch(name):
+        raise ValueError(f"--snapshot {name!r}: expected a lower-case identifier such as scienceworld_adaptation")
+    metrics = Path(source) / "metrics"
+    if not (metrics / "compare.json").is_file():
+        raise ValueError(f"--from {source}: no finished run there ({metrics / 'compare.json'} does not exist): "
+                         "run the experiment's `dvc repro` in it first")
+    params = yaml.safe_load((Path(source) / "params.yaml").read_text(encoding="utf-8")) \
+        if (Path(source) / "params.yaml").is_file() else {}
+    overrides = yaml.safe_load((Path(source) / "params.overrides.yaml").read_text(encoding="utf-8")) \
+        if (Path(source) / "params.overrides.yaml").is_file() else {}
+    out = root / "metrics" / RUNS / name
+    with atomic_dir(out) as tmp:
+        for f in SNAPSHOT_FILES:
+            if (metrics / f).is_file():
+                shutil.copy2(metrics / f, tmp / f)
+        for folder in ("eval", "eval_reader"):
+            if (metrics / folder).is_dir():
+                shutil.copytree(metrics / folder, tmp / folder)
+        changed = (overrides or {}).get("overrides") or []  # pipeline.core.overrides' record: [{key, value}, ...]
+        meta = {"name": name, "params": {str(o["key"]): o["value"] for o in changed if isinstance(o, dict) and "key" in o},
+                "agent": str(((params or {}).get("agent") or {}).get("name") or "agent"),
+                "revision": _revision(root)}
+        (tmp / RUN_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return out
+
+
+def _revision(root: Path) -> str:
+    """This project's commit (short), with ``+`` when its work tree has changes; ``?`` outside git."""
+    import subprocess
+
+    try:
+        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "?"
+    return rev + ("+" if dirty else "")
+
+
+# The experiments whose committed run a document shows (a block each, named as the run).
+RUN_BLOCKS = ("scienceworld_adaptation",)
+
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
                                             "policy": policy_table, "targets": targets_table,
                                             "runtime": runtime_table, "runtime_summary": runtime_summary,
-                                            "episodes": episodes_table}
+                                            "episodes": episodes_table,
+                                            **{name: run_table(name) for name in RUN_BLOCKS}}
 
 
 # The documents each block must appear in (it may appear in others too): a deleted block is an
@@ -387,7 +487,8 @@ HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": (
                                      "comparisons": ("docs/experiments.md",),
                                      "curve": ("docs/experiments.md", "docs/memory.md"),
                                      "targets": ("docs/memory.md",), "policy": ("docs/policy.md",),
-                                     "episodes": ("docs/policy.md",)}
+                                     "episodes": ("docs/policy.md",),
+                                     "scienceworld_adaptation": ("docs/scienceworld.md",)}
 assert set(HOMES) == set(TABLES), "every block has a home document"
 
 MARKER_FORMS = "`<!-- results:NAME -->` ... `<!-- /results:NAME -->`, each alone on its line"
@@ -481,8 +582,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--check", action="store_true", help="exit 1 if a document's blocks differ from the metrics")
     ap.add_argument("--root", type=Path, default=None, help="the project whose documents and metrics/ to use "
                                                               "(default: this project)")
+    ap.add_argument("--snapshot", metavar="NAME", help="copy the run in --from into metrics/runs/NAME/ first")
+    ap.add_argument("--from", dest="source", type=Path, metavar="DIR",
+                    help="with --snapshot: the project folder where the run finished")
     args = ap.parse_args(argv)
     root = args.root or project_root()
+    if args.snapshot is not None or args.source is not None:
+        if args.snapshot is None or args.source is None:
+            ap.error("--snapshot NAME and --from DIR go together")
+        try:
+            print(f"snapshot: {snapshot(root, args.snapshot, args.source).relative_to(root)}")
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
     errors: list[str] = []
     found: dict[str, set[str]] = {}
     rendered: dict[Path, str] = {}
