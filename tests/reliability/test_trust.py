@@ -146,6 +146,26 @@ def test_reprocheck_refuses_a_revision_that_git_would_read_as_an_option(tmp_path
     assert "stages:" in committed_lock(ROOT, "HEAD")  # a real revision still reads
 
 
+def test_reprocheck_scratch_without_a_golden_file_only_runs_and_keeps_with_keep(monkeypatch, capsys):
+    """``--scratch OVERRIDES --keep`` without ``--golden``: the run is kept for ``results --snapshot``
+    and compared with nothing; without ``--keep`` a golden file is still required."""
+    import shutil
+
+    from pipeline.tools import reprocheck
+
+    ran: list = []
+    monkeypatch.setattr(reprocheck, "scratch_repro", lambda root, overrides, work: ran.append((overrides, work)) or {})
+    assert reprocheck.main(["--scratch", "experiment=tiny"]) == 2
+    assert "--scratch needs --golden FILE (or --keep" in capsys.readouterr().err and not ran
+    try:
+        assert reprocheck.main(["--scratch", "experiment=tiny", "--keep"]) == 0
+        assert ran and ran[0][0] == ["experiment=tiny"] and ran[0][1].is_dir()
+        assert f"kept: {ran[0][1]} (scratch `dvc repro` of experiment=tiny" in capsys.readouterr().out
+    finally:
+        for _, work in ran:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def test_diff_refuses_a_revision_that_git_would_read_as_an_option():
     from pipeline.tools.diff.revisions import DiffError, open_rev
 
