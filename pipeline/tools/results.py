@@ -427,7 +427,7 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
 
     import yaml
 
-    from pipeline.core.io import atomic_dir
+    from pipeline.core.io import atomic_dir, atomic_write_json
 
     if not _RUN_NAME_RE.fullmatch(name):
         raise ValueError(f"--snapshot {name!r}: expected a lower-case identifier such as scienceworld_adaptation")
@@ -451,7 +451,7 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
         meta = {"name": name, "params": {str(o["key"]): o["value"] for o in changed if isinstance(o, dict) and "key" in o},
                 "agent": str(((params or {}).get("agent") or {}).get("name") or "agent"),
                 "revision": _revision(root)}
-        (tmp / RUN_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+        atomic_write_json(tmp / RUN_FILE, meta)
     return out
 
 

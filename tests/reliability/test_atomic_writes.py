@@ -283,6 +283,10 @@ ALLOWED = {
         "savefig into an in-memory buffer, then pipeline.core.io.atomic_write_bytes",
     ("pipeline/session/collection.py", "merge_shards", "shutil.copy2(...)"):
         "copies shard tensors into pipeline.core.io.atomic_dir's temp folder, swapped in whole",
+    ("pipeline/tools/results.py", "snapshot", "shutil.copy2(...)"):
+        "copies a finished run's metrics into pipeline.core.io.atomic_dir's temp folder, swapped in whole",
+    ("pipeline/tools/results.py", "snapshot", "shutil.copytree(...)"):
+        "copies a finished run's metrics folders into pipeline.core.io.atomic_dir's temp folder, swapped in whole",
     ("pipeline/tools/sweep.py", "prepare_job", "*"):
         "sets up a sweep job's scratch workspace (copied code, frozen conf), re-prepared on rerun; not an artifact",
     ("pipeline/tools/sweep.py", "*", "open(..., 'a')"): "appends to a sweep job's log file (a log, not an artifact)",
