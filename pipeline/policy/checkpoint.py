@@ -31,6 +31,7 @@ import yaml
 
 from pipeline.core.config import load_params, project_root
 from pipeline.core.io import atomic_dir, atomic_write_bytes, atomic_write_text, sha256_file
+from pipeline.core.revision import head_commit
 
 CARD = "README.md"
 FRONT = "---\n"
@@ -133,18 +134,6 @@ def publish(built: Path, dest: Path, meta: Mapping[str, Any]) -> Published:
     return Published(False, files, tuple(changes))
 
 
-def git_commit(root: Path) -> str:
-    """``HEAD``'s commit, ``+dirty`` when tracked files differ from it; ``unknown`` outside git."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + ("+dirty" if dirty else "")
-
-
 def card_meta(*, recipe: Mapping[str, Any], world: Mapping[str, Any], training: Mapping[str, Any],
               data: Mapping[str, str], built: Mapping[str, str]) -> dict[str, Any]:
     """A card's ``pipeline:`` block but its files.
@@ -166,7 +155,7 @@ def card_meta(*, recipe: Mapping[str, Any], world: Mapping[str, Any], training: 
 
 def built_on(root: Path, machine: str, level: str) -> dict[str, str]:
     """The ``built`` entry of a card written now: the commit, the machine, its x86-64 level, today (UTC)."""
-    return {"commit": git_commit(root), "machine": machine, "level": level,
+    return {"commit": head_commit(root, short=False), "machine": machine, "level": level,
             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")}
 
 

@@ -54,6 +54,7 @@ from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
 from pipeline.core.cpu import cpu_level
 from pipeline.core.numerics import cpu_model
+from pipeline.core.revision import head_commit
 from pipeline.tools import git_revision
 
 # What a scratch project needs to run the DAG (data and caches are never copied; models/: the checkpoint it plays).
@@ -123,16 +124,6 @@ def committed_lock(root: Path, rev: str) -> str:
     if p.returncode != 0:
         raise ReproCheckError(f"cannot read dvc.lock at {rev}: {p.stderr.strip()}")
     return p.stdout
-
-
-def head_revision(root: Path) -> str:
-    """The checkout's commit (short), ``+dirty`` when the tree has changes; ``unknown`` outside git."""
-    p = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    if p.returncode != 0:
-        return "unknown"
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                           capture_output=True, text=True).stdout.strip()
-    return p.stdout.strip() + ("+dirty" if dirty else "")
 
 
 def check_workspace(root: Path, rev: str) -> dict[str, list[str]]:
@@ -296,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
             took = time.perf_counter() - t0
             if args.update:
                 new, moved = record_outputs(doc, level, actual, wanted,
-                                            {"cpu": cpu_model(), "revision": head_revision(root)})
+                                            {"cpu": cpu_model(), "revision": head_commit(root)})
                 atomic_write_text(golden, json.dumps(new, indent=2) + "\n")
                 kept = [lv for lv in new["by_cpu_level"] if lv != level]
                 print(f"wrote {golden}: {len(actual)} outputs for {level} ({took:.0f} s), "

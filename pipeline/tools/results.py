@@ -57,6 +57,7 @@ from typing import Any, Callable, Mapping
 from pipeline.analysis.report import curve_rows, format_ci, format_value, headline_lines, markdown_table
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
+from pipeline.core.revision import head_commit
 
 DOCS = ("README.md", "docs/*.md")  # globs under the project root
 
@@ -450,23 +451,9 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
         changed = (overrides or {}).get("overrides") or []  # pipeline.core.overrides' record: [{key, value}, ...]
         meta = {"name": name, "params": {str(o["key"]): o["value"] for o in changed if isinstance(o, dict) and "key" in o},
                 "agent": str(((params or {}).get("agent") or {}).get("name") or "agent"),
-                "revision": _revision(root)}
+                "revision": head_commit(root)}
         atomic_write_json(tmp / RUN_FILE, meta)
     return out
-
-
-def _revision(root: Path) -> str:
-    """This project's commit (short), with ``+`` when its work tree has changes; ``?`` outside git."""
-    import subprocess
-
-    try:
-        rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                             check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "?"
-    return rev + ("+" if dirty else "")
 
 
 # The experiments whose committed run a document shows (a block each, named as the run).
