@@ -301,7 +301,8 @@ def _finished_run(folder: Path, agent: str = "react") -> Path:
 
     shutil.copytree(ROOT / "metrics", folder / "metrics", ignore=shutil.ignore_patterns("runs"))
     (folder / "params.overrides.yaml").write_text("overrides:\n- {key: env.name, value: scienceworld}\n"
-                                                   "- {key: env.max_steps, value: 12}\n")
+                                                   "- {key: env.max_steps, value: 12}\n"
+                                                   "- {key: memory.lessons, removed: true}\n")
     (folder / "params.yaml").write_text(f"agent:\n  name: {agent}\n")
     return folder
 
@@ -315,10 +316,11 @@ def test_a_snapshot_copies_a_runs_metrics_and_its_block_renders_from_it(tmp_path
     snap = project / "metrics" / "runs" / "scienceworld_adaptation"
     meta = json.loads((snap / "run.json").read_text())
     assert meta["params"] == {"env.name": "scienceworld", "env.max_steps": 12} and meta["agent"] == "react"
+    assert meta["removed"] == ["memory.lessons"]
     assert (snap / "compare.json").read_bytes() == (run / "metrics" / "compare.json").read_bytes()
     assert sorted(p.name for p in (snap / "eval").iterdir()) == sorted(p.name for p in (run / "metrics" / "eval").iterdir())
     text = results.run_table("scienceworld_adaptation")(project / "metrics")
-    assert "`scienceworld_adaptation`: 2 config keys set apart" in text and "`react` is the agent under test" in text
+    assert "`scienceworld_adaptation`: 3 config keys set apart" in text and "`react` is the agent under test" in text
     assert "react success [95% interval]" in text and "react Δ success" in text and "model success" not in text
     assert results.conditions_table(snap, agent="react") in text and "Minutes of stage work" in text
     assert text in (project / "docs" / "scienceworld.md").read_text(encoding="utf-8")  # the document rewritten
@@ -336,6 +338,10 @@ def test_a_snapshot_of_no_finished_run_or_a_bad_name_is_refused_and_copies_nothi
     assert results.main(["--root", str(project), "--snapshot", "../escape", "--from",
                          str(_finished_run(tmp_path / "scratch"))]) == 1
     assert "expected a lower-case identifier" in capsys.readouterr().err
+    bad = _finished_run(tmp_path / "bad_record")
+    (bad / "params.overrides.yaml").write_text("overrides:\n- seed=7\n")  # not pipeline.core.overrides' record
+    assert results.main(["--root", str(project), "--snapshot", "scienceworld_adaptation", "--from", str(bad)]) == 1
+    assert "params.overrides.yaml: expected `overrides:` followed by a list of {key, value}" in capsys.readouterr().err
     assert not (project / "metrics" / "runs").exists()
     with pytest.raises(SystemExit):
         results.main(["--root", str(project), "--snapshot", "x"])  # --from missing

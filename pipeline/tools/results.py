@@ -404,7 +404,8 @@ def run_table(name: str) -> Callable[[Path], str]:
                     f"experiment={name} --keep`) and snapshot it (`python -m pipeline.tools.results --snapshot "
                     f"{name} --from <its folder>`)_")
         agent = str(meta.get("agent") or "agent")
-        return (f"The committed run `{name}`: {len(meta.get('params') or {})} config keys set apart from the "
+        apart = len(meta.get("params") or {}) + len(meta.get("removed") or [])
+        return (f"The committed run `{name}`: {apart} config keys set apart from the "
                 f"default (`metrics/{RUNS}/{name}/{RUN_FILE}` lists them), copied at revision "
                 f"{meta.get('revision', '?')}; `{agent}` is the agent under test.\n\n"
                 + conditions_table(run, agent=agent) + "\n\n" + comparisons_table(run, agent=agent)
@@ -421,13 +422,15 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
     revision. Returns the snapshot's folder.
 
     Raises:
-        ValueError: ``name`` is not a lower-case identifier, or ``source`` holds no finished run
-            (no ``metrics/compare.json``), naming what is missing.
+        ValueError: ``name`` is not a lower-case identifier, ``source`` holds no finished run
+            (no ``metrics/compare.json``), naming what is missing, or its overrides record is
+            malformed (:class:`pipeline.core.overrides.OverridesError`).
     """
     import shutil
 
     import yaml
 
+    from pipeline.core import overrides
     from pipeline.core.io import atomic_dir, atomic_write_json
 
     if not _RUN_NAME_RE.fullmatch(name):
@@ -438,8 +441,7 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
                          "run the experiment's `dvc repro` in it first")
     params = yaml.safe_load((Path(source) / "params.yaml").read_text(encoding="utf-8")) \
         if (Path(source) / "params.yaml").is_file() else {}
-    overrides = yaml.safe_load((Path(source) / "params.overrides.yaml").read_text(encoding="utf-8")) \
-        if (Path(source) / "params.overrides.yaml").is_file() else {}
+    changed = overrides.read(Path(source))  # the run's record (pipeline.core.overrides): [{key, value | removed}]
     out = root / "metrics" / RUNS / name
     with atomic_dir(out) as tmp:
         for f in SNAPSHOT_FILES:
@@ -448,10 +450,12 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
         for folder in ("eval", "eval_reader"):
             if (metrics / folder).is_dir():
                 shutil.copytree(metrics / folder, tmp / folder)
-        changed = (overrides or {}).get("overrides") or []  # pipeline.core.overrides' record: [{key, value}, ...]
-        meta = {"name": name, "params": {str(o["key"]): o["value"] for o in changed if isinstance(o, dict) and "key" in o},
+        meta = {"name": name, "params": {o["key"]: o["value"] for o in changed if not o.get("removed")},
                 "agent": str(((params or {}).get("agent") or {}).get("name") or "agent"),
                 "revision": head_commit(root)}
+        removed = [o["key"] for o in changed if o.get("removed")]
+        if removed:  # keys the run's params.yaml dropped from the default
+            meta["removed"] = removed
         atomic_write_json(tmp / RUN_FILE, meta)
     return out
 
