@@ -662,6 +662,28 @@ def test_constraint_walks_end_in_exactly_one_admissible_action(lm):
         c.advance('{"action": "drop"')
 
 
+def test_accepts_first_answers_as_accepts_does(lm):
+    """A turn's start asks the constraint about every line-ending token at once
+    (:meth:`ActionConstraint.accepts_first`): its answers are :meth:`accepts`' one by one, for
+    every token text, each target, each target's prefixes and each target extended, with and
+    without the cut-off reasoning line's lead, and after something was consumed."""
+    from pipeline.llm.constrain import ActionConstraint, TokenTexts
+
+    texts = TokenTexts(lm.tok)
+    for lead in ("", "\n"):
+        c = ActionConstraint(texts, PREFIX_ACTIONS, lead)
+        targets = sorted({t.text for t in c.targets})
+        pieces = list(texts.texts) + [""]
+        pieces += [t[:k] for t in targets for k in (1, 5, len(t) - 1, len(t))]
+        pieces += [t + tail for t in targets for tail in ("x", " ", "}\n")] + ['{"action": "drop"', "zz"]
+        want = [c.accepts(p) for p in pieces]
+        assert c.accepts_first(pieces) == want
+        assert any(want) and not all(want)  # both answers occur
+        assert sum(want[len(texts.texts) + 1:]) > len(targets)  # prefixes, targets and past-the-end ones
+        c.advance(targets[0][:3])
+        assert c.accepts_first(pieces) == [c.accepts(p) for p in pieces]  # the one-by-one path
+
+
 @pytest.mark.parametrize("decoding", ["constrained", "choice"])
 def test_constrained_decodings_choose_only_admissible_actions(lm, decoding):
     """The model wants Fridge_9 (not admissible): free decoding fails the turn, constrained and
@@ -794,6 +816,31 @@ def test_cached_turns_give_the_same_greedy_actions(lm, decoding):
             assert sa.keys() == sb.keys() and all(abs(sa[k] - sb[k]) < 1e-3 for k in sa)
     stats = on.prompt_cache_stats()
     assert stats["reused_tokens"] > stats["encoded_tokens"] > 0, stats  # turns 2-3 encode only what changed
+
+
+@pytest.mark.parametrize("decoding", ["free", "constrained", "choice"])
+def test_the_growing_batch_cache_changes_no_byte_of_a_turn(lm, decoding):
+    """The decode loop's batch cache grows in place on the CPU (:func:`pipeline.llm.kvcache.growing_cache`);
+    transformers' ``DynamicCache`` (what the backend uses elsewhere) gives the very same turns:
+    texts, token ids, log-probs and choice scores equal, not close."""
+    from pipeline.agents.llm import LLMAgent
+    from pipeline.llm.kvcache import _growing_classes
+
+    grown, plain = _twin_backends(lm)
+    plain.set_prompt_cache(64)  # both with the prompt cache, as on the CPU by default
+    plain._plain = 0  # as for a model whose cache is not plain keys and values
+    assert type(grown._batch_cache()) is _growing_classes()[1] and type(plain._batch_cache()).__name__ == "DynamicCache"
+    cfg = copy.deepcopy(lm.cfg)
+    cfg.agent.decoding = decoding
+    results = {}
+    for name, backend in (("grown", grown), ("plain", plain)):
+        agents = [_agent(lm, e, cfg=cfg, backend=backend) for e, _, _ in EPISODES[:4]]
+        results[name] = [s for step in range(3)
+                         for s in LLMAgent.act_many(agents, [_turn_obs(o, step) for _, o, _ in EPISODES[:4]])]
+    for a, b in zip(results["grown"], results["plain"], strict=True):
+        ga, gb = a.model.generation, b.model.generation
+        assert (a.generated_text, a.action, ga.generated_ids) == (b.generated_text, b.action, gb.generated_ids)
+        assert ga.logprobs == gb.logprobs and a.model.action_scores == b.model.action_scores
 
 
 def test_prompt_cache_keeps_the_shared_part_within_its_budget(lm):

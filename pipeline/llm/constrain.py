@@ -186,6 +186,19 @@ class ActionConstraint:
             return True
         return any(s[:k] in self._texts for k in range(1, len(s)))  # a target is a proper prefix of s
 
+    def accepts_first(self, pieces: Sequence[str]) -> list[bool]:
+        """:meth:`accepts` of each of ``pieces`` before anything is consumed, answered together
+        (each turn's start asks it of every line-ending token of the vocabulary): a piece is a
+        prefix of a target exactly when it is in the set of the targets' prefixes of its length,
+        and a target is a proper prefix of it only if that target is shorter than it."""
+        if self.consumed:
+            return [self.accepts(p) for p in pieces]
+        lengths = {len(p) for p in pieces}
+        heads = {t[:k] for t in self._sorted for k in lengths if k <= len(t)}
+        longest = max(lengths, default=0)
+        short = [t for t in self._sorted if 0 < len(t) < longest]
+        return [p in heads or any(len(t) < len(p) and p.startswith(t) for t in short) for p in pieces]
+
     def allowed(self) -> list[int]:
         """The token ids allowed next (empty when no admissible action remains)."""
         s = self.consumed

@@ -139,3 +139,112 @@ class PromptKVCache:
         run through the model), ``entries``, ``bytes``."""
         return {"reused_tokens": self.reused_tokens, "encoded_tokens": self.encoded_tokens,
                 "entries": len(self.entries), "bytes": self.nbytes}
+
+
+# ---------------------------------------------------------------------------------------------
+# The decode loop's batch cache: keys and values that grow in place.
+#
+# transformers' ``DynamicLayer.update`` concatenates every new token onto the whole cache
+# (``torch.cat``), so each decoded token copies every row's keys and values of every layer: on
+# the CPU with 56 rows of ~1,500 tokens that copy (and the fresh pages it touches) cost about
+# half as much as the attention itself. :func:`growing_cache` keeps each layer in a buffer with
+# spare room at the end and hands the model views of its filled part. The values and their
+# order are the ones ``torch.cat`` would give, and the CPU's attention reads a view exactly as it
+# reads a contiguous copy: ``tests/test_kvcache.py`` compares every step's logits bit for bit, and
+# ``tests/test_llm_generation.py`` whole turns (texts, ids, log-probs, choice scores); the default
+# run's outputs, and a fresh world's, were the same bytes with it. So nothing but speed depends on
+# it (6-9% of an evaluation on 2 CPU cores). The backend uses it on the CPU only: a GPU picks its
+# attention kernel by the inputs' layout, and no GPU run checked it. transformers' ``StaticCache``
+# is no substitute: it attends over its whole fixed length under a mask, which changes the sums'
+# order and so the bytes.
+
+GROWTH_MIN_TOKENS = 256
+"""Spare room a buffer gets when it grows: at least this many tokens, or a quarter of its
+length (a turn decodes at most ``sampling.max_new_tokens``, so a turn's buffer grows once, at
+its prompt)."""
+
+_GROWING: dict[str, type] = {}
+
+
+def _growing_classes() -> tuple[type, type]:
+    """``(GrowingLayer, GrowingCache)``, defined once transformers is imported (it is an
+    optional, heavy dependency that this module does not import at load)."""
+    if not _GROWING:
+        import torch  # deferred: heavy optional dependency (torch)
+        from transformers import DynamicCache  # deferred: heavy optional dependency
+        from transformers.cache_utils import Cache, DynamicLayer  # deferred: heavy optional dependency
+
+        class GrowingLayer(DynamicLayer):
+            """A ``DynamicLayer`` whose ``keys``/``values`` are views of buffers with room to grow."""
+
+            def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
+                super().lazy_initialization(key_states, value_states)
+                self._k = self._v = None
+                self._n = 0
+
+            def _reserve(self, like: Any, needed: int) -> None:
+                cap = 0 if self._k is None else self._k.shape[-2]
+                if needed <= cap:
+                    return
+                cap = needed + max(GROWTH_MIN_TOKENS, needed // 4)
+                shape = (*like.shape[:-2], cap, like.shape[-1])
+                k = torch.empty(shape, dtype=like.dtype, device=like.device)
+                v = torch.empty(shape, dtype=like.dtype, device=like.device)
+                if self._n:
+                    k[..., :self._n, :] = self._k[..., :self._n, :]
+                    v[..., :self._n, :] = self._v[..., :self._n, :]
+                self._k, self._v = k, v
+
+            def _views(self) -> tuple[Any, Any]:
+                self.keys = self._k[..., :self._n, :]
+                self.values = self._v[..., :self._n, :]
+                return self.keys, self.values
+
+            def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+                if not self.is_initialized:
+                    self.lazy_initialization(key_states, value_states)
+                n, new = self._n, key_states.shape[-2]
+                self._reserve(key_states, n + new)
+                self._k[..., n:n + new, :] = key_states
+                self._v[..., n:n + new, :] = value_states
+                self._n = n + new
+                return self._views()
+
+            def get_seq_length(self) -> int:
+                return self._n if self.is_initialized else 0
+
+            def batch_select_indices(self, indices: Any) -> None:
+                if self.get_seq_length() > 0:
+                    self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+                    self._views()
+
+            def reset(self) -> None:
+                self._k = self._v = None
+                self._n = 0
+                super().reset()
+
+            def crop(self, tokens_to_remove: int) -> None:  # not used by the decode loop: no views to keep
+                raise NotImplementedError("GrowingLayer.crop: the decode loop's batch cache is never cropped")
+
+            def batch_repeat_interleave(self, repeats: int) -> None:
+                raise NotImplementedError("GrowingLayer.batch_repeat_interleave: not used by the decode loop")
+
+        class GrowingCache(DynamicCache):
+            """A ``DynamicCache`` of :class:`GrowingLayer` (only plain per-layer caches: the
+            backend's prompt cache is off for other kinds, and so is this)."""
+
+            def __init__(self, num_layers: int, data: Any = None) -> None:
+                layers = [GrowingLayer() for _ in range(num_layers)]
+                for layer, (k, v) in zip(layers, data or ()):
+                    layer.update(k, v)
+                Cache.__init__(self, layers=layers)
+
+        _GROWING.update(layer=GrowingLayer, cache=GrowingCache)
+    return _GROWING["layer"], _GROWING["cache"]
+
+
+def growing_cache(num_layers: int, data: Sequence[tuple[Any, Any]] | None = None) -> Any:
+    """A batch KV cache of ``num_layers`` layers whose buffers grow in place (see above),
+    optionally filled with ``data``: per layer ``(keys, values)``, ``(batch, heads, tokens,
+    head_dim)``."""
+    return _growing_classes()[1](num_layers, data)

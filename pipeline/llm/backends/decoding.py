@@ -81,7 +81,8 @@ class Constrained(Free):
     def start(self, row: Row, texts: TokenTexts, enders: list[tuple[int, str]]) -> list[int]:
         row.phase = "reason"
         row.constraint = ActionConstraint(texts, row.acts)  # type: ignore[arg-type]
-        return [i for i, after in enders if row.constraint.accepts(after)]
+        ok = row.constraint.accepts_first([after for _, after in enders])
+        return [i for (i, _), yes in zip(enders, ok) if yes]
 
     def advance(self, row: Row, piece: str, texts: TokenTexts, reasoning_max: int) -> None:
         c = row.constraint
