@@ -461,7 +461,7 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
 
 
 # The experiments whose committed run a document shows (a block each, named as the run).
-RUN_BLOCKS = ("scienceworld_adaptation",)
+RUN_BLOCKS = ("scienceworld_adaptation", "scienceworld_generalisation")
 
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
@@ -479,7 +479,7 @@ HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": (
                                      "curve": ("docs/experiments.md", "docs/memory.md"),
                                      "targets": ("docs/memory.md",), "policy": ("docs/policy.md",),
                                      "episodes": ("docs/policy.md",),
-                                     "scienceworld_adaptation": ("docs/scienceworld.md",)}
+                                     **{name: ("docs/scienceworld.md",) for name in RUN_BLOCKS}}
 assert set(HOMES) == set(TABLES), "every block has a home document"
 
 MARKER_FORMS = "`<!-- results:NAME -->` ... `<!-- /results:NAME -->`, each alone on its line"
