@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from pipeline.llm.kvcache import GROWTH_MIN_TOKENS, growing_cache
+from pipeline.llm.kvcache import GROWTH_TOKENS, growing_cache
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def _decode(model, cache, lengths: list[int], steps: int, drop: dict[int, int]) 
     return seen
 
 
-@pytest.mark.parametrize("steps", [12, GROWTH_MIN_TOKENS + 40])  # the second outgrows its first buffer
+@pytest.mark.parametrize("steps", [12, GROWTH_TOKENS + 40])  # the second outgrows its first buffer
 def test_growing_cache_gives_the_bytes_of_transformers_cache(llama, steps):
     lengths = [30, 7, 19]
     grown = growing_cache(2)
@@ -67,8 +67,8 @@ def test_growing_cache_gives_the_bytes_of_transformers_cache(llama, steps):
     layer = grown.layers[0]
     assert layer.keys.shape == (2, 4, 30 + steps, 8) and grown.get_seq_length() == 30 + steps
     assert layer._k.shape[-2] >= layer.keys.shape[-2]  # the view is the filled part of its buffer
-    if steps > GROWTH_MIN_TOKENS:
-        assert layer._k.shape[-2] > 30 + GROWTH_MIN_TOKENS  # it grew, and kept every earlier token
+    if steps > GROWTH_TOKENS:
+        assert layer._k.shape[-2] == (30 + GROWTH_TOKENS + 1) + GROWTH_TOKENS  # grown once, at the token past its room
 
 
 def test_growing_cache_filled_from_data_equals_a_filled_dynamic_cache(llama):

@@ -158,10 +158,12 @@ class PromptKVCache:
 # is no substitute: it attends over its whole fixed length under a mask, which changes the sums'
 # order and so the bytes.
 
-GROWTH_MIN_TOKENS = 256
-"""Spare room a buffer gets when it grows: at least this many tokens, or a quarter of its
-length (a turn decodes at most ``sampling.max_new_tokens``, so a turn's buffer grows once, at
-its prompt)."""
+GROWTH_TOKENS = 256
+"""Spare room a buffer gets when it grows, in tokens: a turn decodes at most
+``sampling.max_new_tokens`` (96 by default), so a turn's buffer is sized once, at its prompt, and
+holds 256 tokens more than ``torch.cat``'s would (a fixed amount, not a fraction of the prompt: a
+large model's cache on the CPU stays the size it was). A longer generation grows it again every
+256 tokens, one copy each."""
 
 _GROWING: dict[str, type] = {}
 
@@ -186,7 +188,7 @@ def _growing_classes() -> tuple[type, type]:
                 cap = 0 if self._k is None else self._k.shape[-2]
                 if needed <= cap:
                     return
-                cap = needed + max(GROWTH_MIN_TOKENS, needed // 4)
+                cap = needed + GROWTH_TOKENS
                 shape = (*like.shape[:-2], cap, like.shape[-1])
                 k = torch.empty(shape, dtype=like.dtype, device=like.device)
                 v = torch.empty(shape, dtype=like.dtype, device=like.device)
