@@ -247,36 +247,30 @@ def main(argv: list[str] | None = None) -> int:
         else:
             if not args.golden and not args.keep:
                 raise ReproCheckError("--scratch needs --golden FILE (or --keep: run it and keep the copy, compare nothing)")
-            if not args.golden:  # a run to keep (results --snapshot reads its metrics), no comparison
-                work = Path(tempfile.mkdtemp(prefix="reprocheck_"))
-                t0 = time.perf_counter()
-                scratch_repro(root, list(args.scratch), work)
-                print(f"kept: {work} (scratch `dvc repro` of {' '.join(args.scratch) or 'the default config'}, "
-                      f"{time.perf_counter() - t0:.0f} s; compared with nothing: no --golden)")
-                return 0
-            golden = Path(args.golden) if Path(args.golden).is_absolute() else root / args.golden
-            wanted = byte_overrides(args.scratch)
-            level = cpu_level()
-            doc = None
-            if not args.update or golden.exists():  # before the run: a wrong golden file is said at once
-                try:
-                    doc = json.loads(golden.read_text())
-                    overrides = doc["overrides"]
-                    expected = expected_outputs(doc, level, golden) if not args.update else {}
-                    note = unrecorded_level(doc, level) if not args.update else None
-                    if note:
-                        print(note, file=sys.stderr)
-                except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-                    if args.update:  # an unreadable file is replaced by this level's record
-                        print(f"warning: {golden} is not a golden file ({exc}): writing a new one", file=sys.stderr)
-                        doc, overrides = None, wanted
-                    else:
-                        raise ReproCheckError(f"{golden}: expected {{\"overrides\": [...], \"outputs\": "
-                                              f"{{path: md5}}, \"by_cpu_level\": {{level: {{path: md5}}}}}} ({exc}); "
-                                              "write it with --update") from exc
-                if byte_overrides(overrides) != wanted and not args.update:
-                    raise ReproCheckError(f"{golden} was written for overrides {overrides}, not {wanted} "
-                                          f"(a workers=N override aside)")
+            if args.golden:  # read before the run: a wrong golden file is said at once
+                golden = Path(args.golden) if Path(args.golden).is_absolute() else root / args.golden
+                wanted = byte_overrides(args.scratch)
+                level = cpu_level()
+                doc = None
+                if not args.update or golden.exists():
+                    try:
+                        doc = json.loads(golden.read_text())
+                        overrides = doc["overrides"]
+                        expected = expected_outputs(doc, level, golden) if not args.update else {}
+                        note = unrecorded_level(doc, level) if not args.update else None
+                        if note:
+                            print(note, file=sys.stderr)
+                    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                        if args.update:  # an unreadable file is replaced by this level's record
+                            print(f"warning: {golden} is not a golden file ({exc}): writing a new one", file=sys.stderr)
+                            doc, overrides = None, wanted
+                        else:
+                            raise ReproCheckError(f"{golden}: expected {{\"overrides\": [...], \"outputs\": "
+                                                  f"{{path: md5}}, \"by_cpu_level\": {{level: {{path: md5}}}}}} ({exc}); "
+                                                  "write it with --update") from exc
+                    if byte_overrides(overrides) != wanted and not args.update:
+                        raise ReproCheckError(f"{golden} was written for overrides {overrides}, not {wanted} "
+                                              f"(a workers=N override aside)")
             work = Path(tempfile.mkdtemp(prefix="reprocheck_"))
             t0 = time.perf_counter()
             try:
@@ -285,6 +279,10 @@ def main(argv: list[str] | None = None) -> int:
                 if not args.keep:
                     shutil.rmtree(work, ignore_errors=True)
             took = time.perf_counter() - t0
+            if not args.golden:  # a run to keep (results --snapshot reads its metrics), no comparison
+                print(f"kept: {work} (scratch `dvc repro` of {' '.join(args.scratch) or 'the default config'}, "
+                      f"{took:.0f} s; compared with nothing: no --golden)")
+                return 0
             if args.update:
                 new, moved = record_outputs(doc, level, actual, wanted,
                                             {"cpu": cpu_model(), "revision": head_commit(root)})

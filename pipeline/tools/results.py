@@ -23,8 +23,9 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), the model
   pipeline's (``make model``: ``models/metrics/*.json``), and the scaling benchmark's projection of the cold run
   to more cores (``benchmarks/results.json``);
-- ``scienceworld_adaptation``: another experiment's run, from its committed snapshot
-  (``metrics/runs/<name>/``, :data:`RUN_BLOCKS`): how many config keys it set apart from the default,
+- one block per name in :data:`RUN_BLOCKS` (``scienceworld_adaptation``, ``scienceworld_generalisation``):
+  another experiment's run, from its committed snapshot
+  (``metrics/runs/<name>/``): how many config keys it set apart from the default,
   per condition the agent under test's and the reader's success, the paired comparisons, its stage minutes.
 
 A snapshot is what a run of another experiment left in its ``metrics/`` (a scratch copy's, such as
