@@ -824,12 +824,12 @@ def test_the_growing_batch_cache_changes_no_byte_of_a_turn(lm, decoding):
     transformers' ``DynamicCache`` (what the backend uses elsewhere) gives the very same turns:
     texts, token ids, log-probs and choice scores equal, not close."""
     from pipeline.agents.llm import LLMAgent
-    from pipeline.llm.kvcache import _growing_classes
+    from pipeline.llm.kvcache import _growing_cache_class
 
     grown, plain = _twin_backends(lm)
     plain.set_prompt_cache(64)  # both with the prompt cache, as on the CPU by default
     plain._plain = 0  # as for a model whose cache is not plain keys and values
-    assert type(grown._batch_cache()) is _growing_classes()[1] and type(plain._batch_cache()).__name__ == "DynamicCache"
+    assert type(grown._batch_cache()) is _growing_cache_class() and type(plain._batch_cache()).__name__ == "DynamicCache"
     cfg = copy.deepcopy(lm.cfg)
     cfg.agent.decoding = decoding
     results = {}

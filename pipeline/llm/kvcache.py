@@ -30,6 +30,7 @@ logits and greedy actions with and without the cache).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -165,88 +166,85 @@ holds 256 tokens more than ``torch.cat``'s would (a fixed amount, not a fraction
 large model's cache on the CPU stays the size it was). A longer generation grows it again every
 256 tokens, one copy each."""
 
-_GROWING: dict[str, type] = {}
 
+@functools.cache
+def _growing_cache_class() -> type:
+    """``GrowingCache`` (and its ``GrowingLayer``), defined at the first call, once transformers is
+    imported (an optional, heavy dependency that this module does not import at load)."""
+    import torch  # deferred: heavy optional dependency (torch)
+    from transformers import DynamicCache  # deferred: heavy optional dependency
+    from transformers.cache_utils import Cache, DynamicLayer  # deferred: heavy optional dependency
 
-def _growing_classes() -> tuple[type, type]:
-    """``(GrowingLayer, GrowingCache)``, defined once transformers is imported (it is an
-    optional, heavy dependency that this module does not import at load)."""
-    if not _GROWING:
-        import torch  # deferred: heavy optional dependency (torch)
-        from transformers import DynamicCache  # deferred: heavy optional dependency
-        from transformers.cache_utils import Cache, DynamicLayer  # deferred: heavy optional dependency
+    class GrowingLayer(DynamicLayer):
+        """A ``DynamicLayer`` whose ``keys``/``values`` are views of buffers with room to grow."""
 
-        class GrowingLayer(DynamicLayer):
-            """A ``DynamicLayer`` whose ``keys``/``values`` are views of buffers with room to grow."""
+        def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
+            super().lazy_initialization(key_states, value_states)
+            self._k = self._v = None
+            self._n = 0
 
-            def lazy_initialization(self, key_states: Any, value_states: Any) -> None:
-                super().lazy_initialization(key_states, value_states)
-                self._k = self._v = None
-                self._n = 0
+        def _reserve(self, like: Any, needed: int) -> None:
+            cap = 0 if self._k is None else self._k.shape[-2]
+            if needed <= cap:
+                return
+            cap = needed + GROWTH_TOKENS
+            shape = (*like.shape[:-2], cap, like.shape[-1])
+            k = torch.empty(shape, dtype=like.dtype, device=like.device)
+            v = torch.empty(shape, dtype=like.dtype, device=like.device)
+            if self._n:
+                k[..., :self._n, :] = self._k[..., :self._n, :]
+                v[..., :self._n, :] = self._v[..., :self._n, :]
+            self._k, self._v = k, v
 
-            def _reserve(self, like: Any, needed: int) -> None:
-                cap = 0 if self._k is None else self._k.shape[-2]
-                if needed <= cap:
-                    return
-                cap = needed + GROWTH_TOKENS
-                shape = (*like.shape[:-2], cap, like.shape[-1])
-                k = torch.empty(shape, dtype=like.dtype, device=like.device)
-                v = torch.empty(shape, dtype=like.dtype, device=like.device)
-                if self._n:
-                    k[..., :self._n, :] = self._k[..., :self._n, :]
-                    v[..., :self._n, :] = self._v[..., :self._n, :]
-                self._k, self._v = k, v
+        def _views(self) -> tuple[Any, Any]:
+            self.keys = self._k[..., :self._n, :]
+            self.values = self._v[..., :self._n, :]
+            return self.keys, self.values
 
-            def _views(self) -> tuple[Any, Any]:
-                self.keys = self._k[..., :self._n, :]
-                self.values = self._v[..., :self._n, :]
-                return self.keys, self.values
+        def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            n, new = self._n, key_states.shape[-2]
+            self._reserve(key_states, n + new)
+            self._k[..., n:n + new, :] = key_states
+            self._v[..., n:n + new, :] = value_states
+            self._n = n + new
+            return self._views()
 
-            def update(self, key_states: Any, value_states: Any, *args: Any, **kwargs: Any) -> tuple[Any, Any]:
-                if not self.is_initialized:
-                    self.lazy_initialization(key_states, value_states)
-                n, new = self._n, key_states.shape[-2]
-                self._reserve(key_states, n + new)
-                self._k[..., n:n + new, :] = key_states
-                self._v[..., n:n + new, :] = value_states
-                self._n = n + new
-                return self._views()
+        def get_seq_length(self) -> int:
+            return self._n if self.is_initialized else 0
 
-            def get_seq_length(self) -> int:
-                return self._n if self.is_initialized else 0
+        def batch_select_indices(self, indices: Any) -> None:
+            if self.get_seq_length() > 0:
+                self._k, self._v = self._k[indices, ...], self._v[indices, ...]
+                self._views()
 
-            def batch_select_indices(self, indices: Any) -> None:
-                if self.get_seq_length() > 0:
-                    self._k, self._v = self._k[indices, ...], self._v[indices, ...]
-                    self._views()
+        def reset(self) -> None:
+            self._k = self._v = None
+            self._n = 0
+            super().reset()
 
-            def reset(self) -> None:
-                self._k = self._v = None
-                self._n = 0
-                super().reset()
+        def crop(self, tokens_to_remove: int) -> None:  # not used by the decode loop: no views to keep
+            raise NotImplementedError("GrowingLayer.crop: the decode loop's batch cache is never cropped")
 
-            def crop(self, tokens_to_remove: int) -> None:  # not used by the decode loop: no views to keep
-                raise NotImplementedError("GrowingLayer.crop: the decode loop's batch cache is never cropped")
+        def batch_repeat_interleave(self, repeats: int) -> None:
+            raise NotImplementedError("GrowingLayer.batch_repeat_interleave: not used by the decode loop")
 
-            def batch_repeat_interleave(self, repeats: int) -> None:
-                raise NotImplementedError("GrowingLayer.batch_repeat_interleave: not used by the decode loop")
+    class GrowingCache(DynamicCache):
+        """A ``DynamicCache`` of :class:`GrowingLayer` (only plain per-layer caches: the
+        backend's prompt cache is off for other kinds, and so is this)."""
 
-        class GrowingCache(DynamicCache):
-            """A ``DynamicCache`` of :class:`GrowingLayer` (only plain per-layer caches: the
-            backend's prompt cache is off for other kinds, and so is this)."""
+        def __init__(self, num_layers: int, data: Any = None) -> None:
+            layers = [GrowingLayer() for _ in range(num_layers)]
+            for layer, (k, v) in zip(layers, data or ()):
+                layer.update(k, v)
+            Cache.__init__(self, layers=layers)
 
-            def __init__(self, num_layers: int, data: Any = None) -> None:
-                layers = [GrowingLayer() for _ in range(num_layers)]
-                for layer, (k, v) in zip(layers, data or ()):
-                    layer.update(k, v)
-                Cache.__init__(self, layers=layers)
-
-        _GROWING.update(layer=GrowingLayer, cache=GrowingCache)
-    return _GROWING["layer"], _GROWING["cache"]
+    return GrowingCache
 
 
 def growing_cache(num_layers: int, data: Sequence[tuple[Any, Any]] | None = None) -> Any:
     """A batch KV cache of ``num_layers`` layers whose buffers grow in place (see above),
     optionally filled with ``data``: per layer ``(keys, values)``, ``(batch, heads, tokens,
     head_dim)``."""
-    return _growing_classes()[1](num_layers, data)
+    return _growing_cache_class()(num_layers, data)
