@@ -232,7 +232,9 @@ def test_seed004_style_observation_without_admissible_actions():
 def test_unknown_agent_name_is_named():
     with pytest.raises(ValueError, match=r"agent.name='gpt'.*react, rag, llm"):
         make_agent({"agent": {"name": "gpt"}}, seed=0)
-    assert AGENT_NAMES == ("react", "rag", "llm", "reader")
+    assert AGENT_NAMES == ("react", "rag", "llm", "reader", "trial")
+    with pytest.raises(ValueError, match=r"agent.name=trial reads its world's facts"):
+        make_agent({"agent": {"name": "trial"}}, seed=0)  # the agent group alone: no world to read
 
 
 def test_make_agent_reads_the_composed_config(tmp_path):

@@ -69,6 +69,10 @@ def test_rule_agents_and_the_switch_leave_collection_unchanged(tiny_cfg):
     assert online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"}}))
     assert not online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "llm"}, "grounding": {"online": False}}))
     assert not online_loop(tiny_cfg)  # react reads no prompt
+    assert not online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "rag"}}))
+    # the rule agents that read their prompt: a trial learns from the grounding of the scene's earlier ones
+    assert online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "trial"}}))
+    assert online_loop(OmegaConf.merge(tiny_cfg, {"agent": {"name": "reader"}}))
 
 
 def test_tasks_with_a_rendered_prompt_are_refused(tiny_cfg, tmp_path):

@@ -323,10 +323,28 @@ def test_a_snapshot_copies_a_runs_metrics_and_its_block_renders_from_it(tmp_path
     assert "`scienceworld_adaptation`: 3 config keys set apart" in text and "`react` is the agent under test" in text
     assert "react success [95% interval]" in text and "react Δ success" in text and "model success" not in text
     assert results.conditions_table(snap, agent="react") in text and "Minutes of stage work" in text
+    # its learning curve: the reader's (the default run's metrics hold only the reader's points)
+    assert "Learning curve, `reader` (the ceiling)" in text and results.curve_table(snap) in text
+    assert "Learning curve, `react`" not in text
     assert text in (project / "docs" / "scienceworld.md").read_text(encoding="utf-8")  # the document rewritten
     assert results.main(["--check", "--root", str(project)]) == 0
     # the default run's tables keep their words
     assert "model success [95% interval]" in results.conditions_table(project / "metrics")
+
+
+def test_a_run_block_shows_the_agent_under_test_s_curve_after_the_reader_s(tmp_path):
+    project = _committed(tmp_path)
+    run = _finished_run(tmp_path / "scratch", agent="trial")
+    curve = json.loads((run / "metrics" / "curve.json").read_text())
+    curve["points"] += [{**p, "agent": "trial", "success": 0.0} for p in curve["points"] if p["agent"] == "reader"]
+    (run / "metrics" / "curve.json").write_text(json.dumps(curve))
+    assert results.main(["--root", str(project), "--snapshot", "scienceworld_adaptation", "--from", str(run)]) == 0
+    snap = project / "metrics" / "runs" / "scienceworld_adaptation"
+    text = results.run_table("scienceworld_adaptation")(project / "metrics")
+    reader, trial = results.curve_table(snap), results.curve_table(snap, agent="trial")
+    assert reader != trial and "0.00 / " in trial
+    assert text.index("Learning curve, `reader`") < text.index(reader) < text.index("Learning curve, `trial`") \
+        < text.index(trial)
 
 
 def test_a_snapshot_of_no_finished_run_or_a_bad_name_is_refused_and_copies_nothing(tmp_path, capsys):

@@ -57,12 +57,19 @@ TRIAL = [turn(0, KITCHEN, "pick up metal pot"), turn(1, KITCHEN, "go to art stud
          turn(2, STUDIO, "focus on banana tree", 0.5), turn(3, STUDIO, "look around")]
 
 
-def test_a_turn_that_raised_the_score_did_advanced_its_command():
-    assert READER.read_turn(TRIAL[2]).did == (fact("advanced", "focus on banana tree"),)
+def test_what_a_turn_s_score_change_says_never_names_a_right_focus():
+    # a door or room that raised the score: advanced; a focus that raised it: the room it was in, not the thing
+    assert READER.read_turn(TRIAL[2]).did == (fact("found", "art studio"),)
     assert READER.read_turn(TRIAL[1]).did == (fact("went", "art studio"), fact("advanced", "go to art studio"))
     assert READER.read_turn(TRIAL[0]).did == (fact("took", "metal pot"),)  # no score: nothing advanced
     assert READER.read_turn(TRIAL[3]).did == ()
-    assert command_facts("focus on chair", -1.0) == ()  # a wrong focus lowers the score
+    assert command_facts("focus on chair", -1.0) == (fact("ended", "focus on chair"),)  # a wrong focus ends the task
+    assert command_facts("focus on chair", 0.5) == ()  # raised, but no room to say it of
+    assert command_facts("focus on chair", 0.0, (), "kitchen") == (fact("missed", "focus on chair"),)  # not counted
+    # the steps after a right focus handle the thing it found: their score is never stated with their command
+    assert command_facts("pick up banana tree", 0.08) == (fact("took", "banana tree"),)
+    assert command_facts("move banana tree to red box", 0.17) == ()
+    assert command_facts("activate stove", 0.2) == (fact("advanced", "activate stove"),)
     assert command_facts("focus on chair", None) == () and command_facts(None, 0.5) == ()
     # a door of the room goes to its room, whatever the engine calls the door; a door it cannot tell says nothing
     assert command_facts("go to door to kitchen", 0.0, ["kitchen", "hallway"]) == (fact("went", "kitchen"),)
@@ -71,19 +78,42 @@ def test_a_turn_that_raised_the_score_did_advanced_its_command():
     assert command_facts("go to door", 0.0, ["art studio", "kitchen"]) == ()
 
 
+def test_the_user_s_line_for_a_lost_task_reads_as_what_ended_it():
+    line = "feedback : procedural: 'focus on baby brown bear' ended the task: focus only on what the task names."
+    assert READER.read_text(line) == (fact("ended", "focus on baby brown bear"),)
+    assert READER.read_text("feedback : procedural: 'open door' is not something you can do here") == ()
+    # where the user says a door is, is a way from that room
+    assert READER.read_text("feedback : spatial: The door to hallway is in the kitchen.") == (
+        fact("in", "door to hallway", "kitchen"), fact("exit", "kitchen", "hallway", "hallway"))
+
+
+def test_the_find_tasks_objectives_are_focus_tasks_and_no_other_is():
+    from pipeline.core.facts import FocusTask
+
+    assert READER.focus_task("Your task is to find a(n) living thing. First, focus on the thing. Then, move it to "
+                             "the purple box in the living room.") == FocusTask("living thing", None, "purple box",
+                                                                                 "living room")
+    assert READER.focus_task("Your task is to find the animal with the longest life span.  The animals are in the "
+                             "'outside' location.  Focus on the animal with the longest life span.") == \
+        FocusTask("animal with the longest life span", "outside", None, None)
+    assert READER.focus_task("Your task is to boil water. For compounds without a boiling point, combusting the "
+                             "substance is also acceptable.") is None
+    assert READER.focus_task("Put Apple_2 in Fridge_0.") is None and READER.focus_task(None) is None
+
+
 def test_scienceworld_scene_facts_are_read_back_with_their_multi_word_names():
     facts = scene_facts([(t, READER.read_turn(t)) for t in TRIAL])
-    assert facts == [
+    assert facts == [  # what the steps' outcomes said first: the few facts a bounded summary must keep
+        "advanced(go to art studio)", "found(art studio)",
         "metal pot was in cupboard in the kitchen",
         "art studio -> kitchen -> kitchen", "kitchen -> art studio -> art studio",
         "large cupboard in the art studio was never opened",
-        "advanced(go to art studio)", "advanced(focus on banana tree)",
     ]
     assert read_scene_facts("Facts of that case's scene: " + "; ".join(facts) + ".") == (
+        fact("advanced", "go to art studio"), fact("found", "art studio"),
         fact("in", "metal pot", "cupboard"), fact("at", "cupboard", "kitchen"),
         fact("exit", "art studio", "kitchen", "kitchen"), fact("exit", "kitchen", "art studio", "art studio"),
-        fact("closed", "large cupboard"), fact("at", "large cupboard", "art studio"),
-        fact("advanced", "go to art studio"), fact("advanced", "focus on banana tree"))
+        fact("closed", "large cupboard"), fact("at", "large cupboard", "art studio"))
     for f in facts:  # every sentence written is read back
         assert read_scene_facts(f), f
     # names of several words, rooms of two
@@ -132,7 +162,7 @@ def test_an_adaptation_scene_is_one_variation_a_generalisation_scene_a_task():
 
 def test_the_reader_tries_a_command_that_raised_the_score_once_when_it_is_admissible():
     agent = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=READER)
-    agent.reset({"episode_id": "ep", "objective": "Your task is to find a(n) plant. First, focus on the thing.",
+    agent.reset({"episode_id": "ep", "objective": "Your task is to grow a plant.",  # no focus task: see below
                  "system_prompt": "Facts of that case's scene: advanced(go to art studio); advanced(focus on banana tree)."})
     kitchen = observation("kitchen", fact("exit", "kitchen", "art studio", "art studio"),
                           commands=("go to art studio", "look around"))
@@ -152,6 +182,87 @@ def test_the_reader_tries_a_command_that_raised_the_score_once_when_it_is_admiss
     move = {"action": "move", "target": "banana tree in inventory", "receptacle": "red box"}
     assert agent.act(studio).action != move
     assert agent.act({**kitchen, "visible_entities": ["red box"], "agent_inventory": ["banana tree"]}).action == move
+
+
+# A find task's world in two rooms: the hallway (a picture, a door to the outside) and the outside.
+FIND = "Your task is to find a(n) living thing. First, focus on the thing. Then, move it to the red box in the hallway."
+LIFESPAN = ("Your task is to find the animal with the longest life span.  The animals are in the 'outside' location.  "
+            "Focus on the animal with the longest life span.")
+
+
+def hallway(door: str = "closed", carried: tuple[str, ...] = ()) -> dict:
+    commands = ("open door to outside", "focus on picture", "pick up picture", "look around") if door == "closed" else \
+        ("go to outside", "focus on picture", "look around") + tuple(f"move {c} to red box" for c in carried)
+    obs = observation("hallway", fact("at", "picture", "hallway"), fact("at", "red box", "hallway"),
+                      fact("at", "door to outside", "hallway"), fact("exit", "hallway", "outside", "outside"),
+                      fact(door, "door to outside"), *[fact("carried", c) for c in carried], commands=commands)
+    return {**obs, "visible_entities": ["picture", "red box", "door to outside"], "agent_inventory": list(carried)}
+
+
+def outside() -> dict:
+    things = ("axe", "blue jay", "fountain", "mouse", "water")
+    obs = observation("outside", *[fact("at", t, "outside") for t in things], fact("matter", "water", "liquid"),
+                      fact("at", "door to hallway", "outside"), fact("exit", "outside", "hallway", "hallway"),
+                      fact("open", "door to hallway"),
+                      commands=tuple(f"focus on {t}" for t in things) + tuple(f"pick up {t}" for t in things)
+                      + ("go to hallway", "look around"))
+    return {**obs, "visible_entities": list(things) + ["door to hallway"]}
+
+
+def focus_target(agent, obs: dict, prompt: str, objective: str = FIND, episode: str = "ep") -> str | None:
+    agent.reset({"episode_id": episode, "objective": objective, "system_prompt": prompt})
+    step = agent.act(obs)
+    return step.action["target"] if step.action["action"] == "focus_on" else None
+
+
+def test_the_reader_tests_the_first_candidate_where_it_is_told_and_skips_what_ended_a_trial():
+    agent = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=READER)
+    # told nothing: it tests here, the first thing in sight that is no door, box or fixture
+    assert focus_target(agent, hallway(), "") == "picture"
+    # the objective names the room: there first (its door opened, then through it), and no liquid is a candidate
+    agent.reset({"episode_id": "ep", "objective": LIFESPAN, "system_prompt": ""})
+    assert agent.act(hallway()).action == {"action": "open", "target": "door to outside"}
+    assert agent.act(hallway("open")).action == {"action": "go_to", "target": "outside"}
+    assert agent.act(outside()).action == {"action": "focus_on", "target": "axe"}
+    # what past trials ended (the memory's fact, the user's line) or missed is no candidate
+    told = ("Facts: ended(focus on axe); missed(focus on blue jay).\n"
+            "feedback : procedural: 'focus on fountain' ended the task: focus only on what the task names.")
+    assert focus_target(agent, outside(), told, LIFESPAN) == "mouse"
+    # a line found wrong (a thing of a shared name seen elsewhere) keeps its outcomes: what ended a trial did
+    agent.reset({"episode_id": "ep", "objective": LIFESPAN,
+                 "system_prompt": "Facts: water was in fountain in the outside; ended(focus on axe)."})
+    assert agent.act(outside()).action == {"action": "focus_on", "target": "blue jay"}
+    assert agent.beliefs.dropped == {0: "water was in the outside, not in fountain"}
+    # a room where a past focus raised the score: it goes there instead of testing here
+    agent.reset({"episode_id": "ep", "objective": FIND, "system_prompt": "Facts: found(outside); ended(focus on axe)."})
+    assert agent.act(hallway()).action == {"action": "open", "target": "door to outside"}
+    assert agent.act(outside()).action == {"action": "focus_on", "target": "blue jay"}
+    # the focus did not end the task: take the thing to the box the objective names
+    assert agent.act(outside()).action == {"action": "pick_up", "target": "blue jay"}
+    assert agent.act({**outside(), "agent_inventory": ["blue jay"]}).action == {"action": "go_to", "target": "hallway"}
+    assert agent.act(hallway("open", ("blue jay",))).action == {"action": "move", "target": "blue jay",
+                                                                 "receptacle": "red box"}
+    # a task that is no focus task is played as before
+    agent.reset({"episode_id": "ep", "objective": "Your task is to boil water.", "system_prompt": "Facts: found(outside)."})
+    assert agent.act(hallway()).action["action"] != "focus_on"
+
+
+def test_a_trial_tests_the_reader_s_next_candidate_and_draws_where_when_nothing_says():
+    from pipeline.agents.trial import MAX_HOPS, TrialAgent
+
+    agent = TrialAgent(section(AgentConfig, {"name": "trial"}), seed=3, facts=READER)
+    reader = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=READER)
+    # where the objective says: the reader's candidate, past what earlier trials were told had failed
+    for told, first in (("", "axe"), ("Facts: ended(focus on axe).", "blue jay"),
+                        ("Facts: ended(focus on axe); missed(focus on blue jay).", "fountain")):
+        picks = {focus_target(agent, outside(), told, LIFESPAN, episode=f"t{i}") for i in range(20)}
+        assert picks == {first} == {focus_target(reader, outside(), told, LIFESPAN)}
+    # told nothing of where: some trials test here, others walk through up to MAX_HOPS rooms first, by episode
+    walks = [focus_target(agent, hallway(), "", FIND, episode=f"t{i}") for i in range(40)]
+    assert set(walks) == {"picture", None} and MAX_HOPS >= 1
+    assert walks == [focus_target(agent, hallway(), "", FIND, episode=f"t{i}") for i in range(40)]
+    again = TrialAgent(section(AgentConfig, {"name": "trial"}), seed=4, facts=READER)
+    assert walks != [focus_target(again, hallway(), "", FIND, episode=f"t{i}") for i in range(40)]
 
 
 @pytest.fixture(scope="module")
@@ -198,11 +309,11 @@ class _Replay:
 
 
 @needs_jvm
-def test_a_trial_that_raised_the_score_is_a_memory_the_reader_wins_with(adaptation):
-    """What a trial's score-raising commands are worth: its entry states them, the advisory of its
-    variation states them first, and the reader replays them to a win (it loses without them). This
-    trial played the gold plan itself, so its advisory names the task's answer: the label-hint gate
-    drops it for this task (a trial's memory passes only when it is not the gold plan)."""
+def test_a_trial_that_won_is_remembered_by_what_it_learned_on_the_way(adaptation):
+    """A trial that played the gold plan (it found the task's answer): its entry states the doors and
+    rooms that raised the score and the room its focus raised it in, never the focus or the steps that
+    handled the thing it found (seed 001: no memory names the task's answer). So the advisory of its
+    variation passes the label-hint gate, and the reader goes where it points and wins there."""
     from pipeline.agents import make_agent
     from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
     from pipeline.conditions import memory_slot
@@ -221,23 +332,29 @@ def test_a_trial_that_raised_the_score_is_a_memory_the_reader_wins_with(adaptati
     gold = list(ev["expert_plan"])
     (record,) = play([trial], make_env=env_for, make_agent=lambda t: _Replay(gold), make_user=user_for)
     assert record["episode"]["won"]
-    raised = [f"advanced({t['command']})" for t in record["turns"] if t["reward"] > 0]
-    entry = build_entry(record["episode"], record["turns"], reader=READER)
-    assert raised and [f for f in entry.scene_facts if f.startswith("advanced(")] == raised
+    turns = record["turns"]
+    (focus,) = [t for t in turns if t["command"].startswith("focus on")]
+    found = f"found({json.loads(focus['observation'])['agent_location']})"
+    raised = [f"advanced({t['command']})" for t in turns if t["reward"] > 0
+              and t["command"].split()[0] not in ("focus", "pick", "move")]
+    entry = build_entry(record["episode"], turns, reader=READER)
+    outcomes = [f for f in entry.scene_facts if f.startswith(("advanced(", "found(", "ended("))]
+    assert raised and outcomes == raised + [found], entry.scene_facts
+    assert not any(focus["command"] in f for f in entry.scene_facts)
 
     recall = Recall(StoreKnowledge.from_entries([entry.model_dump()], READER), ev["scene_id"],
                     objective_words(ev["objective"], READER), house=True, lessons=False)
     message = AdvisoryBuilder().build(entry, 1.0, recall=recall).message
-    # the variation's facts open with what raised the score (those naming the task's words first)
-    assert all(f in message for f in raised) and message.split("past visit: ")[1].startswith("advanced("), message
-    assert find_label_hints(message, expert_plan=gold)  # the gold plan, found by the trial: a label hint here
+    # the variation's facts open with what the steps' outcomes said
+    assert found in message and message.split("past visit: ")[1].startswith(("advanced(", "found(")), message
+    assert "focus on" not in message and not find_label_hints(message, expert_plan=gold)
     slot = memory_slot(EpisodicStore.from_entries([entry]), ev, section(ConditionConfig, {"kind": "memory"}),
                        section(MemoryConfig, {"facts": "house", "same_scene_first": True}), 0, facts=READER)
-    assert (slot.gate_ok, slot.reason) == (False, "label_hint")
+    assert slot.gate_ok, slot.reason
 
     (task,) = tasks_from_manifest(games.rows, split="eval", master_seed=cfg.seed)
     reader_cfg = OmegaConf.merge(cfg, {"agent": {"name": "reader"}})
-    won = {}
+    won, where = {}, {}
     for name, prompt in (("memory", message), ("none", "")):
         agent = make_agent(reader_cfg, seed=0)
         agent.reset({"episode_id": "ep", "objective": ev["objective"], "system_prompt": prompt, "seed": 0})
@@ -245,8 +362,11 @@ def test_a_trial_that_raised_the_score_is_a_memory_the_reader_wins_with(adaptati
         try:
             obs, done, info = env.reset(), False, {}
             while not done:
-                obs, _, done, info = env.step(agent.act(obs).action)
+                step = agent.act(obs)
+                if step.action["action"] == "focus_on":
+                    where[name] = obs["agent_location"]
+                obs, _, done, info = env.step(step.action)
         finally:
             env.close()
         won[name] = info["won"]
-    assert won == {"memory": True, "none": False}
+    assert won["memory"] and where["memory"] == found[len("found("):-1]

@@ -1,5 +1,6 @@
-"""Agents that play the household games: ``react`` and ``rag`` (rule-based, seed 004), ``llm``, and
-``reader`` (a rule agent acting on exactly what its prompt states: a condition's information ceiling).
+"""Agents that play the household games: ``react`` and ``rag`` (rule-based, seed 004), ``llm``,
+``reader`` (a rule agent acting on exactly what its prompt states: a condition's information ceiling)
+and ``trial`` (the reader with seeded draws: trials that test a focus task's candidates).
 
     agent = make_agent(cfg, seed=task.seed)   # cfg: the composed config (or its `agent` group)
     agent.reset({"episode_id": ..., "objective": ..., "seed": ...})
@@ -7,8 +8,8 @@
 
 Every agent satisfies the :class:`Agent` protocol; an agent class that can act for many
 episodes in one call (the ``llm`` agent's batched generation) also has
-:meth:`BatchedAgent.act_many`. :func:`make_agent` and :func:`plays_with_model` are the
-only places that look at ``agent.name``.
+:meth:`BatchedAgent.act_many`. :func:`make_agent`, :func:`plays_with_model` and
+:func:`reads_prompt` are the only places that look at ``agent.name``.
 """
 
 from __future__ import annotations
@@ -20,12 +21,13 @@ from pipeline.agents.llm import LLMAgent
 from pipeline.agents.rag import RAGAgent
 from pipeline.agents.react import ReActAgent
 from pipeline.agents.reader import ReaderAgent
+from pipeline.agents.trial import TrialAgent
 from pipeline.core.conf_schema import AgentConfig, AgentName, Config
 from pipeline.envs import fact_reader
 
-AGENT_NAMES = tuple(str(name) for name in AgentName)  # ("react", "rag", "llm", "reader")
+AGENT_NAMES = tuple(str(name) for name in AgentName)  # ("react", "rag", "llm", "reader", "trial")
 
-__all__ = ["AGENT_NAMES", "Agent", "AgentStep", "BatchedAgent", "make_agent", "plays_with_model"]
+__all__ = ["AGENT_NAMES", "Agent", "AgentStep", "BatchedAgent", "make_agent", "plays_with_model", "reads_prompt"]
 
 
 class Agent(Protocol):
@@ -78,13 +80,20 @@ def make_agent(cfg: Config | AgentConfig, seed: int = 0, **kwargs: Any) -> Agent
         return RAGAgent(agent_cfg, seed=seed)
     if name == AgentName.llm:
         return LLMAgent(cfg, seed=seed, **kwargs)
-    if name == AgentName.reader:
+    if name in (AgentName.reader, AgentName.trial):
         if "env" not in cfg:
-            raise ValueError("agent.name=reader reads its world's facts: make_agent needs the composed config")
-        return ReaderAgent(agent_cfg, seed=seed, facts=fact_reader(cfg))
+            raise ValueError(f"agent.name={name} reads its world's facts: make_agent needs the composed config")
+        agent_class = ReaderAgent if name == AgentName.reader else TrialAgent
+        return agent_class(agent_cfg, seed=seed, facts=fact_reader(cfg))
     raise ValueError(f"agent.name={name!r}: unknown agent, expected one of {', '.join(AGENT_NAMES)}")
 
 
 def plays_with_model(agent_cfg: AgentConfig) -> bool:
     """True for the agent that asks a language model for its actions (``agent.name=llm``)."""
     return str(agent_cfg.name) == AgentName.llm
+
+
+def reads_prompt(agent_cfg: AgentConfig) -> bool:
+    """True for an agent whose actions depend on its system prompt (``llm``, ``reader``,
+    ``trial``); ``react`` and ``rag`` ignore it."""
+    return str(agent_cfg.name) in (AgentName.llm, AgentName.reader, AgentName.trial)

@@ -29,6 +29,15 @@ statements go with it, after they have cost the steps it took to find out. Then 
    holder): go to its room, open or unlock its holder;
 5. otherwise ``react``'s systematic search and exploration.
 
+A focus task (a world whose fact reader states one, :class:`~pipeline.core.facts.FocusTask`:
+ScienceWorld's find tasks, where a wrong focus ends the task) is played after the plan as a
+test of one candidate (:meth:`ReaderAgent._focus_step`): go to the room the objective names,
+else to the room the prompt says a past focus raised the score in (``found(room)``), else
+stay; focus on the first thing in sight there that no prompt line says ended a past trial
+(``ended(focus on thing)``) or missed in one; then take it to the box the objective names.
+The reader stays where it is told nothing; the ``trial`` agent (:mod:`pipeline.agents.trial`)
+draws how far to walk first.
+
     agent = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=fact_reader(cfg))
     agent.reset({"episode_id": "ep", "objective": task.objective, "system_prompt": prompt})
     step = agent.act(obs)            # AgentStep: action, reasoning (the belief it acted on)
@@ -44,7 +53,7 @@ from typing import Any, Mapping
 
 from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, etype
 from pipeline.core.conf_schema import AgentConfig
-from pipeline.core.facts import Fact, FactReader
+from pipeline.core.facts import OUTCOME_PREDICATES, Fact, FactReader, FocusTask, ReadsFocusTasks
 from pipeline.prompts.verified import read_verified_steps
 from pipeline.memory.knowledge import Lesson, read_lessons
 from pipeline.memory.scene import read_scene_facts
@@ -75,8 +84,14 @@ class Beliefs:
     priors: list[Lesson] = field(default_factory=list)  # where kinds of things usually are (memory's lessons)
 
     def live(self, pred: str | tuple[str, ...] | None = None) -> list[Belief]:
+        """The beliefs of lines not found wrong (of ``pred``, one or several); a past step's
+        outcome (:data:`~pipeline.core.facts.OUTCOME_PREDICATES`: a focus that ended a trial)
+        stays live when its line is dropped: it records what happened in that trial, which no
+        sight of this episode contradicts (a line of a variation's facts is dropped when one of
+        its many things of a shared name, "water", was seen in another holder)."""
         preds = (pred,) if isinstance(pred, str) else pred
-        return [b for b in self.stated if b.line not in self.dropped and (preds is None or b.fact.pred in preds)]
+        return [b for b in self.stated if (b.line not in self.dropped or b.fact.pred in OUTCOME_PREDICATES)
+                and (preds is None or b.fact.pred in preds)]
 
     def drop(self, line: int, why: str) -> None:
         self.dropped.setdefault(line, why)
@@ -187,6 +202,12 @@ class ReaderAgent(RuleAgent):
         self.unlocked_by_me: set[str] = set()
         self._advanced_tried: set[str] = set()
         self.trace: list[dict] = []
+        objective = (episode_meta or {}).get("objective")
+        self.focus_task: FocusTask | None = (self.facts.focus_task(objective)
+                                             if isinstance(self.facts, ReadsFocusTasks) else None)
+        self.focused: str | None = None  # the thing a focus was played on (the episode went on: it was right)
+        self._heading: str | None = None  # the room not yet entered it is walking to
+        self._facts_now: tuple[Fact, ...] = ()  # the latest observation's facts
 
     # -- reading -------------------------------------------------------------------------
 
@@ -369,7 +390,7 @@ class ReaderAgent(RuleAgent):
     def decision_parts(self) -> tuple:
         """A verified plan's next step first, then the rule agent's steps with tidying first and
         walking to where the prompt says things are before searching."""
-        return (self._plan_step, self._advancing_step, self._tidy, self._finish_put, self._direct_progress,
+        return (self._plan_step, self._focus_step, self._advancing_step, self._tidy, self._finish_put, self._direct_progress,
                 self._toward_goal, self._believed, self._likely_place, self._search)
 
     def _plan_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
@@ -405,6 +426,125 @@ class ReaderAgent(RuleAgent):
                 done.add(command.lower())
                 return a, f"{command} raised the score in a past trial"
         return None
+
+    # -- focus tasks (FocusTask: find a thing, focus on it, move it to a box) --------------
+
+    def ended_focuses(self) -> set[str]:
+        """The things the prompt says a focus on ended a past trial (``ended(focus on x)``) or
+        raised nothing in one (``missed(focus on x)``): not what the task asks for."""
+        out = set()
+        for b in self.beliefs.live(("ended", "missed")):
+            command = str(b.fact.args[0]) if b.fact.args else ""
+            if command.lower().startswith("focus on "):
+                out.add(command[len("focus on "):].strip().lower())
+        return out
+
+    def test_room(self, view: _View) -> str | None:
+        """Where to test a candidate: the room the objective names, else the first room the
+        prompt says a past focus raised the score in; None: here."""
+        ft = self.focus_task
+        if ft is not None and ft.room:
+            return ft.room
+        found = [str(b.fact.args[0]) for b in self.beliefs.live("found") if b.fact.args]
+        return found[0] if found else None
+
+    def focus_candidates(self, view: _View) -> list[str]:
+        """What in sight may be what the task asks for: not a door, the air, the agent, the
+        box or a room, not a liquid or gas, not a fixture (a device or a thing that opens), not
+        carried in, and not a thing a past focus ended the task on or missed with."""
+        ft = self.focus_task
+        ended = self.ended_focuses()
+        skip = {"air", "agent", "inventory", str(view.here or "").lower()}
+        if ft is not None:
+            skip |= {x.lower() for x in (ft.box, ft.box_room, ft.room) if x}
+        # a liquid or gas is no thing to carry; a thing switched on and off or opened and closed is a fixture
+        skip |= {f.args[0].lower() for f in self._facts_now
+                 if f.pred in ("matter", "active", "inactive", "open", "closed", "locked")}
+        return [x for x in view.visible if x.lower() not in skip and x.lower() not in ended
+                and not x.lower().startswith("door to ") and not x.lower().endswith(" door")
+                and not view.holding(x)]
+
+    def pick_candidate(self, candidates: list[str]) -> str:
+        """The candidate to test: the first in sight (the reader draws nothing)."""
+        return candidates[0]
+
+    def explore_door(self, rooms: list[str]) -> str:
+        """Which room not yet entered to walk into (the reader: the first by name)."""
+        return rooms[0]
+
+    def walk_on(self, view: _View) -> bool:
+        """Whether to walk on before testing, when nothing says where (the reader: no, it
+        has no reason to prefer another room)."""
+        return False
+
+    def _toward(self, room: str, view: _View, cands: list[dict]) -> tuple[dict, str] | None:
+        """A step toward ``room`` over the map seen and stated: through the next door, opened first."""
+        step = self.room_path(view.here, room)
+        if step is None:
+            return None
+        a = self.find(cands, "go_to", step)
+        if a:
+            return a, f"on the way to the {room}: go to the {step}"
+        lone = len(self.seen.exits.get(str(view.here), {})) == 1  # a room's only door may be called "door"
+        a = self.find(cands, "open", f"door to {step}") or self.find(cands, "open", f"{step} door") or \
+            (self.find(cands, "open", "door") if lone else None)
+        if a:
+            return a, f"on the way to the {room}: open the door to the {step}"
+        return None
+
+    def _explore_rooms(self, view: _View, cands: list[dict]) -> tuple[dict, str] | None:
+        """Toward a room not yet entered, kept until it is: one next door (its door opened
+        first), else the nearest over the map seen."""
+        entered = self.seen.rooms_entered
+        if self._heading is None or self._heading in entered:
+            near = sorted(r for r in self.seen.exits.get(str(view.here), {}).values() if r not in entered)
+            far = sorted({r for ways in self.seen.exits.values() for r in ways.values()} - entered)
+            self._heading = self.explore_door(near or far) if near or far else None
+        return self._toward(self._heading, view, cands) if self._heading else None
+
+    def _focus_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """A focus task's step (module docstring): finish after a focus that did not end the
+        task; else go where to test, and focus on a candidate there. None: not a focus task."""
+        ft = self.focus_task
+        if ft is None:
+            return None
+        if self.focused is not None:
+            return self._deliver(ft, view, cands)
+        room = self.test_room(view)
+        if room and not _same(room, view.here):
+            return self._toward(room, view, cands) or self._explore_rooms(view, cands) or self._stuck(cands)
+        if room is None and self.walk_on(view):
+            walk = self._explore_rooms(view, cands)
+            if walk:
+                return walk
+        candidates = self.focus_candidates(view)
+        if not candidates:
+            return self._explore_rooms(view, cands) or self._stuck(cands)
+        thing = self.pick_candidate(candidates)
+        a = self.find(cands, "focus_on", thing) or self.facts.free_command(f"focus on {thing}")
+        if a is None:
+            return None
+        self.focused = thing
+        told = f" ({len(self.ended_focuses())} ruled out by past trials)" if self.ended_focuses() else ""
+        return a, f"{thing} may be the {ft.kind}: focus on it{told}"
+
+    def _deliver(self, ft: FocusTask, view: _View, cands: list[dict]) -> tuple[dict, str] | None:
+        """After a right focus: take the thing to the box (when the task names one)."""
+        thing = self.focused
+        if ft.box is None or thing is None:
+            return None
+        if ft.box_room and not _same(view.here, ft.box_room):
+            if not view.holding(thing) and view.seen(thing):
+                a = self.find(cands, "pick_up", thing)
+                if a:
+                    return a, f"{thing} is what the task asks for: take it to the {ft.box}"
+            return self._toward(ft.box_room, view, cands) or self._explore_rooms(view, cands) or self._stuck(cands)
+        a = self.find(cands, "move", thing, ft.box) or self.facts.free_command(f"move {thing} to {ft.box}")
+        return (a, f"move {thing} to the {ft.box}") if a else None
+
+    def _stuck(self, cands: list[dict]) -> tuple[dict, str]:
+        """Nowhere to go: look around (never a random focus, which would end the task)."""
+        return self.find(cands, "look_around") or dict(self.fallback), "nowhere left to go: look around"
 
     def _wanted(self, view: _View | None) -> list[str]:
         """What the agent still needs to get hold of: the goal's object, then the keys of
@@ -546,7 +686,8 @@ class ReaderAgent(RuleAgent):
         """Read the observation, revise the beliefs it contradicts, then act on the rest."""
         shown = {k: obs[k] for k in SHOWN_FIELDS if k in obs}
         self.observe(shown)
-        self.here = self.seen.take_in(self.read_observation(shown))
+        self._facts_now = self.read_observation(shown)
+        self.here = self.seen.take_in(self._facts_now)
         before = dict(self.beliefs.dropped)
         self.check_beliefs()
         action, rationale, _ = self.choose(shown, {})

@@ -56,12 +56,14 @@ class SwSplit(StrEnum):
 
 
 class AgentName(StrEnum):
-    """Agents that can play: rule-based ``react`` / ``rag`` (seed 004), ``llm``, or ``reader`` (acts on its prompt's statements)."""
+    """Agents that can play: rule-based ``react`` / ``rag`` (seed 004), ``llm``, ``reader`` (acts on its prompt's
+    statements) or ``trial`` (the reader with seeded draws)."""
 
     react = "react"
     rag = "rag"
     llm = "llm"
     reader = "reader"  # pipeline/agents/reader.py: a condition's information ceiling (issue 31)
+    trial = "trial"  # pipeline/agents/trial.py: the reader with seeded draws, for trials that test candidates
 
 
 class OnBackendError(StrEnum):
@@ -873,7 +875,8 @@ class CurveConfig:
     conditions: List[str] = field(default_factory=lambda: ["C0", "C1", "C2", "C2_placebo"])
     """Conditions played at every point (each must be configured; others are skipped with a note)."""
     model: bool = False
-    """Also play them with the experiment's agent (the model), not only the reader: minutes per point, not seconds."""
+    """Also play them with the experiment's agent (the model, or the ``trial`` agent: one that reads its prompt), not
+    only the reader: minutes per point with a model, not seconds."""
 
 
 @dataclass

@@ -26,7 +26,10 @@ it understands and passes the rest on unchanged, see :mod:`pipeline.memory.scene
 
 What a step did (``StepFacts.did``): ``took(thing)`` / ``took(thing, holder)``,
 ``unlocked(c, key)``, ``went(direction)``; ``advanced(command)``: the command raised the
-world's score (a world that keeps one says so; the memory keeps it, the reader retries it).
+world's score (a world that keeps one says so; the memory keeps it, the reader retries it);
+in a focus task (:class:`FocusTask`), ``ended(focus on thing)``: that focus ended the task,
+``missed(focus on thing)``: it changed nothing, and ``found(room)``: a focus in that room
+raised the score.
 
 The order of an observation's facts is the order the world presents things in (its
 text follows the same order), so a tuple of facts is compared as a sequence.
@@ -35,7 +38,7 @@ text follows the same order), so a tuple of facts is compared as a sequence.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Protocol
+from typing import Any, Iterable, Mapping, Protocol, runtime_checkable
 
 # Entity names as the seeds write them (seed 004: ``Apple_2``, ``Fridge_0``, ``Key_1``: a kind
 # and an index): a world's ``FactReader.entity_pattern`` when its things are named so (the
@@ -79,6 +82,42 @@ class StepFacts:
     seen: tuple[Fact, ...] = ()
     did: tuple[Fact, ...] = ()
     after: tuple[Fact, ...] = ()
+
+
+# What a step's outcome said (the ``did`` facts above that a world with a score states): a command
+# that raised it, a focus that ended the task or changed nothing, a room where a focus raised it. The memory states
+# them before anything else an episode saw (:mod:`pipeline.memory.scene`, :mod:`pipeline.memory.knowledge`).
+OUTCOME_PREDICATES = frozenset({"advanced", "ended", "missed", "found"})
+
+
+@dataclass(frozen=True)
+class FocusTask:
+    """An objective that asks to find a thing, focus on it, and maybe move it to a box: a
+    wrong focus ends the task (ScienceWorld's find and life-span tasks).
+
+    A world whose tasks are of this kind says so with a ``focus_task(objective)`` method on
+    its :class:`FactReader` (:class:`ReadsFocusTasks`); the ``reader`` agent then tests one
+    candidate at a time and keeps what the prompt says ended a past trial.
+
+    Attributes:
+        kind: what to find, as the objective says it (``living thing``).
+        room: where the objective says the candidates are (None: it does not say).
+        box, box_room: where to move the thing after the focus (None: the focus ends it).
+    """
+
+    kind: str
+    room: str | None = None
+    box: str | None = None
+    box_room: str | None = None
+
+
+@runtime_checkable
+class ReadsFocusTasks(Protocol):
+    """A world's fact reader that knows focus tasks (:class:`FocusTask`)."""
+
+    def focus_task(self, objective: str | None) -> FocusTask | None:
+        """The focus task ``objective`` states, None for another kind of task."""
+        ...
 
 
 class FactReader(Protocol):

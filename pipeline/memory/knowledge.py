@@ -25,7 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from pipeline.core.facts import Fact, FactReader
+from pipeline.core.facts import OUTCOME_PREDICATES, Fact, FactReader
 from pipeline.memory.scene import read_scene_facts, split_scene_facts, whole_words
 from pipeline.memory.schemas import table_to_entries
 
@@ -171,7 +171,8 @@ class StoreKnowledge:
 
     def house_facts(self, scene: str | None) -> list[str]:
         """Every scene fact the past visits of ``scene`` saw (none for a house never visited):
-        the commands that raised a world's score first (``advanced(command)``), then where
+        what past steps' outcomes said first (:data:`~pipeline.core.facts.OUTCOME_PREDICATES`: the commands that raised a
+        world's score, the focuses that ended a task, the rooms where one raised it), then where
         things were and what is locked, then the containers no visit looked into, then those
         found empty, then routes between rooms (a walk shows those), each group in the order
         first seen."""
@@ -196,7 +197,7 @@ class StoreKnowledge:
 
         def group(f: str) -> int:
             preds = {x.pred for x in read[f]}
-            return -1 if "advanced" in preds else 3 if "exit" in preds else 2 if "empty" in preds else \
+            return -1 if preds & OUTCOME_PREDICATES else 3 if "exit" in preds else 2 if "empty" in preds else \
                 1 if "closed" in preds else 0
 
         return sorted((f for f in facts if not (unsearched(f) and read[f][0].args[0] in searched)), key=group)

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional, Sequence
 
-from pipeline.core.facts import Fact, StepFacts, fact, first
+from pipeline.core.facts import OUTCOME_PREDICATES, Fact, StepFacts, fact, first
 
 MAX_SUMMARY_CHARS = 600
 # Scene facts ride in ``rationale_summary`` after this marker, separated by FACT_SEPARATOR
@@ -168,7 +168,9 @@ class SceneLog:
         holders = {holder for _, holder, _ in self.place.values()}
         unsearched = sorted(f"{at(c)} was never opened" for c in self.closed
                             if c not in self.first_open and c not in self.locked and c not in holders)
-        return taken + locked + routes + seen + empty + unsearched + [str(f) for f in self.other]
+        outcomes = [str(f) for f in self.other if f.pred in OUTCOME_PREDICATES]
+        other = [str(f) for f in self.other if f.pred not in OUTCOME_PREDICATES]
+        return outcomes + taken + locked + routes + seen + empty + unsearched + other
 
 
 def _room(facts: Sequence[Fact]) -> Optional[str]:
@@ -180,12 +182,14 @@ def _room(facts: Sequence[Fact]) -> Optional[str]:
 def scene_facts(turns: Sequence[tuple[Mapping[str, Any], StepFacts]]) -> list[str]:
     """What an episode's turns show of its scene, as sentences of the scene (never commands).
 
-    In priority order, each group sorted: where the items the agent took were found
+    In priority order, each group sorted: what the steps' outcomes said (a world's
+    :data:`~pipeline.core.facts.OUTCOME_PREDICATES`: few, and what the entry's bounded summary
+    must keep), where the items the agent took were found
     ("Key_1 was in Drawer_0 in the Bedroom"), locked containers and the key that opened
     them ("Chest_2 in the Bedroom is locked (Key_1 unlocks it)"), routes between rooms
     ("Kitchen -> south -> Bathroom"), where the other items seen were, containers found
     empty ("Drawer_1 in the Kitchen was empty"), containers seen closed and never looked
-    into ("Chest_3 in the Bedroom was never opened"), then a world's own facts. An item's place
+    into ("Chest_3 in the Bedroom was never opened"), then a world's other facts. An item's place
     is its first sighting (before the agent moved it).
 
     Args:

@@ -32,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import pipeline
-from pipeline.agents import Agent, make_agent, plays_with_model
+from pipeline.agents import Agent, make_agent, plays_with_model, reads_prompt
 from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError, config_hash
@@ -311,7 +311,7 @@ def check_backend_errors(cfg: Config, turns: list[dict], desc: str, *, first_err
 def online_loop(cfg: Config) -> bool:
     """Whether collection runs seed 000's online loop (:mod:`pipeline.session.online`): on
     with ``grounding.online``, for an agent that reads its prompt."""
-    return cfg.grounding.online and plays_with_model(cfg.agent)
+    return cfg.grounding.online and reads_prompt(cfg.agent)
 
 
 def _play_checkpointed(cfg: Config, tasks: list[Task], factories: tuple, ckpts: Checkpoints, desc: str,

@@ -11,8 +11,9 @@ round k plays the k-th episode of every scene at once, batched.
 
 Deterministic and resumable: a round's prompts are a function of the config and the
 records of the rounds before it, which are checkpointed one file per episode like every
-collection. Only an agent that reads its prompt (the ``llm`` agent) is played this way;
-rule agents ignore prompts, so their collection is unchanged.
+collection. Only an agent that reads its prompt (:func:`pipeline.agents.reads_prompt`: the
+``llm``, ``reader`` and ``trial`` agents) is played this way; ``react`` and ``rag`` ignore
+prompts, so their collection is unchanged.
 """
 
 from __future__ import annotations

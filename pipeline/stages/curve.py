@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from pipeline.agents import plays_with_model
+from pipeline.agents import plays_with_model, reads_prompt
 from pipeline.analysis.curves import ROW_FIELDS, curve_csv, summarise_curves
 from pipeline.conditions import block_length_for
 from pipeline.core.conf_schema import Config
@@ -49,8 +49,9 @@ CURVE_SCHEMA = pa.schema([("agent", pa.string()), ("k", pa.int32()), ("held", pa
 def learning_curves(cfg: Config, root: Path, _args: object) -> None:
     """Play every k of ``experiment.curve.ks``, write the outcomes and the summaries (module docstring)."""
     curve = cfg.experiment.curve
-    model = bool(curve.model) and plays_with_model(cfg.agent)
-    pin_numerics(cfg, runs_model=model)
+    # the experiment's agent too, when asked and its actions depend on the prompt the curve changes
+    model = bool(curve.model) and reads_prompt(cfg.agent)
+    pin_numerics(cfg, runs_model=model and plays_with_model(cfg.agent))
     conditions = [c for c in curve.conditions if c in cfg.condition]
     skipped = [c for c in curve.conditions if c not in cfg.condition]
     if skipped:

@@ -26,7 +26,8 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - one block per name in :data:`RUN_BLOCKS` (``scienceworld_adaptation``, ``scienceworld_generalisation``):
   another experiment's run, from its committed snapshot
   (``metrics/runs/<name>/``): how many config keys it set apart from the default,
-  per condition the agent under test's and the reader's success, the paired comparisons, its stage minutes.
+  per condition the agent under test's and the reader's success, the paired comparisons, its learning
+  curves where it drew them, its stage minutes.
 
 A snapshot is what a run of another experiment left in its ``metrics/`` (a scratch copy's, such as
 ``reprocheck --scratch <overrides> --keep``'s), copied with its overrides::
@@ -143,16 +144,16 @@ def comparisons_table(metrics: Path, agent: str = "model") -> str:
                    "reader b / c", "reader p (Holm)", "reader Δ turns", "reader turns p (Wilcoxon, Holm)", "MDE"], rows)
 
 
-def curve_table(metrics: Path) -> str:
-    """The reader's learning curves: success / turns per k and condition, C2 − C1 per k."""
+def curve_table(metrics: Path, agent: str = "reader") -> str:
+    """``agent``'s learning curves (the reader's by default): success / turns per k and condition, C2 − C1 per k."""
     curve = _read(metrics / "curve.json")
-    points = [p for p in curve.get("points", []) if p["agent"] == "reader"]
+    points = [p for p in curve.get("points", []) if p["agent"] == agent]
     if not points:
         return "_no learning curve in metrics/curve.json_"
     conds = list(dict.fromkeys(p["condition"] for p in points))
-    paired = {(p["k"], p["treatment"], p["control"]): p for p in curve.get("paired", []) if p["agent"] == "reader"}
+    paired = {(p["k"], p["treatment"], p["control"]): p for p in curve.get("paired", []) if p["agent"] == agent}
     rows = []
-    for row in curve_rows(points, "reader", conds):
+    for row in curve_rows(points, agent, conds):
         q = paired.get((row[0], "C2", "C1"))
         rows.append([*row, (f"{q['success']['diff']['value']:+.2f} ({q['success']['table']['b']} / "
                             f"{q['success']['table']['c']}, p{_p_eq(q['success']['p_value'])})") if q else "–"])
@@ -396,7 +397,7 @@ _RUN_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 def run_table(name: str) -> Callable[[Path], str]:
     """The block of the committed snapshot ``metrics/runs/<name>/``: the keys it set apart from the
     default (counted; ``run.json`` lists them), per condition the agent under test's and the
-    reader's success, the paired comparisons (controls first), its stage minutes."""
+    reader's success, the paired comparisons (controls first), its learning curves, its stage minutes."""
     def table(metrics: Path) -> str:
         run = metrics / RUNS / name
         meta = _read(run / RUN_FILE)
@@ -410,9 +411,19 @@ def run_table(name: str) -> Callable[[Path], str]:
                 f"default (`metrics/{RUNS}/{name}/{RUN_FILE}` lists them), copied at revision "
                 f"{meta.get('revision', '?')}; `{agent}` is the agent under test.\n\n"
                 + conditions_table(run, agent=agent) + "\n\n" + comparisons_table(run, agent=agent)
+                + _run_curves(run, agent)
                 + f"\n\nMinutes of stage work as the run recorded them: {_minutes(_stage_times(run))}.")
     table.__doc__ = f"The committed run of {name} (:func:`run_table`)."
     return table
+
+
+def _run_curves(run: Path, agent: str) -> str:
+    """A run's learning curves (success / turns per k earlier episodes per scene), the reader's and
+    the agent under test's where it played them; nothing when the run drew none."""
+    played = list(dict.fromkeys(p["agent"] for p in _read(run / "curve.json").get("points", [])))
+    return "".join(f"\n\nLearning curve, `{who}`{' (the ceiling)' if who == 'reader' else ''}: success / turns with "
+                   f"the first k earlier episodes of each scene as its grounding and memory.\n\n"
+                   + curve_table(run, agent=who) for who in sorted(played, key=lambda w: w != "reader"))
 
 
 def snapshot(root: Path, name: str, source: Path) -> Path:
