@@ -411,15 +411,15 @@ def run_table(name: str) -> Callable[[Path], str]:
                 f"default (`metrics/{RUNS}/{name}/{RUN_FILE}` lists them), copied at revision "
                 f"{meta.get('revision', '?')}; `{agent}` is the agent under test.\n\n"
                 + conditions_table(run, agent=agent) + "\n\n" + comparisons_table(run, agent=agent)
-                + _run_curves(run, agent)
+                + _run_curves(run)
                 + f"\n\nMinutes of stage work as the run recorded them: {_minutes(_stage_times(run))}.")
     table.__doc__ = f"The committed run of {name} (:func:`run_table`)."
     return table
 
 
-def _run_curves(run: Path, agent: str) -> str:
-    """A run's learning curves (success / turns per k earlier episodes per scene), the reader's and
-    the agent under test's where it played them; nothing when the run drew none."""
+def _run_curves(run: Path) -> str:
+    """A run's learning curves (success / turns per k earlier episodes per scene): the reader's first,
+    then each other agent's that played them (the agent under test's); nothing when the run drew none."""
     played = list(dict.fromkeys(p["agent"] for p in _read(run / "curve.json").get("points", [])))
     return "".join(f"\n\nLearning curve, `{who}`{' (the ceiling)' if who == 'reader' else ''}: success / turns with "
                    f"the first k earlier episodes of each scene as its grounding and memory.\n\n"
