@@ -464,3 +464,38 @@ def test_the_plain_tokenizer_counts_the_ids_transformers_gives_and_is_used_only_
     assert L._plain_tokenizer(str(other)) is None  # transformers would add a token the file lacks
     (other / "tokenizer.json").unlink()
     assert L._plain_tokenizer(str(other)) is None
+
+
+def test_a_quests_own_past_episode_is_not_memory_of_the_house():
+    """``memory.exclude_same_quest`` holds for the house's facts, visits and lessons as for retrieval (issue 64):
+    a train quest's demonstration prompt stated where its own past episode found the target (a fault-injection
+    probe: "This house, from 2 past visits: Apple_2 was in Chest_3" where only the excluded episode saw it),
+    which an eval prompt, whose quest is never in the store, never can."""
+    from omegaconf import OmegaConf
+
+    from pipeline.conditions import memory_slot
+    from pipeline.core.conf_schema import ConditionConfig, MemoryConfig
+    from pipeline.memory.store import EpisodicStore
+
+    own = ["Apple_2 was in Chest_3 in the Bedroom"]
+    entries = [_entry("a1", "s0", ["Key_1 was in Drawer_3 in the Bedroom"], quest="q1", objective="Put Apple_2 on Table_0."),
+               _entry("a2", "s0", ["Mug_0 was on Table_0 in the Kitchen"], quest="q2", objective="Put Apple_2 on Table_0."),
+               _entry("a3", "s0", own, quest="q3", objective="Put Apple_2 on Table_0.")]
+    store = EpisodicStore.from_entries(entries, tie_seed=0)
+    task = {"scene_id": "s0", "quest_id": "q3", "objective": "Put Apple_2 on Table_0.", "expert_plan": ["go east"]}
+    root = Path(__file__).resolve().parents[1]
+    section = OmegaConf.merge(OmegaConf.structured(ConditionConfig), OmegaConf.load(root / "conf/condition/C2.yaml")["C2"])
+
+    def block(exclude: bool) -> str:
+        memory = OmegaConf.merge(OmegaConf.structured(MemoryConfig), {"facts": "house", "lessons": True,
+                                                                      "exclude_same_quest": exclude})
+        return memory_slot(store, task, section, memory, rng=0, facts=HOUSEHOLD).injected_block_text
+
+    kept, leaked = block(True), block(False)
+    assert "from 2 past visits" in kept and "Key_1 was in Drawer_3" in kept and "Chest_3" not in kept
+    assert "from 3 past visits" in leaked and "Apple_2 was in Chest_3" in leaked  # the check can fail
+    # another quest of the house is told what q3's episode saw: it is a past visit for that quest
+    other = memory_slot(store, {**task, "quest_id": "q4"}, section,
+                        OmegaConf.merge(OmegaConf.structured(MemoryConfig), {"facts": "house"}), rng=0,
+                        facts=HOUSEHOLD).injected_block_text
+    assert "from 3 past visits" in other and "Apple_2 was in Chest_3" in other

@@ -37,7 +37,7 @@ from pipeline.memory.advisory import (
     bundle_label_hints,
     task_answer,
 )
-from pipeline.memory.knowledge import StoreKnowledge
+from pipeline.memory.knowledge import StoreKnowledge, of_quest, store_entries
 from pipeline.memory.retrieval import Retriever
 from pipeline.memory.schemas import (
     MAX_RETRIEVED,
@@ -391,11 +391,31 @@ def build_memory_slot(
                        got.ground_truth)
 
 
-def store_knowledge(store: Any, facts: FactReader | None) -> StoreKnowledge:
-    """The store's :class:`~pipeline.memory.knowledge.StoreKnowledge`, gathered once per store
-    and fact reader (kept on the store object)."""
+def store_knowledge(store: Any, facts: FactReader | None,
+                    exclude_quest: tuple[str | None, str] | None = None) -> StoreKnowledge:
+    """The store's :class:`~pipeline.memory.knowledge.StoreKnowledge`, gathered once per store,
+    fact reader and excluded quest (kept on the store object).
+
+    ``exclude_quest``: ``(scene, quest)`` whose own episodes are left out (``memory.exclude_same_quest``).
+    Retrieval never returns them, and neither may the house's facts, visits, lessons and habits:
+    a train quest's demonstration prompt would otherwise state where its own past episode found
+    the target, which an eval prompt never can (its quest is never in the store). A store with no
+    entry of that quest shares the whole store's knowledge."""
     cache = store.__dict__.setdefault("_knowledge", {}) if hasattr(store, "__dict__") else {}
     key = type(facts).__name__ if facts is not None else None
+    if exclude_quest is not None:
+        if "quests" not in cache:
+            entries = store_entries(store)
+            cache["quests"] = (entries, {(str(e["provenance"]["scene_id"]), str(e["provenance"]["quest_id"]))
+                                         for e in entries if e.get("provenance")})
+        entries, quests = cache["quests"]
+        scene, quest = exclude_quest
+        held = any(q == str(quest) and (scene is None or s == str(scene)) for s, q in quests)
+        if held:
+            xkey = (key, scene, str(quest))
+            if xkey not in cache:
+                cache[xkey] = StoreKnowledge.from_entries([e for e in entries if not of_quest(e, scene, quest)], facts)
+            return cache[xkey]
     if key not in cache:
         cache[key] = StoreKnowledge.from_store(store, facts)
     return cache[key]
@@ -417,8 +437,10 @@ def _recall(store: Any, task: Mapping[str, Any], memory_cfg: MemoryConfig,
     lessons = bool(memory_cfg.lessons) and facts is not None
     if not (house or lessons):
         return None
-    know = store_knowledge(store, facts)
     scene = str(task.get("scene_id")) if task.get("scene_id") is not None else None
+    quest = task.get("quest_id")
+    know = store_knowledge(store, facts, (scene, str(quest)) if memory_cfg.exclude_same_quest and quest is not None
+                           else None)
     words = objective_words(str(task.get("objective") or ""), facts)
 
     def make(unrelated: bool = False) -> Recall:

@@ -91,6 +91,23 @@ def read_lessons(text: str | None) -> list[Lesson]:
             if len(count) <= MAX_COUNT_DIGITS and len(total) <= MAX_COUNT_DIGITS and 0 < int(count) <= int(total)]
 
 
+def store_entries(store: Any) -> list[dict[str, Any]]:
+    """The entries of an :class:`~pipeline.memory.store.EpisodicStore`, a store table or a list of entries."""
+    if hasattr(store, "entries"):
+        return list(store.entries())
+    if hasattr(store, "table"):
+        return table_to_entries(store.table)
+    return list(store)
+
+
+def of_quest(entry: Mapping[str, Any], scene: str | None, quest: str) -> bool:
+    """Whether ``entry`` is an episode of quest ``quest`` of ``scene`` (any scene's when None):
+    the entries ``memory.exclude_same_quest`` keeps from a query of that quest, as the
+    retriever leaves them out (:meth:`pipeline.memory.retrieval.RetrievalIndex.top`)."""
+    p = entry.get("provenance") or {}
+    return str(p.get("quest_id")) == str(quest) and (scene is None or str(p.get("scene_id")) == str(scene))
+
+
 def entry_facts(entry: Mapping[str, Any]) -> list[str]:
     """An entry's scene facts: the complete list when it carries one, else those its rationale keeps."""
     facts = entry.get("scene_facts")
@@ -156,11 +173,7 @@ class StoreKnowledge:
     @classmethod
     def from_store(cls, store: Any, reader: FactReader | None) -> "StoreKnowledge":
         """From an :class:`~pipeline.memory.store.EpisodicStore`, a store table or a list of entries."""
-        if hasattr(store, "entries"):
-            return cls.from_entries(store.entries(), reader)
-        if hasattr(store, "table"):
-            return cls.from_entries(table_to_entries(store.table), reader)
-        return cls.from_entries(list(store), reader)
+        return cls.from_entries(store_entries(store), reader)
 
     def unlocking_kinds(self) -> set[str]:
         """The kinds of things seen unlocking a container (a lesson about them concerns every locked holder)."""
