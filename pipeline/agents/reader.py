@@ -448,12 +448,12 @@ class ReaderAgent(RuleAgent):
         found = [str(b.fact.args[0]) for b in self.beliefs.live("found") if b.fact.args]
         return found[0] if found else None
 
-    def focus_candidates(self, view: _View) -> list[str]:
+    def focus_candidates(self, view: _View, ended: set[str]) -> list[str]:
         """What in sight may be what the task asks for: not a door, the air, the agent, the
         box or a room, not a liquid or gas, not a fixture (a device or a thing that opens), not
-        carried in, and not a thing a past focus ended the task on or missed with."""
+        carried in, and not a thing a past focus ended the task on or missed with (``ended``:
+        :meth:`ended_focuses`)."""
         ft = self.focus_task
-        ended = self.ended_focuses()
         skip = {"air", "agent", "inventory", str(view.here or "").lower()}
         if ft is not None:
             skip |= {x.lower() for x in (ft.box, ft.box_room, ft.room) if x}
@@ -461,8 +461,11 @@ class ReaderAgent(RuleAgent):
         skip |= {f.args[0].lower() for f in self._facts_now
                  if f.pred in ("matter", "active", "inactive", "open", "closed", "locked")}
         return [x for x in view.visible if x.lower() not in skip and x.lower() not in ended
-                and not x.lower().startswith("door to ") and not x.lower().endswith(" door")
-                and not view.holding(x)]
+                and self._door_to(x) is None and not view.holding(x)]
+
+    def _door_to(self, name: str) -> str | None:
+        """The room a door's name leads to, in the world's spelling (:meth:`ReadsFocusTasks.door_to`)."""
+        return self.facts.door_to(name) if isinstance(self.facts, ReadsFocusTasks) else None
 
     def pick_candidate(self, candidates: list[str]) -> str:
         """The candidate to test: the first in sight (the reader draws nothing)."""
@@ -486,8 +489,8 @@ class ReaderAgent(RuleAgent):
         if a:
             return a, f"on the way to the {room}: go to the {step}"
         lone = len(self.seen.exits.get(str(view.here), {})) == 1  # a room's only door may be called "door"
-        a = self.find(cands, "open", f"door to {step}") or self.find(cands, "open", f"{step} door") or \
-            (self.find(cands, "open", "door") if lone else None)
+        a = next((c for c in cands if c.get("action") == "open" and _same(self._door_to(str(c.get("target") or "")), step)),
+                 None) or (self.find(cands, "open", "door") if lone else None)
         if a:
             return a, f"on the way to the {room}: open the door to the {step}"
         return None
@@ -517,7 +520,8 @@ class ReaderAgent(RuleAgent):
             walk = self._explore_rooms(view, cands)
             if walk:
                 return walk
-        candidates = self.focus_candidates(view)
+        ended = self.ended_focuses()
+        candidates = self.focus_candidates(view, ended)
         if not candidates:
             return self._explore_rooms(view, cands) or self._stuck(cands)
         thing = self.pick_candidate(candidates)
@@ -525,7 +529,7 @@ class ReaderAgent(RuleAgent):
         if a is None:
             return None
         self.focused = thing
-        told = f" ({len(self.ended_focuses())} ruled out by past trials)" if self.ended_focuses() else ""
+        told = f" ({len(ended)} ruled out by past trials)" if ended else ""
         return a, f"{thing} may be the {ft.kind}: focus on it{told}"
 
     def _deliver(self, ft: FocusTask, view: _View, cands: list[dict]) -> tuple[dict, str] | None:

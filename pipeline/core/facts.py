@@ -119,6 +119,10 @@ class ReadsFocusTasks(Protocol):
         """The focus task ``objective`` states, None for another kind of task."""
         ...
 
+    def door_to(self, name: str) -> str | None:
+        """The room a door's name says it leads to (``door to hallway``), None for a name that says none."""
+        ...
+
 
 class FactReader(Protocol):
     """Reads a recorded turn (a row of ``turns.parquet``), or a text, as typed facts.

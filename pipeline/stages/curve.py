@@ -50,8 +50,8 @@ def learning_curves(cfg: Config, root: Path, _args: object) -> None:
     """Play every k of ``experiment.curve.ks``, write the outcomes and the summaries (module docstring)."""
     curve = cfg.experiment.curve
     # the experiment's agent too, when asked and its actions depend on the prompt the curve changes
-    model = bool(curve.model) and reads_prompt(cfg.agent)
-    pin_numerics(cfg, runs_model=model and plays_with_model(cfg.agent))
+    plays_agent = bool(curve.model) and reads_prompt(cfg.agent)
+    pin_numerics(cfg, runs_model=plays_agent and plays_with_model(cfg.agent))
     conditions = [c for c in curve.conditions if c in cfg.condition]
     skipped = [c for c in curve.conditions if c not in cfg.condition]
     if skipped:
@@ -66,7 +66,7 @@ def learning_curves(cfg: Config, root: Path, _args: object) -> None:
         common = dict(ks=list(curve.ks), conditions=conditions, episodes=episodes, grounding_index=index,
                       store=store, work_dir=tmp / "grounding", length=block_length_for(cfg, root),
                       words=world_words(cfg), facts=fact_reader(cfg))
-        agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if model else [])
+        agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if plays_agent else [])
         num_points = len(curve.ks) * len(conditions)
         workers = {name: curve_workers(reader_config(cfg) if reader else cfg, num_points) for name, reader in agents}
         for name, reader in agents:
@@ -82,7 +82,7 @@ def learning_curves(cfg: Config, root: Path, _args: object) -> None:
     # The run's own measures (never in data/curve/): the process count each agent's points were
     # played in (the outputs are the same bytes for any) and the wall time.
     run = {"workers": workers["reader"], "wall_time_s": round(time.perf_counter() - t0, 3)}
-    if model:
+    if plays_agent:
         run["model_workers"] = workers[str(cfg.agent.name)]
     atomic_write_json(metrics_dir / "curve.json", {**summary, "fields": list(ROW_FIELDS), **run})
     for value in ("success", "turns"):

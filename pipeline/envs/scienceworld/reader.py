@@ -171,6 +171,10 @@ class ScienceWorldFactReader:
         """The find task an objective states (:func:`focus_task`), None for another task."""
         return focus_task(objective)
 
+    def door_to(self, name: str) -> str | None:
+        """The room a door's name says it leads to (``door to hallway``, ``hallway door``), else None."""
+        return _door_to(name)
+
     def kind(self, name: str) -> str | None:
         """A ScienceWorld thing's name is its kind (``metal pot``); a trailing index is dropped."""
         base = re.sub(r"\s*\d+$", "", str(name)).strip()
