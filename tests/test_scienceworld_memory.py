@@ -190,13 +190,14 @@ LIFESPAN = ("Your task is to find the animal with the longest life span.  The an
             "Focus on the animal with the longest life span.")
 
 
-def hallway(door: str = "closed", carried: tuple[str, ...] = ()) -> dict:
-    commands = ("open door to outside", "focus on picture", "pick up picture", "look around") if door == "closed" else \
+def hallway(door: str = "closed", carried: tuple[str, ...] = (), name: str = "door to outside") -> dict:
+    """``name``: the door's name (ScienceWorld also says "outside door")."""
+    commands = (f"open {name}", "focus on picture", "pick up picture", "look around") if door == "closed" else \
         ("go to outside", "focus on picture", "look around") + tuple(f"move {c} to red box" for c in carried)
     obs = observation("hallway", fact("at", "picture", "hallway"), fact("at", "red box", "hallway"),
-                      fact("at", "door to outside", "hallway"), fact("exit", "hallway", "outside", "outside"),
-                      fact(door, "door to outside"), *[fact("carried", c) for c in carried], commands=commands)
-    return {**obs, "visible_entities": ["picture", "red box", "door to outside"], "agent_inventory": list(carried)}
+                      fact("at", name, "hallway"), fact("exit", "hallway", "outside", "outside"),
+                      fact(door, name), *[fact("carried", c) for c in carried], commands=commands)
+    return {**obs, "visible_entities": ["picture", "red box", name], "agent_inventory": list(carried)}
 
 
 def outside() -> dict:
@@ -242,6 +243,11 @@ def test_the_reader_tests_the_first_candidate_where_it_is_told_and_skips_what_en
     assert agent.act({**outside(), "agent_inventory": ["blue jay"]}).action == {"action": "go_to", "target": "hallway"}
     assert agent.act(hallway("open", ("blue jay",))).action == {"action": "move", "target": "blue jay",
                                                                  "receptacle": "red box"}
+    # a door of the other spelling: opened on the way (the world's door_to)
+    agent.reset({"episode_id": "ep", "objective": LIFESPAN, "system_prompt": ""})
+    assert agent.act(hallway(name="outside door")).action == {"action": "open", "target": "outside door"}
+    assert READER.door_to("outside door") == READER.door_to("door to outside") == "outside"
+    assert READER.door_to("picture") is None and READER.door_to("door") is None
     # a task that is no focus task is played as before
     agent.reset({"episode_id": "ep", "objective": "Your task is to boil water.", "system_prompt": "Facts: found(outside)."})
     assert agent.act(hallway()).action["action"] != "focus_on"
