@@ -22,6 +22,7 @@ COPY = ("conf", "hydra_plugins", "pipeline", "dvc.yaml", ".dvc/config", "models/
 # scene's two visits: clipped). The whole `experiment=tiny` chain, all six conditions, is what CI's
 # `make reprocheck` runs (twice, against .ci/repro_tiny.json), so here it would be a third copy.
 SMALL = ["condition=[C1,C2]", "experiment.comparisons=[[C2,C1]]", "experiment.curve.ks=[0,1,4]",
+         "experiment.stream.conditions=[C1,C2]", "experiment.stream.start=collect",
          f"sampling.max_new_tokens={SHORT_TURN_TOKENS}", "workers=1"]
 # Every stage runs under `python -m pipeline.tools.deps record`, which appends the config keys it read
 # here (in one process: workers=1), so the chain also checks each stage's params against its reads.
@@ -55,7 +56,8 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
     for rel in ("data/games/manifest.parquet", "data/episodes/episodes.parquet", "data/episodes/turns.parquet",
                 "data/grounding/grounding_latest.json", "data/store/episodic_store.parquet",
                 "data/prompts/C2.parquet", "data/eval/C1/episodes.parquet", "metrics/collect.json",
-                "data/curve/outcomes.parquet", "metrics/curve_success.csv", "reports/learning_curves.png"):
+                "data/curve/outcomes.parquet", "metrics/curve_success.csv", "reports/learning_curves.png",
+                "data/stream/steps.parquet", "metrics/stream_success.csv"):
         assert (repo / rel).exists(), rel
     stats = json.loads((repo / "metrics" / "collect.json").read_text())
     assert stats["num_episodes"] == 2 and stats["num_turns"] > 0
@@ -63,6 +65,11 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
     curve = json.loads((repo / "metrics" / "curve.json").read_text())
     assert {(p["k"], p["held"]) for p in curve["points"]} == {(0, 0), (1, 1), (4, 2)}
     assert "## Learning curves" in (repo / "reports" / "report.md").read_text()
+    # the streams (experiment.stream: C1 and C2, each starting from the collected episodes): one step per eval task
+    stream = json.loads((repo / "metrics" / "stream.json").read_text())
+    assert stream["conditions"] == ["C1", "C2"] and stream["start"] == "collect"
+    assert {(p["window"], p["condition"], p["n"]) for p in stream["points"] if p["window"] == "all"} == \
+        {("all", "C1", 2), ("all", "C2", 2)}
     second = _run([sys.executable, "-m", "dvc", "repro"], repo, env)
     assert second.returncode == 0
     assert "Data and pipelines are up to date." in second.stdout
@@ -81,6 +88,6 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
     records = deps.read_records(repo / READS)
     assert {r["module"] for r in records} >= {f"pipeline.stages.{s}" for s in
                                               ("games", "collect", "ground", "merge", "store", "render", "evaluate",
-                                               "evaluate_reader", "curve", "compare")}
+                                               "evaluate_reader", "curve", "stream", "compare")}
     unlisted = deps.params_violations(ROOT, records)
     assert not unlisted, "stages read config keys their params do not list:\n" + json.dumps(unlisted, indent=1)

@@ -133,6 +133,13 @@ class MemoryFacts(StrEnum):
     house = "house"  # what every past visit of the agent's own house saw (other houses' facts: none)
 
 
+class StreamStart(StrEnum):
+    """What a condition's stream remembers before its first eval task (``experiment.stream.start``)."""
+
+    empty = "empty"  # nothing: the field's streaming protocol (test-time learning only)
+    collect = "collect"  # the collected train episodes (the frozen protocol's memory), then the stream's own
+
+
 class MemoryMode(StrEnum):
     """Whether retrieved advisories reach the prompt (seed 001 section 2.4)."""
 
@@ -300,6 +307,8 @@ class PathsConfig:
     """The reader's evaluation episodes per condition (each condition's information ceiling)."""
     curve: str = checked("data/curve", _inside_project)
     """Learning curves: each experience level's merged grounding and every task's outcome (stage ``curve``)."""
+    stream: str = checked("data/stream", _inside_project)
+    """The streams: every step's prompt record and outcome, each stream's grounding (stage ``stream``)."""
     model: str = checked("models/policy", _inside_project)
     """The committed default checkpoint (git, not DVC): ``model=policy`` plays it, ``make model`` rebuilds it."""
     metrics: str = checked("metrics", _inside_project)
@@ -880,6 +889,20 @@ class CurveConfig:
 
 
 @dataclass
+class StreamConfig:
+    """The streaming protocol (stage ``stream``, :mod:`pipeline.session.stream`): each house's eval tasks in one
+    seeded order, every episode entering its condition's own memory and grounding before the next task."""
+
+    conditions: List[str] = field(default_factory=list)
+    """Conditions streamed (each must be configured); empty (the default): the stage writes empty outputs, the
+    frozen protocol is the experiment's (``experiment=stream`` streams all six)."""
+    start: StreamStart = StreamStart.empty
+    """What each stream remembers before its first task: nothing, or the collected train episodes."""
+    model: bool = False
+    """Also stream the experiment's agent (the model: minutes a round, not seconds), not only the reader."""
+
+
+@dataclass
 class ExperimentConfig:
     """Evaluation and comparison settings (stages ``evaluate`` and ``compare``).
 
@@ -914,6 +937,8 @@ class ExperimentConfig:
     ceiling, and the model's share of it (utilisation) in the report."""
     curve: CurveConfig = field(default_factory=CurveConfig)
     """Learning curves: success and turns vs past episodes per scene (stage ``curve``)."""
+    stream: StreamConfig = field(default_factory=StreamConfig)
+    """The streaming protocol: memory that grows while the eval tasks are played (stage ``stream``)."""
 
 
 @dataclass

@@ -1,0 +1,126 @@
+"""The streaming protocol (issue 68): the order, each condition's own growing memory, the controls, the figures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from pipeline.analysis.stream import in_window, stream_csv, summarise_streams
+from pipeline.core.conf_schema import StreamStart
+from pipeline.session.rollout import Task
+from pipeline.session.stream import StreamStep, check_identical_streams, degradations, stream_rounds
+
+
+def _task(scene: str, quest: str) -> Task:
+    return Task(episode_id=f"eval_{scene}_{quest}_0", scene_id=scene, quest_id=quest, split="eval", objective="",
+                game_file="", expert_plan=[], preferences=[], seed=0)
+
+
+def test_every_condition_streams_each_house_s_tasks_in_one_seeded_order():
+    tasks = [_task(s, f"q{i}") for s in ("s1", "s0") for i in range(5)] + [_task("s2", "q0")]
+    rounds = stream_rounds(tasks, seed=3)
+    assert [len(r) for r in rounds] == [3, 2, 2, 2, 2]  # s2 has one task: it ends after round 0
+    assert [[t.scene_id for t in r] for r in rounds][:2] == [["s0", "s1", "s2"], ["s0", "s1"]]
+    order = {s: [t.quest_id for r in rounds for t in r if t.scene_id == s] for s in ("s0", "s1")}
+    assert sorted(order["s0"]) == [f"q{i}" for i in range(5)]
+    assert order["s0"] != sorted(order["s0"]) or order["s1"] != sorted(order["s1"])  # drawn, not the id order
+    # the same seed, any task order: the same streams; another seed: others; a scene added moves no other stream
+    assert stream_rounds(list(reversed(tasks)), seed=3) == rounds
+    assert stream_rounds(tasks, seed=4) != rounds
+    more = stream_rounds(tasks + [_task("s3", f"q{i}") for i in range(3)], seed=3)
+    assert [[t for t in r if t.scene_id != "s3"] for r in more] == rounds
+
+
+def _step(cond_prompt: str, scene: str, quest: str, position: int, won: bool, injected: bool = False) -> StreamStep:
+    row = {"system_prompt": cond_prompt, "injected": injected, "injected_entry_ids": ["mem_x"] if injected else [],
+           "memory_block": "MEM: Apple_2 was in Fridge_0" if injected else ""}
+    return StreamStep(position, 2, _task(scene, quest), row, position, position,
+                      {"episode_id": f"eval_{scene}_{quest}_0", "is_correct": won, "won": won, "num_turns": 5})
+
+
+def test_the_controls_of_a_stream_are_checked_and_its_memory_induced_errors_listed():
+    c1 = [_step("p1", "s0", "q0", 0, True), _step("p2", "s0", "q1", 1, True)]
+    silent = [_step("p1", "s0", "q0", 0, True), _step("p2", "s0", "q1", 1, True)]
+    c2 = [_step("p1", "s0", "q0", 0, True), _step("p2+block", "s0", "q1", 1, False, injected=True)]
+    assert check_identical_streams({"C1": c1, "C2_silent": silent, "C2": c2}, [["C1", "C2_silent"]]) == []
+    leak = [silent[0], _step("p2 with text", "s0", "q1", 1, True)]
+    assert check_identical_streams({"C1": c1, "C2_silent": leak}, [["C1", "C2_silent"]]) == [
+        "C2_silent vs C1: s0/q1 (position 1): prompts differ"]
+    assert check_identical_streams({"C1": c1}, [["C1", "C2_silent"]]) == []  # a stream not played: nothing to check
+    assert degradations({"C1": c1, "C2": c2}) == [{"scene_id": "s0", "quest_id": "q1", "position": 1,
+                                                   "injected_entry_ids": ["mem_x"],
+                                                   "memory_block": "MEM: Apple_2 was in Fridge_0"}]
+
+
+def _rows(successes: dict[str, list[bool]], length: int = 4) -> list[dict]:
+    """Rows of one agent: per condition, the outcome of the task at each position of one scene's stream."""
+    return [{"agent": "reader", "condition": c, "position": i % length, "length": length, "scene_id": f"s{i // length}",
+             "quest_id": f"q{i}", "scene_split": "seen", "success": s, "turns": 3 if s else 9}
+            for c, xs in successes.items() for i, s in enumerate(xs)]
+
+
+def test_the_figures_pair_tasks_per_window_and_adjust_each_family():
+    rows = _rows({"C1": [False] * 8, "C2": [False, False, True, True] * 2, "C2_placebo": [False] * 8})
+    assert [in_window(r, "second_half") for r in rows[:4]] == [False, False, True, True]
+    with pytest.raises(ValueError, match="window='last'"):
+        in_window(rows[0], "last")
+    s = summarise_streams(rows, families={"comparisons": [["C2", "C1"], ["C2", "C2_placebo"], ["C2", "C0"]]},
+                          n_resamples=200, level=0.95, seed=0, alpha=0.05, power=0.8, discordance=0.35)
+    pts = {(p["window"], p["condition"]): (p["n"], p["success"]) for p in s["points"]}
+    assert pts[("all", "C2")] == (8, 0.5) and pts[("second_half", "C2")] == (4, 1.0)
+    got = {(p["window"], p["treatment"], p["control"]): p for p in s["paired"]}
+    assert set(got) == {(w, "C2", c) for w in ("all", "second_half") for c in ("C1", "C2_placebo")}  # C0 not streamed
+    half = got[("second_half", "C2", "C1")]
+    assert (half["n_pairs"], half["success"]["table"]["b"], half["success"]["table"]["c"]) == (4, 4, 0)
+    assert half["success"]["p_value"] == pytest.approx(0.125) and half["p_holm"] == pytest.approx(0.25)
+    assert stream_csv(rows, agent="reader", value="success", conditions=["C1", "C2"]).splitlines() == [
+        "position,C1,C2", "0,0.0000,0.0000", "1,0.0000,0.0000", "2,0.0000,1.0000", "3,0.0000,1.0000"]
+
+
+@pytest.fixture(scope="module")
+def stream_world(tiny_cfg, tmp_path_factory):
+    """The tiny world with three eval quests per seen scene (a stream of three), its games built."""
+    import shutil
+
+    from pipeline.envs.household.build import build_games
+
+    cfg = OmegaConf.merge(tiny_cfg, {"env": {"eval_quests_per_scene": 3}})
+    root = tmp_path_factory.mktemp("stream_project")
+    shutil.copytree(Path(__file__).resolve().parents[1] / "conf" / "templates", root / "conf" / "templates")
+    build_games(cfg, root, progress=False)
+    return cfg, root
+
+
+def _play(cfg, root: Path, conditions, workers: int):
+    from pipeline.envs import fact_reader, world_words
+    from pipeline.session.stream import play_streams
+
+    return play_streams(cfg, root, conditions=conditions, start=StreamStart.empty, work_dir=root / "work" / str(workers),
+                        words=world_words(cfg), facts=fact_reader(cfg), workers=workers, progress=False)
+
+
+def test_a_stream_remembers_its_own_earlier_episodes_and_the_controls_hold(stream_world):
+    cfg, root = stream_world
+    conditions = ["C1", "C2_silent", "C2", "C2_placebo"]
+    one = _play(cfg, root, conditions, workers=1)
+    steps = one["C2"]
+    rounds = max(s.position for s in steps) + 1
+    assert rounds == 3 and len(steps) == len(one["C1"])
+    # before round i the store holds the episodes of the rounds before it, of every house; none of its own
+    per_round = [sum(s.position == i for s in steps) for i in range(rounds)]
+    for s in steps:
+        assert s.store_entries == sum(per_round[:s.position])
+        assert s.grounding_episodes == s.position  # its house's own earlier episodes ground the prompt
+    assert all(s.task.quest_id not in " ".join(s.prompt_row["retrieved_entry_ids"] or []) for s in steps)
+    assert any(s.prompt_row["injected"] for s in steps if s.position > 0)  # C2 shows what its stream saw
+    assert not any(s.prompt_row["injected"] for s in steps if s.position == 0)  # nothing to show yet
+    # C2_silent streams exactly C1's prompts; C1's prompts change as its grounding grows
+    assert check_identical_streams(one, [["C1", "C2_silent"]]) == []
+    assert all(not s.prompt_row["injected"] for s in one["C2_silent"] + one["C1"])
+    # the worker count changes no step
+    two = _play(cfg, root, conditions, workers=2)
+    key = lambda st: [(s.position, s.task.episode_id, s.prompt_row["prompt_sha256"], s.store_entries,  # noqa: E731
+                       dict(s.episode)) for s in st]
+    assert {c: key(v) for c, v in one.items()} == {c: key(v) for c, v in two.items()}
