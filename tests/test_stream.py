@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.analysis.stream import in_window, stream_csv, summarise_streams
+from pipeline.analysis.stream import degradations, in_window, stream_csv, summarise_streams
 from pipeline.core.conf_schema import StreamStart
 from pipeline.session.rollout import Task
-from pipeline.session.stream import StreamStep, check_identical_streams, degradations, stream_rounds
+from pipeline.session.stream import StreamStep, check_identical_streams, stream_rounds
 
 
 def _task(scene: str, quest: str) -> Task:
@@ -49,9 +49,13 @@ def test_the_controls_of_a_stream_are_checked_and_its_memory_induced_errors_list
     assert check_identical_streams({"C1": c1, "C2_silent": leak}, [["C1", "C2_silent"]]) == [
         "C2_silent vs C1: s0/q1 (position 1): prompts differ"]
     assert check_identical_streams({"C1": c1}, [["C1", "C2_silent"]]) == []  # a stream not played: nothing to check
-    assert degradations({"C1": c1, "C2": c2}) == [{"scene_id": "s0", "quest_id": "q1", "position": 1,
-                                                   "injected_entry_ids": ["mem_x"],
-                                                   "memory_block": "MEM: Apple_2 was in Fridge_0"}]
+    rows = [{"agent": "reader", "condition": c, "position": s.position, "scene_id": s.task.scene_id,
+             "quest_id": s.task.quest_id, "success": s.episode["is_correct"],
+             "injected_entry_ids": s.prompt_row["injected_entry_ids"], "memory_block": s.prompt_row["memory_block"]}
+            for c, steps in (("C1", c1), ("C2", c2)) for s in steps]
+    assert degradations(rows) == [{"agent": "reader", "scene_id": "s0", "quest_id": "q1", "position": 1,
+                                   "injected_entry_ids": ["mem_x"], "memory_block": "MEM: Apple_2 was in Fridge_0"}]
+    assert degradations(rows, treatment="C2_placebo") == []  # not streamed: nothing lost
 
 
 def _rows(successes: dict[str, list[bool]], length: int = 4) -> list[dict]:
@@ -124,3 +128,20 @@ def test_a_stream_remembers_its_own_earlier_episodes_and_the_controls_hold(strea
     key = lambda st: [(s.position, s.task.episode_id, s.prompt_row["prompt_sha256"], s.store_entries,  # noqa: E731
                        dict(s.episode)) for s in st]
     assert {c: key(v) for c, v in one.items()} == {c: key(v) for c, v in two.items()}
+
+
+def test_the_report_shows_the_streams_with_their_families_and_errors(tiny_cfg):
+    from pipeline.analysis.compare import stream_summary
+    from pipeline.analysis.report import stream_markdown
+
+    rows = [{**r, "injected_entry_ids": ["mem_1"] if r["condition"] == "C2" and r["position"] else [],
+             "memory_block": "MEM: Key_1 was in Drawer_3" if r["condition"] == "C2" and r["position"] else ""}
+            for r in _rows({"C1": [True, True, False, False], "C2": [True, False, True, True]})]
+    summary = stream_summary(rows, tiny_cfg)
+    assert summary["conditions"] == ["C1", "C2"] and len(summary["degradations"]) == 1
+    text = "\n".join(stream_markdown({"stream": summary}))
+    assert "## The streaming protocol" in text and "| reader | second_half | 2 | 0.00 | 1.00 |" in text
+    assert "| reader | second_half | comparisons | C2 − C1 | 2 |" in text
+    assert "Memory-induced errors (C2 lost a task C1 won, after an advisory): 1." in text
+    assert "s0/q1 at position 1: `MEM: Key_1 was in Drawer_3`" in text
+    assert stream_markdown({}) == [] and stream_markdown({"stream": {"points": []}}) == []

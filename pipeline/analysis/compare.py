@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from pipeline.analysis.ceiling import reader_ceiling
 from pipeline.analysis.curves import summarise_curves
+from pipeline.analysis.stream import ROW_FIELDS as STREAM_FIELDS, degradations, summarise_streams
 from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
 from pipeline.analysis.report import MODEL_AND_READER_FIGURE, figure_model_and_reader, label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
@@ -366,7 +367,8 @@ def prompt_identities(data: Mapping[str, ConditionData], cfg: Config) -> tuple[l
 
 def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[str, Any]], cfg: Config,
             reader: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
-            curves: Sequence[Mapping[str, Any]] | None = None) -> CompareResult:
+            curves: Sequence[Mapping[str, Any]] | None = None,
+            stream: Sequence[Mapping[str, Any]] | None = None) -> CompareResult:
     """The stage's core: metrics, paired comparisons, prompt checks and plot rows.
 
     Args:
@@ -378,6 +380,8 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
             (or empty): no reader, no ``reader`` section.
         curves: the ``curve`` stage's outcome rows (:func:`load_curves`); None (or empty):
             no ``curves`` section.
+        stream: the ``stream`` stage's step rows (:func:`load_stream`); None (or empty): no
+            ``stream`` section.
 
     Returns:
         A :class:`CompareResult`. Comparisons naming a condition absent from ``data`` are
@@ -414,6 +418,8 @@ def compare(data: Mapping[str, ConditionData], manifest_rows: Sequence[Mapping[s
            if reader else {}),
         # Learning curves: success and turns vs past episodes per scene (the curve stage's rows).
         **({"curves": summarise_curves(curves, n_resamples=n_resamples, level=level, seed=seed)} if curves else {}),
+        # The streaming protocol: memory that grew while the eval tasks were played (the stream stage's rows).
+        **({"stream": stream_summary(stream, cfg)} if stream else {}),
         # Lists: the details (DVC's table skips lists; the JSON keeps everything).
         "details": details,
         "skipped_comparisons": skipped + identity_skipped,
@@ -466,6 +472,26 @@ def load_curves(root: Path, cfg: Config) -> list[dict]:
     """The ``curve`` stage's outcome rows (``<paths.curve>/outcomes.parquet``); empty when it has none."""
     path = root / cfg.paths.curve / "outcomes.parquet"
     return read_parquet(path).to_pylist() if path.is_file() else []
+
+
+def load_stream(root: Path, cfg: Config) -> list[dict]:
+    """The ``stream`` stage's step rows (``<paths.stream>/steps.parquet``); empty when it streamed nothing."""
+    path = root / cfg.paths.stream / "steps.parquet"
+    return read_parquet(path).to_pylist() if path.is_file() else []
+
+
+def stream_summary(rows: Sequence[Mapping[str, Any]], cfg: Config) -> dict[str, Any]:
+    """The streams' figures (:func:`pipeline.analysis.stream.summarise_streams`) under the experiment's
+    families, and the memory-induced errors (C2 lost where C1 won, after an advisory)."""
+    e = cfg.experiment
+    seed, n_resamples, level = bootstrap_settings(cfg)
+    families = {"positive_controls": list(e.positive_controls), "comparisons": list(e.comparisons),
+                "checks": list(e.checks)}
+    summary = summarise_streams([{k: r[k] for k in STREAM_FIELDS} for r in rows], families=families,
+                                n_resamples=n_resamples, level=level, seed=seed, alpha=e.alpha, power=e.power,
+                                discordance=e.planning_discordance)
+    return {"conditions": list(dict.fromkeys(str(r["condition"]) for r in rows)), **summary,
+            "degradations": degradations(rows)}
 
 
 def load_reader(root: Path, cfg: Config) -> dict[str, list[dict]]:

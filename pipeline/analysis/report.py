@@ -235,6 +235,39 @@ def curves_markdown(metrics: Mapping[str, Any]) -> list[str]:
     return parts
 
 
+def stream_markdown(metrics: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: the streaming protocol's success per condition (all positions, each stream's second
+    half), its paired comparisons with exact and Holm p, and the memory-induced errors."""
+    stream = metrics.get("stream")
+    if not stream or not stream.get("points"):
+        return []
+    conds = list(stream.get("conditions") or dict.fromkeys(p["condition"] for p in stream["points"]))
+    parts = ["## The streaming protocol", "",
+             "Each house's eval tasks in one seeded order; every episode entered its condition's own grounding and "
+             "memory before the house's next task (`dvc repro stream`, `experiment.stream`). Success per condition "
+             "over all positions and over each stream's second half (what the first half's memory is worth).", ""]
+    by = {(p["agent"], p["window"], p["condition"]): p for p in stream["points"]}
+    rows = [[agent, window, by[(agent, window, conds[0])]["n"] if (agent, window, conds[0]) in by else "–",
+             *(f"{by[(agent, window, c)]['success']:.2f}" if (agent, window, c) in by else "–" for c in conds)]
+            for agent, window in dict.fromkeys((a, w) for a, w, _ in by)]
+    parts += [markdown_table(["agent", "window", "tasks", *conds], rows), ""]
+    rows = [[p["agent"], p["window"], p["family"].replace("_", " "), f"{p['treatment']} − {p['control']}", p["n_pairs"],
+             format_ci(p["success"]["diff"], signed=True), f"{p['success']['table']['b']} / {p['success']['table']['c']}",
+             _p(p["success"]["p_value"]), _p(p.get("p_holm")), _signed(p.get("mde"))]
+            for p in stream.get("paired", [])]
+    if rows:
+        parts += [markdown_table(["agent", "window", "family", "comparison", "pairs", "Δ success", "b / c", "p (exact)",
+                                  "p (Holm)", "MDE"], rows), ""]
+    errors = stream.get("degradations") or []
+    parts += [f"Memory-induced errors (C2 lost a task C1 won, after an advisory): {len(errors)}." +
+              (" The first:" if errors else ""), ""]
+    for e in errors[:5]:
+        block = " ".join(str(e["memory_block"]).split())
+        parts += [f"- {e['agent']}, {e['scene_id']}/{e['quest_id']} at position {e['position']}: "
+                  f"`{block[:300]}{'…' if len(block) > 300 else ''}`"]
+    return parts + ([""] if errors else [])
+
+
 def curve_rows(points: Sequence[Mapping[str, Any]], agent: str, conds: Sequence[str]) -> list[list[Any]]:
     """One row per k of ``agent``'s curve points: k, the episodes per scene held, then
     ``success / turns`` per condition of ``conds`` ("–" where not played)."""
@@ -367,6 +400,7 @@ def report_markdown(metrics: Mapping[str, Any], figures: Mapping[str, str],
     parts += ["Transcripts: [episodes.html](episodes.html), every eval task's runs side by side, turn by turn.", ""]
     parts += ceiling_markdown(metrics)
     parts += curves_markdown(metrics)
+    parts += stream_markdown(metrics)
     captions = {
         "learning_curves": "Success (left) and turns (right) against the past episodes per scene that the memory "
                            "and the grounding hold (the curve stage; k = 0: neither).",

@@ -8,6 +8,7 @@ stream and that stream's ``length``. Pure functions of the rows::
                                 level=0.95, seed=0, alpha=0.05, power=0.8, discordance=0.35)
     summary["points"]   # per agent, window, condition: n, success, mean turns
     summary["paired"]   # per agent, window, family, comparison: the paired difference, exact and Holm p, MDE
+    degradations(steps)  # memory-induced errors: C2 lost where C1 won, after an advisory
     stream_csv(rows, agent="reader", value="success", conditions=["C1", "C2"])  # a row per position (dvc plots)
 
 Windows: ``all`` positions, and the ``second_half`` of each stream (positions ``>= length // 2``):
@@ -97,3 +98,17 @@ def stream_csv(rows: Iterable[Mapping[str, Any]], *, agent: str, value: str, con
     for pos in sorted({p for p, _ in by}):
         w.writerow([pos, *(f"{np.mean(by[(pos, c)]):.4f}" if (pos, c) in by else "" for c in conditions)])
     return buf.getvalue()
+
+
+def degradations(rows: Iterable[Mapping[str, Any]], treatment: str = "C2", control: str = "C1") -> list[dict[str, Any]]:
+    """Memory-induced errors: the tasks the ``control`` stream won and the ``treatment`` stream lost
+    after its prompt carried an advisory, per agent, each with the block and the entries it came from
+    (rows of ``data/stream/steps.parquet``)."""
+    rows = list(rows)
+    won = {(str(r["agent"]), *_key(r)): bool(r["success"]) for r in rows if r["condition"] == control}
+    return [{"agent": str(r["agent"]), "scene_id": str(r["scene_id"]), "quest_id": str(r["quest_id"]),
+             "position": int(r["position"]), "injected_entry_ids": list(r["injected_entry_ids"] or []),
+             "memory_block": str(r["memory_block"] or "")}
+            for r in sorted(rows, key=lambda r: (str(r["agent"]), *_key(r)))
+            if r["condition"] == treatment and not r["success"] and r["injected_entry_ids"]
+            and won.get((str(r["agent"]), *_key(r)))]

@@ -226,21 +226,3 @@ def check_identical_streams(streams: Mapping[str, Sequence[StreamStep]], pairs: 
             if x is None or x.prompt_row["system_prompt"] != s.prompt_row["system_prompt"]:
                 out.append(f"{b} vs {a}: {s.task.scene_id}/{s.task.quest_id} (position {s.position}): prompts differ")
     return out
-
-
-def degradations(streams: Mapping[str, Sequence[StreamStep]], treatment: str = "C2",
-                 control: str = "C1") -> list[dict[str, Any]]:
-    """Memory-induced errors: steps the ``control`` stream won and the ``treatment`` stream lost after
-    its prompt carried an advisory, each with the advisory block and the entries it came from."""
-    if treatment not in streams or control not in streams:
-        return []
-    won = {(s.task.scene_id, s.task.quest_id): bool(s.episode["is_correct"]) for s in streams[control]}
-    out = []
-    for s in streams[treatment]:
-        if won.get((s.task.scene_id, s.task.quest_id)) and not s.episode["is_correct"] and s.prompt_row["injected"]:
-            out.append({"scene_id": s.task.scene_id, "quest_id": s.task.quest_id, "position": s.position,
-                        "injected_entry_ids": list(s.prompt_row["injected_entry_ids"] or []),
-                        "memory_block": str(s.prompt_row["memory_block"])})
-    return out
-
-

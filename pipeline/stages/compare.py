@@ -8,6 +8,7 @@ Reads, for every condition in ``condition``: ``data/eval/<C>/episodes.parquet`` 
 ``turns.parquet`` (written by ``evaluate@C``), ``data/prompts/<C>.parquet`` (``render``),
 ``data/eval_reader/<C>/episodes.parquet`` (``evaluate_reader@C``, with ``experiment.reader``);
 ``data/curve/outcomes.parquet`` (the ``curve`` stage: the learning curves);
+``data/stream/steps.parquet`` (the ``stream`` stage: the streaming protocol, when it streamed);
 and ``data/games/manifest.parquet`` for the breakdowns (scene, quest length, scene split).
 What is computed (paired comparisons of ``experiment.comparisons``, prompt identity of
 ``experiment.identical_prompts``) is described in :mod:`pipeline.analysis.compare`.
@@ -25,7 +26,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pipeline.analysis.compare import compare, load_condition, load_curves, load_reader, write_outputs
+from pipeline.analysis.compare import compare, load_condition, load_curves, load_reader, load_stream, write_outputs
 from pipeline.analysis.report import headline_lines
 from pipeline.core.conf_schema import Config
 from pipeline.core.io import read_parquet
@@ -39,7 +40,7 @@ def compare_stage(cfg: Config, root: Path, _args: object) -> None:
     data = {c: load_condition(root, cfg, c) for c in cfg.condition}
     manifest = read_parquet(root / cfg.paths.games / "manifest.parquet",
                             columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
-    result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg))
+    result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg), load_stream(root, cfg))
     written = write_outputs(result, root, cfg, world_words(cfg).success)
     written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
     print("\n".join(headline_lines(result.metrics)))

@@ -33,7 +33,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.agents import plays_with_model, reads_prompt
-from pipeline.analysis.stream import ROW_FIELDS, stream_csv, summarise_streams
+from pipeline.analysis.stream import ROW_FIELDS, degradations, stream_csv, summarise_streams
 from pipeline.conditions import block_length_for
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
@@ -42,7 +42,7 @@ from pipeline.envs import fact_reader, world_words
 from pipeline.llm.backends import BackendError
 from pipeline.session.evaluation import reader_config
 from pipeline.session.experience import curve_workers
-from pipeline.session.stream import check_identical_streams, degradations, play_streams
+from pipeline.session.stream import check_identical_streams, play_streams
 from pipeline.stages.common import pin_numerics, run_stage
 
 STEP_SCHEMA = pa.schema([
@@ -67,7 +67,7 @@ def streams(cfg: Config, root: Path, _args: object) -> None:
     pin_numerics(cfg, runs_model=plays_agent and plays_with_model(cfg.agent))
     t0 = time.perf_counter()
     out = root / cfg.paths.stream
-    rows, errors, workers = [], {}, {}
+    rows, workers = [], {}
     agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if plays_agent else [])
     with atomic_dir(out) as tmp:
         for name, reader in agents if conditions else []:
@@ -83,7 +83,6 @@ def streams(cfg: Config, root: Path, _args: object) -> None:
             if differ:
                 raise ConfigError(f"stream [{name}]: streams that must show the same prompts do not:\n  "
                                   + "\n  ".join(differ[:10]) + (f"\n  ... ({len(differ)} in all)" if len(differ) > 10 else ""))
-            errors[name] = degradations(played)
             for cond, steps in played.items():
                 for st in steps:
                     p = st.prompt_row
@@ -108,7 +107,7 @@ def streams(cfg: Config, root: Path, _args: object) -> None:
     # The run's own measures (never in data/stream/): the processes and the wall time.
     atomic_write_json(metrics_dir / "stream.json", {
         "conditions": conditions, "start": str(s.start), "fields": list(ROW_FIELDS), **summary,
-        "degradations": errors, "workers": workers, "wall_time_s": round(time.perf_counter() - t0, 3)})
+        "degradations": degradations(rows), "workers": workers, "wall_time_s": round(time.perf_counter() - t0, 3)})
     for value in ("success", "turns"):
         atomic_write_text(metrics_dir / f"stream_{value}.csv",
                           stream_csv(rows, agent="reader", value=value, conditions=conditions))
