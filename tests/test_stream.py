@@ -140,8 +140,19 @@ def test_the_report_shows_the_streams_with_their_families_and_errors(tiny_cfg):
     summary = stream_summary(rows, tiny_cfg)
     assert summary["conditions"] == ["C1", "C2"] and len(summary["degradations"]) == 1
     text = "\n".join(stream_markdown({"stream": summary}))
-    assert "## The streaming protocol" in text and "| reader | second_half | 2 | 0.00 | 1.00 |" in text
-    assert "| reader | second_half | comparisons | C2 − C1 | 2 |" in text
+    assert "## The streaming protocol" in text and "| reader | second half | 2 | 0.00 | 1.00 |" in text
+    assert "| reader | second half | comparisons | C2 − C1 | 2 |" in text
     assert "Memory-induced errors (C2 lost a task C1 won, after an advisory): 1." in text
     assert "s0/q1 at position 1: `MEM: Key_1 was in Drawer_3`" in text
     assert stream_markdown({}) == [] and stream_markdown({"stream": {"points": []}}) == []
+
+
+def test_two_runs_streams_diff_step_by_step():
+    from pipeline.analysis.stream import ROW_FIELDS
+    from pipeline.stages.stream import STEP_SCHEMA
+    from pipeline.tools.diff.core import ARTIFACTS
+    from pipeline.tools.diff.tables import key_columns
+
+    assert ARTIFACTS["stream"] == [("stream", ["steps.parquet"])]
+    assert key_columns(STEP_SCHEMA.names) == ["scene_id", "quest_id", "condition", "agent"]
+    assert set(ROW_FIELDS) <= set(STEP_SCHEMA.names)

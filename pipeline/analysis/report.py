@@ -236,24 +236,31 @@ def curves_markdown(metrics: Mapping[str, Any]) -> list[str]:
 
 
 def stream_markdown(metrics: Mapping[str, Any]) -> list[str]:
-    """Markdown lines: the streaming protocol's success per condition (all positions, each stream's second
-    half), its paired comparisons with exact and Holm p, and the memory-induced errors."""
+    """Markdown lines: the streaming protocol's section (:func:`stream_tables`), when it streamed."""
     stream = metrics.get("stream")
     if not stream or not stream.get("points"):
         return []
+    return ["## The streaming protocol", "",
+            "Each house's eval tasks in one seeded order; every episode entered its condition's own grounding and "
+            "memory before the house's next task (`dvc repro stream`, `experiment.stream`). Success per condition "
+            "over all positions and over each stream's second half (what the first half's memory is worth).", "",
+            *stream_tables(stream)]
+
+
+def stream_tables(stream: Mapping[str, Any]) -> list[str]:
+    """Markdown lines of a ``stream`` summary (``metrics/stream.json``, or ``compare.json``'s ``stream``):
+    success per condition (all positions, each stream's second half), the paired comparisons with exact
+    and Holm p, and the memory-induced errors (the first five, each with its block)."""
     conds = list(stream.get("conditions") or dict.fromkeys(p["condition"] for p in stream["points"]))
-    parts = ["## The streaming protocol", "",
-             "Each house's eval tasks in one seeded order; every episode entered its condition's own grounding and "
-             "memory before the house's next task (`dvc repro stream`, `experiment.stream`). Success per condition "
-             "over all positions and over each stream's second half (what the first half's memory is worth).", ""]
     by = {(p["agent"], p["window"], p["condition"]): p for p in stream["points"]}
-    rows = [[agent, window, by[(agent, window, conds[0])]["n"] if (agent, window, conds[0]) in by else "–",
+    rows = [[agent, window.replace("_", " "), by[(agent, window, conds[0])]["n"] if (agent, window, conds[0]) in by else "–",
              *(f"{by[(agent, window, c)]['success']:.2f}" if (agent, window, c) in by else "–" for c in conds)]
             for agent, window in dict.fromkeys((a, w) for a, w, _ in by)]
-    parts += [markdown_table(["agent", "window", "tasks", *conds], rows), ""]
-    rows = [[p["agent"], p["window"], p["family"].replace("_", " "), f"{p['treatment']} − {p['control']}", p["n_pairs"],
-             format_ci(p["success"]["diff"], signed=True), f"{p['success']['table']['b']} / {p['success']['table']['c']}",
-             _p(p["success"]["p_value"]), _p(p.get("p_holm")), _signed(p.get("mde"))]
+    parts = [markdown_table(["agent", "window", "tasks", *conds], rows), ""]
+    rows = [[p["agent"], p["window"].replace("_", " "), p["family"].replace("_", " "), f"{p['treatment']} − {p['control']}",
+             p["n_pairs"], format_ci(p["success"]["diff"], signed=True),
+             f"{p['success']['table']['b']} / {p['success']['table']['c']}", _p(p["success"]["p_value"]),
+             _p(p.get("p_holm")), _signed(p.get("mde"))]
             for p in stream.get("paired", [])]
     if rows:
         parts += [markdown_table(["agent", "window", "family", "comparison", "pairs", "Δ success", "b / c", "p (exact)",

@@ -23,11 +23,11 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
 - ``runtime``: each stage's wall time and process count as the run recorded them (``metrics/*.json``), the model
   pipeline's (``make model``: ``models/metrics/*.json``), and the scaling benchmark's projection of the cold run
   to more cores (``benchmarks/results.json``);
-- one block per name in :data:`RUN_BLOCKS` (``scienceworld_adaptation``, ``scienceworld_generalisation``):
-  another experiment's run, from its committed snapshot
+- one block per name in :data:`RUN_BLOCKS` (``scienceworld_adaptation``, ``scienceworld_generalisation``,
+  ``stream``): another experiment's run, from its committed snapshot
   (``metrics/runs/<name>/``): how many config keys it set apart from the default,
   per condition the agent under test's and the reader's success, the paired comparisons, its learning
-  curves where it drew them, its stage minutes.
+  curves and its streams where it drew them, its stage minutes.
 
 A snapshot is what a run of another experiment left in its ``metrics/`` (a scratch copy's, such as
 ``reprocheck --scratch <overrides> --keep``'s), copied with its overrides::
@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from pipeline.analysis.report import curve_rows, format_ci, format_value, headline_lines, markdown_table
+from pipeline.analysis.report import curve_rows, format_ci, format_value, headline_lines, markdown_table, stream_tables
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
 from pipeline.core.revision import head_commit
@@ -390,7 +390,7 @@ def runtime_summary(metrics: Path) -> str:
 RUNS = "runs"  # metrics/runs/<name>/: committed snapshots of other experiments' runs (:func:`snapshot`)
 RUN_FILE = "run.json"  # a snapshot's record: the keys it set apart from the default, its agent, the revision
 SNAPSHOT_FILES = ("compare.json", "games.json", "collect.json", "ground.json", "store.json", "render.json",
-                  "curve.json")  # with eval/ and eval_reader/: what the run blocks read
+                  "curve.json", "stream.json")  # with eval/ and eval_reader/: what the run blocks read
 _RUN_NAME_RE = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -411,7 +411,7 @@ def run_table(name: str) -> Callable[[Path], str]:
                 f"default (`metrics/{RUNS}/{name}/{RUN_FILE}` lists them), copied at revision "
                 f"{meta.get('revision', '?')}; `{agent}` is the agent under test.\n\n"
                 + conditions_table(run, agent=agent) + "\n\n" + comparisons_table(run, agent=agent)
-                + _run_curves(run)
+                + _run_curves(run) + _run_stream(run)
                 + f"\n\nMinutes of stage work as the run recorded them: {_minutes(_stage_times(run))}.")
     table.__doc__ = f"The committed run of {name} (:func:`run_table`)."
     return table
@@ -424,6 +424,18 @@ def _run_curves(run: Path) -> str:
     return "".join(f"\n\nLearning curve, `{who}`{' (the ceiling)' if who == 'reader' else ''}: success / turns with "
                    f"the first k earlier episodes of each scene as its grounding and memory.\n\n"
                    + curve_table(run, agent=who) for who in sorted(played, key=lambda w: w != "reader"))
+
+
+def _run_stream(run: Path) -> str:
+    """A run's streams (``stream.json``: the streaming protocol), when it streamed: success per window and
+    condition, the paired comparisons, the memory-induced errors; nothing otherwise."""
+    stream = _read(run / "stream.json")
+    if not stream.get("points"):
+        return ""
+    start = stream.get("start", "empty")
+    return (f"\n\nThe streaming protocol (`stream` stage; each stream started {'empty' if start == 'empty' else 'from the collected episodes'}): "
+            "each house's eval tasks in one seeded order, every episode entering its condition's own memory and "
+            "grounding before the house's next task.\n\n" + "\n".join(stream_tables(stream)).rstrip())
 
 
 def snapshot(root: Path, name: str, source: Path) -> Path:
@@ -473,7 +485,7 @@ def snapshot(root: Path, name: str, source: Path) -> Path:
 
 
 # The experiments whose committed run a document shows (a block each, named as the run).
-RUN_BLOCKS = ("scienceworld_adaptation", "scienceworld_generalisation")
+RUN_BLOCKS = ("scienceworld_adaptation", "scienceworld_generalisation", "stream")
 
 TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "comparisons": comparisons_table,
                                             "curve": curve_table, "headline": headline,
@@ -491,7 +503,8 @@ HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": (
                                      "curve": ("docs/experiments.md", "docs/memory.md"),
                                      "targets": ("docs/memory.md",), "policy": ("docs/policy.md",),
                                      "episodes": ("docs/policy.md",),
-                                     **{name: ("docs/scienceworld.md",) for name in RUN_BLOCKS}}
+                                     **{name: ("docs/scienceworld.md",) for name in RUN_BLOCKS if name != "stream"},
+                                     "stream": ("docs/experiments.md",)}
 assert set(HOMES) == set(TABLES), "every block has a home document"
 
 MARKER_FORMS = "`<!-- results:NAME -->` ... `<!-- /results:NAME -->`, each alone on its line"

@@ -31,6 +31,7 @@ ARTIFACTS: dict[str, list[tuple[str, list[str]]]] = {
     "prompts": [("prompts", ["*.parquet"])],
     "store": [("store", ["*.parquet"])],
     "grounding": [("grounding", ["**.json", "**.txt"]), ("grounding_merged", ["**.md", "**.json"])],
+    "stream": [("stream", ["steps.parquet"])],  # the streaming protocol's steps (the stream stage)
 }
 
 

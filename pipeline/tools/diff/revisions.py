@@ -28,7 +28,7 @@ WORKSPACE = "workspace"
 #: Default artifact locations (``paths.*`` in params.yaml at each revision overrides them).
 DEFAULT_PATHS = {"episodes": "data/episodes", "eval": "data/eval", "prompts": "data/prompts",
                  "store": "data/store", "grounding": "data/grounding",
-                 "grounding_merged": "data/grounding_merged", "metrics": "metrics"}
+                 "grounding_merged": "data/grounding_merged", "stream": "data/stream", "metrics": "metrics"}
 
 
 class DiffError(RuntimeError):

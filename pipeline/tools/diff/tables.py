@@ -26,8 +26,8 @@ def key_columns(names: Sequence[str]) -> list[str]:
         key = ["episode_id"] + (["turn_index"] if "turn_index" in cols else [])
         return key + (["condition"] if "condition" in cols and "turn_index" not in cols else [])
     for task in (["task_id"], ["scene_id", "quest_id"]):
-        if set(task) <= cols:
-            return task + (["condition"] if "condition" in cols else [])
+        if set(task) <= cols:  # a stream's steps: one per agent, condition and task
+            return task + [c for c in ("condition", "agent") if c in cols]
     return []
 
 
