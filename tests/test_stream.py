@@ -156,3 +156,18 @@ def test_two_runs_streams_diff_step_by_step():
     assert ARTIFACTS["stream"] == [("stream", ["steps.parquet"])]
     assert key_columns(STEP_SCHEMA.names) == ["scene_id", "quest_id", "condition", "agent"]
     assert set(ROW_FIELDS) <= set(STEP_SCHEMA.names)
+
+
+def test_the_readme_s_runtime_block_gives_the_stream_run_s_minutes(tmp_path):
+    import json
+
+    from pipeline.tools.results import runtime_summary
+
+    assert "experiment=stream" not in runtime_summary(tmp_path)  # no committed stream run: no row
+    run = tmp_path / "runs" / "stream"
+    run.mkdir(parents=True)
+    (run / "run.json").write_text(json.dumps({"name": "stream", "params": {}}))
+    (run / "stream.json").write_text(json.dumps({"wall_time_s": 66.0, "workers": {"reader": 2}}))
+    (run / "curve.json").write_text(json.dumps({"wall_time_s": 96.0, "workers": 2}))
+    row = next(line for line in runtime_summary(tmp_path).splitlines() if "experiment=stream" in line)
+    assert "stream 1.1" in row and "curve 1.6" in row and "**2.7**" in row

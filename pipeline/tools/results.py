@@ -273,6 +273,7 @@ def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
     """``(stage, wall seconds, processes)`` of each experiment stage as its metrics recorded them
     (None: not recorded); the conditions' ``evaluate`` / ``evaluate_reader`` summed."""
     games, curve, collect = _read(metrics / "games.json"), _read(metrics / "curve.json"), _read(metrics / "collect.json")
+    stream = _read(metrics / "stream.json")  # the streaming protocol: no stream (0 s) unless experiment.stream
     render_metrics = _read(metrics / "render.json")  # one stage for every condition
     render, n_render = render_metrics.get("wall_time_s"), len(render_metrics.get("conditions") or {})
     evaluate, n_eval = _summed(metrics, "eval")
@@ -284,7 +285,8 @@ def _stage_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
             (f"render ({n_render} conditions)", render, 1),
             (f"evaluate ({n_eval} conditions)", evaluate, None),
             (f"evaluate_reader ({n_reader} conditions)", reader, None),
-            ("curve", curve.get("wall_time_s"), curve.get("workers"))]
+            ("curve", curve.get("wall_time_s"), curve.get("workers")),
+            ("stream", stream.get("wall_time_s"), (stream.get("workers") or {}).get("reader"))]
 
 
 def _model_times(metrics: Path) -> list[tuple[str, float | None, Any]]:
@@ -377,6 +379,9 @@ def runtime_summary(metrics: Path) -> str:
     """The README's short form of :func:`runtime_table`: each pipeline's summed stage minutes and
     its longest stages, and the projected cold run (install and DVC included) by core count."""
     rows = [["`make repro`", _minutes(_stage_times(metrics))]]
+    stream = metrics / RUNS / "stream"
+    if (stream / RUN_FILE).is_file():  # the streaming protocol's committed run: the default's stages and its streams
+        rows.append(["`experiment=stream`", _minutes(_stage_times(stream))])
     model = model_metrics(metrics)
     if model.is_dir():
         rows.append(["`make model`", _minutes(_model_times(model))])
