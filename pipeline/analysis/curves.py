@@ -32,6 +32,17 @@ def _key(r: Mapping[str, Any]) -> tuple[str, str]:
     return str(r["scene_id"]), str(r["quest_id"])
 
 
+def paired_success(treated: Sequence[Mapping[str, Any]], control: Sequence[Mapping[str, Any]], *, n_resamples: int,
+                   level: float, rng: np.random.Generator) -> tuple[list, dict, dict, dict[str, Any]]:
+    """The tasks both groups of rows played (by ``(scene_id, quest_id)``) and their paired success
+    (:func:`~pipeline.core.stats.paired_binary`): ``(keys, treated rows by key, control rows by key, success)``."""
+    tb, cb = {_key(r): r for r in treated}, {_key(r): r for r in control}
+    keys = sorted(set(tb) & set(cb))
+    succ = paired_binary([bool(tb[x]["success"]) for x in keys], [bool(cb[x]["success"]) for x in keys],
+                         n_resamples=n_resamples, level=level, rng=rng)
+    return keys, tb, cb, succ
+
+
 def summarise_curves(rows: Iterable[Mapping[str, Any]], *, n_resamples: int, level: float, seed: int,
                      comparisons: Sequence[Sequence[str]] = CURVE_COMPARISONS) -> dict[str, Any]:
     """Per-point success and turns, and the paired comparisons at each ``k`` (module docstring)."""
@@ -55,10 +66,7 @@ def summarise_curves(rows: Iterable[Mapping[str, Any]], *, n_resamples: int, lev
                 t, c = groups.get((agent, k, treatment)), groups.get((agent, k, control))
                 if not t or not c:
                     continue
-                tb, cb = {_key(r): r for r in t}, {_key(r): r for r in c}
-                keys = sorted(set(tb) & set(cb))
-                succ = paired_binary([bool(tb[x]["success"]) for x in keys], [bool(cb[x]["success"]) for x in keys],
-                                     n_resamples=n_resamples, level=level, rng=rng)
+                keys, tb, cb, succ = paired_success(t, c, n_resamples=n_resamples, level=level, rng=rng)
                 turns = wilcoxon_paired([float(tb[x]["turns"]) for x in keys], [float(cb[x]["turns"]) for x in keys])
                 paired.append({"agent": agent, "k": k, "treatment": treatment, "control": control, "n_pairs": len(keys),
                                "success": succ, "turns": turns})

@@ -25,7 +25,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from pipeline.core.stats import holm, mcnemar_mde, paired_binary
+from pipeline.analysis.curves import paired_success
+from pipeline.core.stats import holm, mcnemar_mde
 
 ROW_FIELDS = ("agent", "condition", "position", "length", "scene_id", "quest_id", "scene_split", "success", "turns")
 WINDOWS = ("all", "second_half")
@@ -72,10 +73,7 @@ def summarise_streams(rows: Iterable[Mapping[str, Any]], *, families: Mapping[st
                     t, c = groups.get((agent, w, str(treatment))), groups.get((agent, w, str(control)))
                     if not t or not c:
                         continue
-                    tb, cb = {_key(r): r for r in t}, {_key(r): r for r in c}
-                    keys = sorted(set(tb) & set(cb))
-                    succ = paired_binary([bool(tb[x]["success"]) for x in keys], [bool(cb[x]["success"]) for x in keys],
-                                         n_resamples=n_resamples, level=level, rng=rng)
+                    keys, _, _, succ = paired_success(t, c, n_resamples=n_resamples, level=level, rng=rng)
                     found.append({"agent": agent, "window": w, "family": family, "treatment": str(treatment),
                                   "control": str(control), "n_pairs": len(keys), "success": succ,
                                   "mde": mcnemar_mde(len(keys), alpha, power=power, discordance=discordance)})
