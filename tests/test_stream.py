@@ -171,3 +171,18 @@ def test_the_readme_s_runtime_block_gives_the_stream_run_s_minutes(tmp_path):
     (run / "curve.json").write_text(json.dumps({"wall_time_s": 96.0, "workers": 2}))
     row = next(line for line in runtime_summary(tmp_path).splitlines() if "experiment=stream" in line)
     assert "stream 1.1" in row and "curve 1.6" in row and "**2.7**" in row
+
+
+def test_the_streams_page_shows_every_step_and_escapes_what_it_quotes():
+    from pipeline.view.stream import stream_html
+
+    rows = [{**r, "store_entries": r["position"], "store_hash": "abc123", "grounding_episodes": r["position"],
+             "retrieved_entry_ids": ["mem_a"] if r["position"] else [],
+             "injected_entry_ids": ["mem_a"] if r["position"] and r["condition"] == "C2" else [],
+             "memory_block": "<script>alert(1)</script> Key_1 was in Drawer_3" if r["condition"] == "C2" else ""}
+            for r in _rows({"C1": [True, False, True, False], "C2": [True, True, True, True]})]
+    page = stream_html(rows)
+    assert page == stream_html(list(reversed(rows)))  # the same steps, the same bytes
+    assert page.count("<tr><td>") == 8 and "reader: C2</a> (4 of 4 won)" in page and "(2 of 4 won)" in page
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt; Key_1 was in Drawer_3" in page
+    assert "<td>mem_a</td>" in page and "<code>abc123</code>" in page

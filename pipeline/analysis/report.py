@@ -243,7 +243,8 @@ def stream_markdown(metrics: Mapping[str, Any]) -> list[str]:
     return ["## The streaming protocol", "",
             "Each house's eval tasks in one seeded order; every episode entered its condition's own grounding and "
             "memory before the house's next task (`dvc repro stream`, `experiment.stream`). Success per condition "
-            "over all positions and over each stream's second half (what the first half's memory is worth).", "",
+            "over all positions and over each stream's second half (what the first half's memory is worth). "
+            "Every step, with the entries its memory held and the block it showed: [stream.html](stream.html).", "",
             *stream_tables(stream)]
 
 

@@ -17,7 +17,9 @@ Writes ``metrics/compare.json`` (headline numbers as dicts so ``dvc metrics show
 list them; details as lists, which DVC's table skips), ``plots/*.json`` for
 ``dvc plots``, and ``reports/report.md`` (+ PNG figures, ``reports/compare.md`` tables) and
 ``reports/episodes.html`` (the transcript viewer, :mod:`pipeline.view`: every eval task's
-runs side by side; inside the ``${paths.reports}`` output, so dvc.yaml declares nothing new).
+runs side by side; inside the ``${paths.reports}`` output, so dvc.yaml declares nothing new) and,
+when the run streamed, ``reports/stream.html`` (:mod:`pipeline.view.stream`: every step of every
+stream, what its memory held).
 Every interval is seeded from ``seed``: the same inputs give byte-identical outputs.
 """
 
@@ -29,10 +31,11 @@ from pathlib import Path
 from pipeline.analysis.compare import compare, load_condition, load_curves, load_reader, load_stream, write_outputs
 from pipeline.analysis.report import headline_lines
 from pipeline.core.conf_schema import Config
-from pipeline.core.io import read_parquet
+from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.envs import world_words
 from pipeline.stages.common import run_stage
 from pipeline.view.load import write_episodes_html
+from pipeline.view.stream import stream_html
 
 
 def compare_stage(cfg: Config, root: Path, _args: object) -> None:
@@ -40,9 +43,12 @@ def compare_stage(cfg: Config, root: Path, _args: object) -> None:
     data = {c: load_condition(root, cfg, c) for c in cfg.condition}
     manifest = read_parquet(root / cfg.paths.games / "manifest.parquet",
                             columns=["scene_id", "quest_id", "quest_length", "scene_split"]).to_pylist()
-    result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg), load_stream(root, cfg))
+    stream = load_stream(root, cfg)
+    result = compare(data, manifest, cfg, load_reader(root, cfg), load_curves(root, cfg), stream)
     written = write_outputs(result, root, cfg, world_words(cfg).success)
     written.append(write_episodes_html(root, cfg))  # reports/episodes.html: the transcript viewer
+    if stream:  # reports/stream.html: every step of the streams, what the memory held when it was rendered
+        written.append(atomic_write_text(root / cfg.paths.reports / "stream.html", stream_html(stream)))
     print("\n".join(headline_lines(result.metrics)))
     print(f"wrote {len(written)} files: {root / cfg.paths.metrics / 'compare.json'}, "
           f"{root / cfg.paths.reports / 'report.md'}, {written[-1]}, plots in {root / cfg.paths.plots}")

@@ -14,6 +14,8 @@ Modules (this file imports none of them, so a stage that needs one pays for that
 - :mod:`pipeline.view.revisions`: runs read at two revisions through
   :mod:`pipeline.tools.diff` (``--diff``).
 - :mod:`pipeline.view.synthetic`: synthetic runs (tests, the size benchmark, the screenshot).
+- :mod:`pipeline.view.stream`: the streams' page (``reports/stream.html``): every step of the
+  streaming protocol, what each condition's memory held when its prompt was rendered.
 
 See ``docs/viewer.md``.
 """
