@@ -381,7 +381,8 @@ def runtime_summary(metrics: Path) -> str:
     rows = [["`make repro`", _minutes(_stage_times(metrics))]]
     stream = metrics / RUNS / "stream"
     if (stream / RUN_FILE).is_file():  # the streaming protocol's committed run: the default's stages and its streams
-        rows.append(["`experiment=stream`", _minutes(_stage_times(stream))])
+        model = (_read(stream / RUN_FILE).get("params") or {}).get("experiment.stream.model")
+        rows.append(["`experiment=stream`" + (", model too" if model else ""), _minutes(_stage_times(stream))])
     model = model_metrics(metrics)
     if model.is_dir():
         rows.append(["`make model`", _minutes(_model_times(model))])
