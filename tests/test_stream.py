@@ -131,7 +131,7 @@ def test_a_stream_remembers_its_own_earlier_episodes_and_the_controls_hold(strea
 
 
 def test_the_report_shows_the_streams_with_their_families_and_errors(tiny_cfg):
-    from pipeline.analysis.compare import stream_summary
+    from pipeline.analysis.stream import stream_summary
     from pipeline.analysis.report import stream_markdown
 
     rows = [{**r, "injected_entry_ids": ["mem_1"] if r["condition"] == "C2" and r["position"] else [],

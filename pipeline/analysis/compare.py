@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from pipeline.analysis.ceiling import reader_ceiling
 from pipeline.analysis.curves import summarise_curves
-from pipeline.analysis.stream import ROW_FIELDS as STREAM_FIELDS, degradations, summarise_streams
+from pipeline.analysis.stream import stream_summary
 from pipeline.analysis.metrics import as_rows, bootstrap_settings, condition_metrics
 from pipeline.analysis.report import MODEL_AND_READER_FIGURE, figure_model_and_reader, label_hint_counts, write_report
 from pipeline.core.conf_schema import Config
@@ -478,20 +478,6 @@ def load_stream(root: Path, cfg: Config) -> list[dict]:
     """The ``stream`` stage's step rows (``<paths.stream>/steps.parquet``); empty when it streamed nothing."""
     path = root / cfg.paths.stream / "steps.parquet"
     return read_parquet(path).to_pylist() if path.is_file() else []
-
-
-def stream_summary(rows: Sequence[Mapping[str, Any]], cfg: Config) -> dict[str, Any]:
-    """The streams' figures (:func:`pipeline.analysis.stream.summarise_streams`) under the experiment's
-    families, and the memory-induced errors (C2 lost where C1 won, after an advisory)."""
-    e = cfg.experiment
-    seed, n_resamples, level = bootstrap_settings(cfg)
-    families = {"positive_controls": list(e.positive_controls), "comparisons": list(e.comparisons),
-                "checks": list(e.checks)}
-    summary = summarise_streams([{k: r[k] for k in STREAM_FIELDS} for r in rows], families=families,
-                                n_resamples=n_resamples, level=level, seed=seed, alpha=e.alpha, power=e.power,
-                                discordance=e.planning_discordance)
-    return {"conditions": list(dict.fromkeys(str(r["condition"]) for r in rows)), **summary,
-            "degradations": degradations(rows)}
 
 
 def load_reader(root: Path, cfg: Config) -> dict[str, list[dict]]:

@@ -9,6 +9,7 @@ stream and that stream's ``length``. Pure functions of the rows::
     summary["points"]   # per agent, window, condition: n, success, mean turns
     summary["paired"]   # per agent, window, family, comparison: the paired difference, exact and Holm p, MDE
     degradations(steps)  # memory-induced errors: C2 lost where C1 won, after an advisory
+    stream_summary(steps, cfg)   # both, under the experiment's families and bootstrap settings
     stream_csv(rows, agent="reader", value="success", conditions=["C1", "C2"])  # a row per position (dvc plots)
 
 Windows: ``all`` positions, and the ``second_half`` of each stream (positions ``>= length // 2``):
@@ -26,6 +27,8 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from pipeline.analysis.curves import paired_success
+from pipeline.analysis.metrics import bootstrap_settings
+from pipeline.core.conf_schema import Config
 from pipeline.core.stats import holm, mcnemar_mde
 
 ROW_FIELDS = ("agent", "condition", "position", "length", "scene_id", "quest_id", "scene_split", "success", "turns")
@@ -110,3 +113,19 @@ def degradations(rows: Iterable[Mapping[str, Any]], treatment: str = "C2", contr
             for r in sorted(rows, key=lambda r: (str(r["agent"]), *_key(r)))
             if r["condition"] == treatment and not r["success"] and r["injected_entry_ids"]
             and won.get((str(r["agent"]), *_key(r)))]
+
+
+def stream_summary(rows: Sequence[Mapping[str, Any]], cfg: Config) -> dict[str, Any]:
+    """The streams' figures under the experiment's families (``positive_controls``, ``comparisons``,
+    ``checks``) and bootstrap settings, from the stage's step rows: ``conditions`` (in row order),
+    ``points``, ``paired`` (:func:`summarise_streams`) and ``degradations`` (:func:`degradations`).
+    What the ``stream`` stage writes to ``metrics/stream.json`` and ``compare`` to its report."""
+    e = cfg.experiment
+    seed, n_resamples, level = bootstrap_settings(cfg)
+    families = {"positive_controls": list(e.positive_controls), "comparisons": list(e.comparisons),
+                "checks": list(e.checks)}
+    summary = summarise_streams([{k: r[k] for k in ROW_FIELDS} for r in rows], families=families,
+                                n_resamples=n_resamples, level=level, seed=seed, alpha=e.alpha, power=e.power,
+                                discordance=e.planning_discordance)
+    return {"conditions": list(dict.fromkeys(str(r["condition"]) for r in rows)), **summary,
+            "degradations": degradations(rows)}

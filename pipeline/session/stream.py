@@ -37,8 +37,8 @@ the reader).
 
 from __future__ import annotations
 
-import copy
 import sys
+from collections import Counter
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -175,11 +175,12 @@ def _stream(ctx: Mapping[str, Any], condition: str) -> list[StreamStep]:
     """One condition's stream, round by round: merge, store, render, play, remember."""
     cfg, root, facts = ctx["cfg"], ctx["root"], ctx["facts"]
     g = cfg.grounding
-    memory: _Memory = copy.deepcopy(ctx["memory"])
+    start: _Memory = ctx["memory"]  # its rows are never changed: each stream extends its own lists
+    memory = _Memory(list(start.episodes), list(start.turns), list(start.docs))
     work = ctx["work"] / condition
     rel = _relative(work, root)
     rounds = ctx["rounds"]
-    lengths = {t.scene_id: sum(t.scene_id == u.scene_id for r in rounds for u in r) for r in rounds for t in r}
+    lengths = Counter(t.scene_id for r in rounds for t in r)
     steps: list[StreamStep] = []
     for i, batch in enumerate(rounds):
         index = write_ground_outputs(memory.docs, work / "grounding", "json")
@@ -193,10 +194,7 @@ def _stream(ctx: Mapping[str, Any], condition: str) -> list[StreamStep]:
                     render_conditions(rows, [condition], cfg_i, store, root, ctx["length"], ctx["words"], facts)[condition][0]}
         prompt_rows = [rendered[(t.scene_id, t.quest_id)] for t in batch]
         records = play_prompts(ctx["play_cfg"], root, batch, prompt_rows, ctx["scenes"])
-        per_scene = {}
-        for d in memory.docs:
-            scene = str(d["expr_info"].get("scene_id"))
-            per_scene[scene] = per_scene.get(scene, 0) + 1
+        per_scene = Counter(str(d["expr_info"].get("scene_id")) for d in memory.docs)
         for t, row, rec in zip(batch, prompt_rows, records):
             ep = rec["episode"]
             steps.append(StreamStep(i, lengths[t.scene_id], t, row, len(store), per_scene.get(t.scene_id, 0),

@@ -33,7 +33,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from pipeline.agents import plays_with_model, reads_prompt
-from pipeline.analysis.stream import ROW_FIELDS, degradations, stream_csv, summarise_streams
+from pipeline.analysis.stream import ROW_FIELDS, stream_csv, stream_summary
 from pipeline.conditions import block_length_for
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import ConfigError
@@ -97,17 +97,12 @@ def streams(cfg: Config, root: Path, _args: object) -> None:
                                  "memory_block": str(p.get("memory_block") or "")})
         write_parquet(pa.Table.from_pylist(rows, schema=STEP_SCHEMA), tmp / "steps.parquet",
                       sort_by=["agent", "condition", "scene_id", "position"])
-    e = cfg.experiment
-    families = {"positive_controls": list(e.positive_controls), "comparisons": list(e.comparisons),
-                "checks": list(e.checks)}
-    summary = summarise_streams([{k: r[k] for k in ROW_FIELDS} for r in rows], families=families,
-                                n_resamples=e.bootstrap_samples, level=e.ci_level, seed=cfg.seed, alpha=e.alpha,
-                                power=e.power, discordance=e.planning_discordance)
+    summary = stream_summary(rows, cfg)
     metrics_dir = root / cfg.paths.metrics
     # The run's own measures (never in data/stream/): the processes and the wall time.
     atomic_write_json(metrics_dir / "stream.json", {
-        "conditions": conditions, "start": str(s.start), "fields": list(ROW_FIELDS), **summary,
-        "degradations": degradations(rows), "workers": workers, "wall_time_s": round(time.perf_counter() - t0, 3)})
+        "conditions": conditions, "start": str(s.start), "fields": list(ROW_FIELDS), "points": summary["points"],
+        "paired": summary["paired"], "degradations": summary["degradations"], "workers": workers, "wall_time_s": round(time.perf_counter() - t0, 3)})
     for value in ("success", "turns"):
         atomic_write_text(metrics_dir / f"stream_{value}.csv",
                           stream_csv(rows, agent="reader", value=value, conditions=conditions))
