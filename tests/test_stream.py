@@ -130,6 +130,50 @@ def test_a_stream_remembers_its_own_earlier_episodes_and_the_controls_hold(strea
     assert {c: key(v) for c, v in one.items()} == {c: key(v) for c, v in two.items()}
 
 
+def test_a_killed_stream_resumes_from_its_last_finished_round_to_the_same_bytes(stream_world, monkeypatch):
+    import pipeline.session.stream as stream
+
+    cfg, root = stream_world
+    whole = _play(cfg, root, ["C2"], workers=1)["C2"]  # uninterrupted, in its own folder (work/1)
+    real, played = stream.play_prompts, []
+
+    def dies_at_round_two(*args, **kwargs):
+        if len(played) == 2:
+            raise KeyboardInterrupt  # as a kill would: round two never finishes
+        played.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "play_prompts", dies_at_round_two)
+    with pytest.raises(KeyboardInterrupt):
+        _play(cfg, root, ["C2"], workers=3)  # work/3, one stream: played in this process
+    kept = sorted((root / "work" / "3").glob("*/C2/rounds/*.json"))
+    assert [p.name for p in kept] == ["0000.json", "0001.json"]
+
+    def counts(*args, **kwargs):
+        played.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(stream, "play_prompts", counts)
+    played.clear()
+    resumed = _play(cfg, root, ["C2"], workers=3)["C2"]
+    assert len(played) == 1  # only the round that never finished is played again
+
+    def key(st):
+        return [(s.position, s.task.episode_id, s.prompt_row["prompt_sha256"], s.prompt_row["memory_block"],
+                 s.store_entries, s.grounding_episodes, dict(s.episode)) for s in st]
+
+    assert key(resumed) == key(whole)
+    # a kept round of other prompts (another config or an edited file) is never resumed from
+    kept[1].write_text(kept[1].read_text().replace('"prompts": ["', '"prompts": ["0'), encoding="utf-8")
+    played.clear()
+    assert key(_play(cfg, root, ["C2"], workers=3)["C2"]) == key(whole)
+    assert len(played) == 1  # round one again (its file is not its prompts'); round two's prompts follow it, kept
+    other = OmegaConf.merge(cfg, {"memory": {"max_message_chars": int(cfg.memory.max_message_chars) - 1}})
+    played.clear()
+    _play(other, root, ["C2"], workers=3)
+    assert len(played) == 3 and len(list((root / "work" / "3").glob("*/C2"))) == 2  # another key: its own folder
+
+
 def test_the_report_shows_the_streams_with_their_families_and_errors(tiny_cfg):
     from pipeline.analysis.stream import stream_summary
     from pipeline.analysis.report import stream_markdown

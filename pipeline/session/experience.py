@@ -39,6 +39,7 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 from pipeline.agents import plays_with_model
+from pipeline.agents.llm import SharedBackend
 from pipeline.conditions.length import BlockLength
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config
@@ -125,9 +126,10 @@ def merge_at(cfg: Config, root: Path, index: Mapping[str, Any], episode_ids: Seq
 
 
 def play_prompts(cfg: Config, root: Path, tasks: Sequence[Task], rows: Sequence[Mapping[str, Any]],
-                 scenes: Mapping[str, Any]) -> list[dict]:
+                 scenes: Mapping[str, Any], shared: SharedBackend | None = None) -> list[dict]:
     """Play ``tasks`` with the prompts of ``rows`` (one per task), greedy as ``evaluate`` plays;
-    returns the episode records (nothing written)."""
+    returns the episode records (nothing written). ``shared``: the loaded model to play with
+    (a caller that plays many batches loads it once; None: loaded for this call)."""
     by_task = {(r["scene_id"], r["quest_id"]): r for r in rows}
     played = []
     for t in tasks:
@@ -135,7 +137,7 @@ def play_prompts(cfg: Config, root: Path, tasks: Sequence[Task], rows: Sequence[
         played.append(Task(**{**t.__dict__, "system_prompt": row["system_prompt"], "metadata": {}}))
     if cfg.experiment.eval_greedy:
         cfg = OmegaConf.merge(cfg, {"sampling": {"do_sample": False}})
-    make_env, make_agent, make_user = make_factories(cfg, root, dict(scenes))
+    make_env, make_agent, make_user = make_factories(cfg, root, dict(scenes), shared=shared)
     return play(list(played), make_env=make_env, make_agent=make_agent, make_user=make_user,
                 batch_size=cfg.agent.batch_size if cfg.agent.batched else 1, agent_name=str(cfg.agent.name),
                 preference_in_success=cfg.user.preference_in_success,

@@ -26,17 +26,22 @@ every episode's record enters the memory of the tasks after it::
 - **The record.** Every step keeps the prompt row it was played with (the store's hash and
   size, the entries retrieved and injected, the block) and the episode's outcome: a stream
   can be replayed and two streams diffed.
+- **Resumable.** Each finished round's episodes are kept under ``work_dir/<key>/<condition>/rounds/``
+  (:func:`stream_key`: the config's hash and the inputs'); a stream killed at round ``i`` reruns
+  from round ``i``: the rounds before it are read back, their memory rebuilt from them. A played
+  round is read back from what was written, as a resumed one is, so both give the same bytes.
 
 Deterministic: a round's prompts are a function of the config and the records of the rounds
 before it, and an episode a function of its prompt and seed, so C2_silent's stream is C1's
 prompt for prompt (:func:`check_identical_streams`). A stream is one job of ``workers`` spawn
 processes (:class:`pipeline.core.parallel.OrderedPool`), taken back in condition order: the
-same bytes for any worker count. A killed stream reruns from its start (seconds a round with
-the reader).
+same bytes for any worker count.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -51,16 +56,17 @@ from pipeline.agents import plays_with_model
 from pipeline.conditions.length import BlockLength
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config, StreamStart
-from pipeline.core.config import ConfigError
+from pipeline.core.config import ConfigError, config_hash
 from pipeline.core.facts import FactReader, WorldWords
-from pipeline.core.io import read_json, read_parquet
+from pipeline.core.io import atomic_write_text, read_json, read_parquet
 from pipeline.core.parallel import OrderedPool
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import labelled_rng
 from pipeline.grounding.episodes import episode_grounding, write_ground_outputs
 from pipeline.llm.backends import is_local
 from pipeline.memory.build import build_store
-from pipeline.session.collection import load_games
+from pipeline.agents.llm import SharedBackend
+from pipeline.session.collection import CHECKPOINT_IGNORED, inputs_hash, load_games
 from pipeline.session.evaluation import reader_config
 from pipeline.session.experience import merge_at, play_prompts
 from pipeline.session.rollout import Task, tasks_from_manifest
@@ -128,6 +134,22 @@ def start_memory(cfg: Config, root: Path, start: StreamStart) -> _Memory:
     return _Memory(episodes, turns, docs)
 
 
+# Keys that change no stream's bytes: the processes, the supervision bounds, and which other
+# streams a run plays (each condition's stream is its own; ``model``: whether the agent streams too).
+STREAM_IGNORED = ("workers", "experiment.stream.conditions", "experiment.stream.model") + CHECKPOINT_IGNORED
+
+
+def stream_key(cfg: Config, play_cfg: Config, root: Path, tasks: Sequence[Task], memory: _Memory) -> str:
+    """``<config hash>-<inputs hash>``: the folder a run's stream checkpoints are kept in, so that
+    a changed config, game, template, model, ``pipeline`` source or start memory never resumes
+    from another run's rounds (:func:`pipeline.session.collection.inputs_hash`; the start memory
+    by its content)."""
+    start = hashlib.sha256(json.dumps([memory.episodes, memory.turns, memory.docs], sort_keys=True,
+                                      ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
+    inputs = hashlib.sha256(f"{inputs_hash(play_cfg, root, list(tasks))}-{start}".encode()).hexdigest()[:16]
+    return f"{config_hash(cfg, ignore=STREAM_IGNORED)}-{inputs}"
+
+
 def play_streams(cfg: Config, root: Path, *, conditions: Sequence[str], start: StreamStart, work_dir: Path,
                  length: BlockLength | None = None, words: WorldWords | None = None,
                  facts: FactReader | None = None, reader: bool = True, workers: int = 1,
@@ -139,8 +161,9 @@ def play_streams(cfg: Config, root: Path, *, conditions: Sequence[str], start: S
         root: the project root (games, templates, grounding files).
         conditions: the streams to play (each a configured condition).
         start: where every stream starts (:class:`~pipeline.core.conf_schema.StreamStart`).
-        work_dir: where each stream's grounding documents and merges are written
-            (``<work_dir>/<condition>/``), relative to ``root`` or absolute inside it.
+        work_dir: where each stream's grounding documents, merges and finished rounds are kept
+            (``<work_dir>/<key>/<condition>/``, :func:`stream_key`), relative to ``root`` or
+            absolute inside it: a rerun resumes from the rounds found there.
         length, words, facts: as the ``render`` stage passes them.
         reader: play with the ``reader`` agent (else ``cfg.agent``).
         workers: processes the streams are played in (one stream a job).
@@ -156,10 +179,11 @@ def play_streams(cfg: Config, root: Path, *, conditions: Sequence[str], start: S
     if not tasks:
         raise ConfigError(f"no tasks in split experiment.eval_split={cfg.experiment.eval_split!r}")
     play_cfg = reader_config(cfg) if reader else cfg
-    work = work_dir if work_dir.is_absolute() else root / work_dir
+    memory = start_memory(cfg, root, start)
+    work = (work_dir if work_dir.is_absolute() else root / work_dir) / stream_key(cfg, play_cfg, root, tasks, memory)
     ctx = {"cfg": cfg, "play_cfg": play_cfg, "root": root, "scenes": dict(scenes),
            "rows": {(r["scene_id"], r["quest_id"]): r for r in manifest}, "rounds": stream_rounds(tasks, cfg.seed),
-           "memory": start_memory(cfg, root, start), "work": work, "length": length or BlockLength(),
+           "memory": memory, "work": work, "length": length or BlockLength(),
            "words": words, "facts": facts}
     n = max(1, min(int(workers), len(conditions)))
     bar = tqdm(total=len(conditions), desc=f"streams ({n} worker{'s' if n != 1 else ''})", unit="stream",
@@ -182,6 +206,8 @@ def _stream(ctx: Mapping[str, Any], condition: str) -> list[StreamStep]:
     rounds = ctx["rounds"]
     lengths = Counter(t.scene_id for r in rounds for t in r)
     steps: list[StreamStep] = []
+    shared = SharedBackend()  # the model loaded once a stream, not once a round
+    resumed = 0
     for i, batch in enumerate(rounds):
         index = write_ground_outputs(memory.docs, work / "grounding", "json")
         cfg_g = OmegaConf.merge(cfg, {"paths": {"grounding": f"{rel}/grounding"}})
@@ -193,7 +219,13 @@ def _stream(ctx: Mapping[str, Any], condition: str) -> list[StreamStep]:
         rendered = {(r["scene_id"], r["quest_id"]): r for r in
                     render_conditions(rows, [condition], cfg_i, store, root, ctx["length"], ctx["words"], facts)[condition][0]}
         prompt_rows = [rendered[(t.scene_id, t.quest_id)] for t in batch]
-        records = play_prompts(ctx["play_cfg"], root, batch, prompt_rows, ctx["scenes"])
+        kept = work / "rounds" / f"{i:04d}.json"
+        records = _finished_round(kept, prompt_rows)
+        if records is None:
+            records = _keep_round(kept, prompt_rows,
+                                  play_prompts(ctx["play_cfg"], root, batch, prompt_rows, ctx["scenes"], shared=shared))
+        else:
+            resumed += 1
         per_scene = Counter(str(d["expr_info"].get("scene_id")) for d in memory.docs)
         for t, row, rec in zip(batch, prompt_rows, records):
             ep = rec["episode"]
@@ -203,7 +235,36 @@ def _stream(ctx: Mapping[str, Any], condition: str) -> list[StreamStep]:
             doc = episode_grounding(rec["episode"], rec["turns"], generator="extractive", timestamp=str(g.timestamp),
                                     unknown_type=str(g.unknown_type))
             memory.add(dict(rec["episode"]), [dict(t) for t in rec["turns"]], doc)
+    if resumed:
+        print(f"stream {condition}: {resumed} of {len(rounds)} rounds resumed from {work / 'rounds'}", file=sys.stderr)
     return steps
+
+
+def _keep_round(path: Path, prompt_rows: Sequence[Mapping[str, Any]], records: Sequence[Mapping[str, Any]]) -> list[dict]:
+    """Write a finished round (its prompts' hashes, each episode's row and turns) atomically and
+    return it as read back: a played round and a resumed one are the same values."""
+    text = json.dumps({"prompts": [r["prompt_sha256"] for r in prompt_rows],
+                       "records": [{"episode": r["episode"], "turns": r["turns"]} for r in records]},
+                      sort_keys=True, ensure_ascii=False)
+    atomic_write_text(path, text)
+    return json.loads(text)["records"]
+
+
+def _finished_round(path: Path, prompt_rows: Sequence[Mapping[str, Any]]) -> list[dict] | None:
+    """The records of a round kept by :func:`_keep_round` for exactly these prompts, else None
+    (then the round is played again: a kept round never costs more than replaying it)."""
+    if not path.is_file():
+        return None
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        print(f"warning: ignoring {path} ({exc}); the round is played again", file=sys.stderr)
+        return None
+    if not isinstance(kept, dict) or kept.get("prompts") != [r["prompt_sha256"] for r in prompt_rows] \
+            or len(kept.get("records") or []) != len(prompt_rows):
+        print(f"warning: ignoring {path} (not this round's prompts); the round is played again", file=sys.stderr)
+        return None
+    return kept["records"]
 
 
 def _relative(path: Path, root: Path) -> str:

@@ -20,12 +20,14 @@ injected, the block, the outcome; a stream replays and diffs from it), ``metrics
 stream's second half: success per condition, and the experiment's comparison families, paired, with
 exact and Holm p and the MDE; the memory-induced errors, C2 lost where C1 won after an advisory;
 ``workers`` and ``wall_time_s``) and ``metrics/stream_success.csv`` / ``stream_turns.csv`` for
-``dvc plots``. Each stream's grounding documents and merges are scratch
-(``.checkpoints/stream/<agent>/<condition>/``). Fails when C2_silent's stream shows a prompt C1's does not (``experiment.identical_prompts``).
+``dvc plots``. Each stream's grounding documents, merges and finished rounds are scratch
+(``.checkpoints/stream/<agent>/<key>/<condition>/``, removed once the outputs are written): a killed
+run resumes each stream from its last finished round. Fails when C2_silent's stream shows a prompt C1's does not (``experiment.identical_prompts``).
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -68,15 +70,15 @@ def streams(cfg: Config, root: Path, _args: object) -> None:
     t0 = time.perf_counter()
     out = root / cfg.paths.stream
     rows, workers = [], {}
+    scratch = root / cfg.paths.checkpoints / "stream"
     agents = [("reader", True)] + ([(str(cfg.agent.name), False)] if plays_agent else [])
     with atomic_dir(out) as tmp:
         for name, reader in agents if conditions else []:
             n = curve_workers(reader_config(cfg) if reader else cfg, len(conditions))
             workers[name] = n
-            # each stream's grounding documents and merges: scratch, outside the outputs (their
-            # index files name the folder they are in)
-            played = play_streams(cfg, root, conditions=conditions, start=s.start,
-                                  work_dir=root / cfg.paths.checkpoints / "stream" / name,
+            # each stream's grounding documents, merges and finished rounds: scratch, outside the
+            # outputs (their index files name the folder they are in)
+            played = play_streams(cfg, root, conditions=conditions, start=s.start, work_dir=scratch / name,
                                   length=block_length_for(cfg, root), words=world_words(cfg), facts=fact_reader(cfg),
                                   reader=reader, workers=n)
             differ = check_identical_streams(played, cfg.experiment.identical_prompts)
@@ -97,6 +99,7 @@ def streams(cfg: Config, root: Path, _args: object) -> None:
                                  "memory_block": str(p.get("memory_block") or "")})
         write_parquet(pa.Table.from_pylist(rows, schema=STEP_SCHEMA), tmp / "steps.parquet",
                       sort_by=["agent", "condition", "scene_id", "position"])
+    shutil.rmtree(scratch, ignore_errors=True)  # the outputs are written: nothing left to resume
     summary = stream_summary(rows, cfg)
     metrics_dir = root / cfg.paths.metrics
     # The run's own measures (never in data/stream/): the processes and the wall time.
