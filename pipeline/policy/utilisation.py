@@ -1,0 +1,231 @@
+"""The utilisation probe (issue 64): what the eval measures, on held-out generated houses, the
+model beside the reader that measures each prompt's worth::
+
+    python -m pipeline.policy.utilisation                        # models/policy, 96 held-out houses, 6 quests each
+    python -m pipeline.policy.utilisation --model data/model/policy/model --houses 48 --out /tmp/u.json
+
+Per held-out house (the whole-episode probe's stream, :func:`pipeline.policy.demos.training_houses`
+with ``heldout=True``: never an eval scene's layout, never an eval objective), the rule agent plays
+quests 1..Q-1 (the house's past visits, :func:`pipeline.policy.study.past_visits`), and the first
+quest is played under four prompts, as the eval's conditions build theirs on a seen scene:
+
+- ``C0``: nothing (the ``plain`` kind);
+- ``C1``: the house's grounding, what the simulated user taught on those visits (``grounded``);
+- ``C2``: that grounding and the exposed advisory variant's block, retrieved from the model
+  pipeline's store with the house's past visits in it ("This house, from n past visits: ...",
+  ``memory``);
+- ``C2_oracle``: that grounding and the verified plan (``oracle``).
+
+Both agents play every task: the model (greedy, its decoding as ``evaluate`` plays it; the episodes
+of :func:`pipeline.policy.dagger.play_rollouts`) and the reader (``agent=reader``: what the prompt's
+text is worth to an agent that acts on all of it). Per agent, the comparisons are paired by house
+(C1 - C0, C2 - C1, C2_oracle - C1: exact McNemar p, Holm within the agent), and the model's
+*utilisation* of each is its difference over the reader's on the same houses, with a bootstrap
+interval (:func:`pipeline.core.stats.ratio_of_paired_diffs`): what the eval's utilisation measures,
+on data no eval quest is in, so a recipe can be chosen on it.
+
+It reads the model pipeline's games and demonstrations (``data/model/games``, ``data/model/demos``:
+``make model``, or its first two steps, ``python -m pipeline.stages.games --pipeline model`` and
+``python -m pipeline.stages.demos``). It is no DVC stage yet: no stage imports it, so it is no code
+dependency of the committed checkpoint; it joins the ``policy`` stage's probes with the next
+retraining (changing that stage's code retrains the model). Writes ``--out`` (JSON: the figures and
+every house's outcomes) and ``--csv`` (success per agent and prompt kind, for ``dvc plots``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from pipeline.core.conf_schema import Config
+from pipeline.core.config import MODEL, ConfigError, load_params, project_root
+from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.core.numerics import pin
+from pipeline.core.parallel import resolve_workers
+from pipeline.core.seeding import crc_rng
+from pipeline.core.stats import holm, mcnemar_mde, paired_binary, ratio_of_paired_diffs
+from pipeline.policy.dagger import HouseTask, play_rollouts, rollout_config, rollout_pool
+from pipeline.policy.demos import house_env
+
+# The probe's prompt kinds (pipeline.policy.study's names) as the eval's conditions they stand for.
+KINDS = {"plain": "C0", "grounded": "C1", "memory": "C2", "oracle": "C2_oracle"}
+# (treatment, control): the comparisons each agent is paired on, in the eval's families' order.
+COMPARISONS = (("C2", "C1"), ("C2_oracle", "C1"), ("C1", "C0"))
+N_RESAMPLES = 2000
+LEVEL = 0.95
+
+
+def probe_houses(cfg: Config, root: Path, houses: int, quests: int) -> list[HouseTask]:
+    """The probe's tasks: every held-out house's first quest under the four kinds (:data:`KINDS`;
+    a house without grounding, or whose C2 block the gate withheld, has fewer)."""
+    from pipeline.policy.demoset import load_demo_set
+    from pipeline.policy.study import probe_tasks
+    from pipeline.session.collection import load_games
+
+    manifest, scenes = load_games(root, cfg)
+    memory = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed)).memory
+    return probe_tasks(cfg, manifest, scenes, memory, houses, quests=quests, kinds=tuple(KINDS))
+
+
+def play_reader(cfg: Config, tasks: Sequence[HouseTask]) -> dict[str, bool]:
+    """Each task played by the reader with the task's prompt (the bare one for ``plain``):
+    task id -> success (won, and the house's preferences kept)."""
+    from pipeline.agents import make_agent
+    from pipeline.session.evaluation import reader_config
+
+    rcfg = reader_config(cfg)
+    out = {}
+    for t in tasks:
+        env = house_env(rcfg, t.house)
+        obs = env.reset()
+        agent = make_agent(rcfg, seed=0)
+        agent.reset({"episode_id": t.task_id, "scene_id": t.row["scene_id"], "quest_id": t.row["quest_id"],
+                     "objective": t.row["objective"], "seed": 0, "system_prompt": t.prompt})
+        done, info = False, {}
+        while not done:
+            obs, _, done, info = env.step(agent.act(obs).action)
+        env.close()
+        out[t.task_id] = bool(info.get("won")) and bool(info.get("preferences_ok"))
+    return out
+
+
+def _by_kind(outcomes: Mapping[str, bool]) -> dict[str, dict[str, bool]]:
+    """task id ``probe_<kind>_<house>`` -> success, as condition -> house -> success."""
+    out: dict[str, dict[str, bool]] = {c: {} for c in KINDS.values()}
+    for tid, won in outcomes.items():
+        _, kind, house = tid.split("_", 2)
+        out[KINDS[kind]][house] = won
+    return out
+
+
+def summarise(model: Mapping[str, bool], reader: Mapping[str, bool], *, seed: int,
+              alpha: float = 0.05) -> dict[str, Any]:
+    """Success per agent and condition, the paired comparisons (Holm within each agent) and the
+    model's utilisation of each comparison, from the two agents' outcomes (task id -> success)."""
+    agents = {"model": _by_kind(model), "reader": _by_kind(reader)}
+    rng = crc_rng(seed, "utilisation")
+    success = {a: {c: {"success": round(float(np.mean(list(h.values()))), 6) if h else None, "n": len(h)}
+                   for c, h in by.items()} for a, by in agents.items()}
+    paired: list[dict[str, Any]] = []
+    for name, by in agents.items():
+        rows = []
+        for t, c in COMPARISONS:
+            houses = sorted(set(by[t]) & set(by[c]) & set(agents["reader"][t]) & set(agents["reader"][c]))
+            if not houses:
+                continue
+            x = paired_binary([by[t][h] for h in houses], [by[c][h] for h in houses], n_resamples=N_RESAMPLES,
+                              level=LEVEL, rng=rng)
+            row = {"agent": name, "treatment": t, "control": c, "houses": len(houses), "success": x,
+                   "mde": mcnemar_mde(len(houses), alpha)}  # None: too few houses for any difference
+            if name == "model":  # its difference over the reader's, on the same houses
+                r = agents["reader"]
+                row["utilisation"] = ratio_of_paired_diffs(
+                    [by[t][h] for h in houses], [by[c][h] for h in houses], [r[t][h] for h in houses],
+                    [r[c][h] for h in houses], n_resamples=N_RESAMPLES, level=LEVEL, rng=rng).as_dict()
+            rows.append(row)
+        for row, p in zip(rows, holm([r["success"]["p_value"] for r in rows])):
+            row["p_holm"] = p
+        paired += rows
+    return {"success": success, "paired": paired}
+
+
+def success_csv(summary: Mapping[str, Any]) -> str:
+    """``agent,condition,success,n``: one row per agent and prompt kind (a DVC plot)."""
+    lines = ["agent,condition,success,n"]
+    for agent, by in summary["success"].items():
+        for cond in KINDS.values():
+            s = by[cond]
+            lines.append(f"{agent},{cond},{'' if s['success'] is None else s['success']},{s['n']}")
+    return "\n".join(lines) + "\n"
+
+
+def markdown(summary: Mapping[str, Any]) -> str:
+    """The probe's table: per comparison, each agent's difference (b/c, Holm p) and the utilisation."""
+    s = summary["success"]
+    head = ["| | " + " | ".join(KINDS.values()) + " |", "|---|" + "---|" * len(KINDS)]
+    for agent in ("model", "reader"):
+        head.append(f"| {agent} | " + " | ".join("" if s[agent][c]["success"] is None else
+                                                 f"{s[agent][c]['success']:.2f} (n {s[agent][c]['n']})"
+                                                 for c in KINDS.values()) + " |")
+    lines = head + ["", "| comparison | houses | model | reader | utilisation |", "|---|---|---|---|---|"]
+    by = {(r["agent"], r["treatment"], r["control"]): r for r in summary["paired"]}
+    for t, c in COMPARISONS:
+        if ("model", t, c) not in by:
+            continue
+        cells = []
+        for agent in ("model", "reader"):
+            r = by[(agent, t, c)]
+            x, d = r["success"], r["success"]["diff"]["value"]
+            cells.append("" if d is None else f"{d:+.2f} (b {x['table']['b']}, c {x['table']['c']}, Holm p {r['p_holm']:.3g})")
+        u = by[("model", t, c)]["utilisation"]
+        util = "" if u["value"] is None else (f"{u['value']:.2f} [{u['ci_low']:.2f}, {u['ci_high']:.2f}]"
+                                                  if u["ci_low"] is not None else f"{u['value']:.2f}")
+        lines.append(f"| {t} − {c} | {by[('model', t, c)]['houses']} | {cells[0]} | {cells[1]} | {util} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.policy.utilisation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", type=Path, default=None, help="the project whose model pipeline's data it reads (default: this one)")
+    ap.add_argument("--model", type=Path, default=Path("models/policy"),
+                    help="a transformers directory (default: the committed checkpoint, models/policy)")
+    ap.add_argument("--houses", type=int, default=96, help="held-out houses")
+    ap.add_argument("--quests", type=int, default=6, help="quests per house: the first is played, the others are its past visits")
+    ap.add_argument("--workers", default=None, help="processes for the model's episodes (default: the run's `workers`); "
+                                                   "the episodes do not depend on it")
+    ap.add_argument("--out", type=Path, default=Path("models/metrics/utilisation.json"), help="the figures (JSON)")
+    ap.add_argument("--csv", type=Path, default=Path("models/metrics/utilisation.csv"), help="success per agent and kind")
+    args = ap.parse_args(argv)
+    if args.houses < 1 or args.quests < 2:
+        ap.error(f"--houses {args.houses} --quests {args.quests}: expected at least 1 house and 2 quests "
+                 "(the first is played, the others give its grounding and memory)")
+    root = (args.run or project_root()).resolve()
+    model_dir = args.model if args.model.is_absolute() else root / args.model
+    if not (model_dir / "config.json").is_file():
+        ap.error(f"--model {args.model}: {model_dir / 'config.json'} not found (a transformers model directory)")
+    cfg = load_params(root, check_stale=False, pipeline=MODEL)
+    for what, path in (("games", cfg.paths.games), ("demonstrations", cfg.paths.demos)):
+        if not (root / path).is_dir():
+            ap.error(f"{root / path}: not found (the model pipeline's {what}); build them with "
+                     "`python -m pipeline.stages.games --pipeline model && python -m pipeline.stages.demos` (or make model)")
+    try:
+        value = cfg.workers if args.workers is None else (int(args.workers) if str(args.workers).isdigit() else args.workers)
+        workers = resolve_workers(value)
+    except (ValueError, ConfigError) as exc:
+        ap.error(f"--workers {args.workers}: expected a number of processes >= 1 or auto ({exc})")
+    pin(cfg.numerics)  # before torch loads (transformers imports it)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    t0 = time.perf_counter()
+    tasks = probe_houses(cfg, root, args.houses, args.quests)
+    build_s = time.perf_counter() - t0
+    print(f"utilisation: {len(tasks)} episodes in {len({t.house.scene_id for t in tasks})} held-out houses "
+          f"({build_s:.0f} s to build)", file=sys.stderr)
+    t = time.perf_counter()
+    reader = play_reader(cfg, tasks)
+    reader_s = time.perf_counter() - t
+    model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
+    t = time.perf_counter()
+    with rollout_pool(rollout_config(cfg), workers=workers) as pool:
+        rolls = play_rollouts(pool, model, tok, tasks, label=False)
+    model_s = time.perf_counter() - t
+    played = {r.task.task_id: bool(r.success) for r in rolls}
+    summary = summarise(played, reader, seed=int(cfg.seed))
+    atomic_write_json(args.out if args.out.is_absolute() else root / args.out, {
+        "model": str(args.model), "houses": args.houses, "quests": args.quests, **summary,
+        "outcomes": {"model": played, "reader": reader},
+        "seconds": {"build": round(build_s), "reader": round(reader_s), "model": round(model_s)},
+        "workers": workers})
+    atomic_write_text(args.csv if args.csv.is_absolute() else root / args.csv, success_csv(summary))
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
