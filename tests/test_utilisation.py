@@ -18,9 +18,9 @@ def test_the_model_s_utilisation_is_its_paired_difference_over_the_reader_s_on_t
 
     # 8 houses; house 7 has no memory block (the gate withheld it): C2 - C1 pairs 7 houses
     reader = _outcomes({"plain": [0, 0, 0, 0, 1, 0, 0, 0], "grounded": [0, 0, 1, 1, 1, 0, 0, 0],
-                        "memory": [1, 1, 1, 1, 1, 1, 0], "oracle": [1] * 8})
+                        "memory": [1, 1, 1, 1, 1, 1, 0], "oracle": [1] * 8, "recall": [1, 1, 0, 1, 1, 0, 0, 1]})
     model = _outcomes({"plain": [0] * 8, "grounded": [0, 0, 1, 0, 0, 0, 0, 0],
-                       "memory": [1, 0, 1, 0, 0, 0, 0], "oracle": [1, 1, 0, 0, 0, 0, 0, 1]})
+                       "memory": [1, 0, 1, 0, 0, 0, 0], "oracle": [1, 1, 0, 0, 0, 0, 0, 1], "recall": [0] * 8})
     s = summarise({k: bool(v) for k, v in model.items()}, {k: bool(v) for k, v in reader.items()}, seed=0)
     assert s["success"]["reader"]["C2"] == {"success": round(6 / 7, 6), "n": 7}
     assert s["success"]["model"]["C0"] == {"success": 0.0, "n": 8}
@@ -35,7 +35,11 @@ def test_the_model_s_utilisation_is_its_paired_difference_over_the_reader_s_on_t
     # Holm within each agent: never below the exact p, the largest at most 1
     for agent in ("model", "reader"):
         ps = [x for x in s["paired"] if x["agent"] == agent]
-        assert len(ps) == 3 and all(x["p_holm"] >= x["success"]["p_value"] for x in ps)
+        assert len(ps) == 4 and all(x["p_holm"] >= x["success"]["p_value"] for x in ps)
+    # the block alone against nothing: the reader +4/8 (houses 0, 1, 3, 7; house 4 both), the model 0
+    alone = rows[("model", "C0+memory", "C0")]
+    assert alone["houses"] == 8 and alone["utilisation"]["value"] == 0.0
+    assert rows[("reader", "C0+memory", "C0")]["success"]["table"] == {"both": 1, "b": 4, "c": 0, "neither": 3}
     assert "| C2 − C1 | 7 |" in markdown(s) and "0.33 [" in markdown(s)
     assert "reader,C2,0.857143,7" in success_csv(s).splitlines()
 
@@ -47,7 +51,9 @@ def test_the_reader_plays_the_held_out_probe_and_follows_every_verified_plan(cfg
 
     tasks = probe_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 4, quests=3, kinds=tuple(KINDS))
     kinds = {t.kind for t in tasks}
-    assert {"plain", "grounded", "oracle"} <= kinds
+    assert {"plain", "grounded", "oracle", "recall"} <= kinds
+    # the block alone: a memory block, no grounding (the house's past visits are in the store)
+    assert all(t.variant.block and t.variant.grounding is None for t in tasks if t.kind == "recall")
     reader = play_reader(cfg, tasks)
     assert set(reader) == {t.task_id for t in tasks}
     assert all(reader[t.task_id] for t in tasks if t.kind == "oracle")  # the plan's text is worth the task to it

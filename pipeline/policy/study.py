@@ -94,7 +94,7 @@ from pipeline.session.collection import make_factories
 from pipeline.session.rollout import Task, format_episode_id, play
 
 KINDS = ("plain", "grounded", "oracle")  # the library's EpisodeProbe
-ALL_KINDS = (*KINDS, "memory")
+ALL_KINDS = (*KINDS, "memory", "recall")  # recall: the memory block alone (no grounding; the utilisation probe's)
 VISITS = "visits"  # the kind's suffix of a round's task whose store holds its house's past visits
 # The study as run for docs/policy.md: name -> arm.
 ARMS: dict[str, dict[str, float]] = {
@@ -215,6 +215,9 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
                  "oracle": next((v for v in grounded if v.source in oracle), None), "memory": None}
         if "memory" in kinds and text is not None:  # paired with "grounded": the same grounding, and the block
             picks["memory"] = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, text)
+        picks["recall"] = None
+        if "recall" in kinds and episodes:  # paired with "plain": the same block, no grounding
+            picks["recall"] = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, None)
         out += [_task(cfg, organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
                 for k in ALL_KINDS if k in kinds and picks[k] is not None]
     return out

@@ -7,14 +7,17 @@ model beside the reader that measures each prompt's worth::
 Per held-out house (the whole-episode probe's stream, :func:`pipeline.policy.demos.training_houses`
 with ``heldout=True``: never an eval scene's layout, never an eval objective), the rule agent plays
 quests 1..Q-1 (the house's past visits, :func:`pipeline.policy.study.past_visits`), and the first
-quest is played under four prompts, as the eval's conditions build theirs on a seen scene:
+quest is played under five prompts, four as the eval's conditions build theirs on a seen scene:
 
 - ``C0``: nothing (the ``plain`` kind);
 - ``C1``: the house's grounding, what the simulated user taught on those visits (``grounded``);
 - ``C2``: that grounding and the exposed advisory variant's block, retrieved from the model
   pipeline's store with the house's past visits in it ("This house, from n past visits: ...",
   ``memory``);
-- ``C2_oracle``: that grounding and the verified plan (``oracle``).
+- ``C2_oracle``: that grounding and the verified plan (``oracle``);
+- ``C0+memory``: the C2 block alone, no grounding (``recall``): in a generated house the grounding
+  of one visit already tells the reader where things are, so what the block's statements are worth
+  is measured against nothing.
 
 Both agents play every task: the model (greedy, its decoding as ``evaluate`` plays it; the episodes
 of :func:`pipeline.policy.dagger.play_rollouts`) and the reader (``agent=reader``: what the prompt's
@@ -53,15 +56,17 @@ from pipeline.policy.dagger import HouseTask, play_rollouts, rollout_config, rol
 from pipeline.policy.demos import house_env
 
 # The probe's prompt kinds (pipeline.policy.study's names) as the eval's conditions they stand for.
-KINDS = {"plain": "C0", "grounded": "C1", "memory": "C2", "oracle": "C2_oracle"}
+# C0+memory is no eval condition: the C2 block without the grounding, whose use is measurable where
+# the grounding already tells the reader what the block would (a generated house's, above all).
+KINDS = {"plain": "C0", "grounded": "C1", "memory": "C2", "oracle": "C2_oracle", "recall": "C0+memory"}
 # (treatment, control): the comparisons each agent is paired on, in the eval's families' order.
-COMPARISONS = (("C2", "C1"), ("C2_oracle", "C1"), ("C1", "C0"))
+COMPARISONS = (("C2", "C1"), ("C2_oracle", "C1"), ("C1", "C0"), ("C0+memory", "C0"))
 N_RESAMPLES = 2000
 LEVEL = 0.95
 
 
 def probe_houses(cfg: Config, root: Path, houses: int, quests: int) -> list[HouseTask]:
-    """The probe's tasks: every held-out house's first quest under the four kinds (:data:`KINDS`;
+    """The probe's tasks: every held-out house's first quest under the five kinds (:data:`KINDS`;
     a house without grounding, or whose C2 block the gate withheld, has fewer)."""
     from pipeline.policy.demoset import load_demo_set
     from pipeline.policy.study import probe_tasks
