@@ -79,6 +79,7 @@ from pipeline.policy.dagger import (  # _task: the library's task of a house and
 )
 from pipeline.policy.demos import (
     DemoKind,
+    RenderedTurn,
     advisory_variant_names,
     SceneMemory,
     Variant,
@@ -110,26 +111,28 @@ class Arm:
     quests: int = 2
     grounded: float = 0.5
     memory: float = 0.0
+    drills: int = 0  # statement drills trained with the round (statement_drills)
 
     @classmethod
     def parse(cls, text: str) -> "Arm":
-        """``NAME=key=value,key=value`` (keys: ``quests``, ``grounded``, ``memory``)."""
+        """``NAME=key=value,key=value`` (keys: ``quests``, ``grounded``, ``memory``, ``drills``)."""
         name, _, rest = text.partition("=")
         if not name or not rest:
-            raise ValueError(f"--arm {text!r}: expected NAME=key=value[,key=value] (keys: quests, grounded, memory)")
+            raise ValueError(f"--arm {text!r}: expected NAME=key=value[,key=value] (keys: quests, grounded, memory, "
+                             "drills)")
         kw: dict[str, Any] = {}
         for part in rest.split(","):
             key, _, value = part.partition("=")
-            if key not in ("quests", "grounded", "memory") or not value:
-                raise ValueError(f"--arm {text!r}: {part!r} is not quests=<int>, grounded=<share in [0, 1]> "
-                                 "or memory=<share in [0, 1]>")
+            if key not in ("quests", "grounded", "memory", "drills") or not value:
+                raise ValueError(f"--arm {text!r}: {part!r} is not quests=<int>, grounded=<share in [0, 1]>, "
+                                 "memory=<share in [0, 1]> or drills=<int>")
             try:
-                kw[key] = int(value) if key == "quests" else float(value)
+                kw[key] = int(value) if key in ("quests", "drills") else float(value)
             except ValueError:
                 raise ValueError(f"--arm {text!r}: {part!r}: {value!r} is not a number") from None
         arm = cls(name, **kw)
-        if arm.quests < 2 or not 0.0 <= arm.grounded <= 1.0 or not 0.0 <= arm.memory <= 1.0:
-            raise ValueError(f"--arm {text!r}: quests must be >= 2, grounded and memory in [0, 1]")
+        if arm.quests < 2 or not 0.0 <= arm.grounded <= 1.0 or not 0.0 <= arm.memory <= 1.0 or arm.drills < 0:
+            raise ValueError(f"--arm {text!r}: quests must be >= 2, grounded and memory in [0, 1], drills >= 0")
         return arm
 
 
@@ -223,6 +226,73 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
     return out
 
 
+def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                     memory: SceneMemory, n: int) -> list[RenderedTurn]:
+    """``n`` first turns under a prompt that states where things are and gives no plan: the
+    knowledge-limited expert's first answer (its step and the plan it then writes into memory),
+    as a plan drill is the oracle's; only where that answer is not what the expert told nothing
+    would do (a first turn the statement does not change teaches nothing of it).
+
+    Each drill is a house of its own stream (``derive_seed(seed, "statement-drills")``: never an
+    eval scene's layout or objective, another stream than the probes' held-out houses), whose
+    second quest the rule agent played (:func:`past_visits`): the first quest's prompt is the
+    grounding that visit taught or, drawn per house (and whenever it taught none), the C2 block
+    of the visit alone (:func:`house_memory`, :func:`memory_variant`). Eight drills make a
+    training unit, as plan drills do (:func:`pipeline.policy.demos.training_unit`)."""
+    from pipeline.agents.llm import LLMAgent, render_response
+    from pipeline.envs import scene_preferences
+    from pipeline.policy.demos import NoBackend
+    from pipeline.policy.expert import BeliefExpert, read_knowledge
+
+    eval_split = [r for r in manifest if r["split"] != "train"]
+    houses = GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "statement-drills"), base=cfg.env,
+                             quests_per_house=2, preferences_per_scene=cfg.user.preferences_per_scene,
+                             exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
+                                      if s in scenes],
+                             exclude_objectives={r["objective"] for r in eval_split})
+    organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
+    out: list[RenderedTurn] = []
+    k = 0
+    while len(out) < n:
+        if k > 4 * n + 100:
+            raise ValueError(f"statement drills: only {len(out)} of {n} drawn from {k} houses")
+        house = houses.house(k)
+        k += 1
+        if house is None:  # an excluded layout, or no quest left
+            continue
+        all_scenes = {**scenes, house.scene_id: house.spec}
+        episodes, turns = past_visits(rule_cfg, house, all_scenes)
+        text = history_grounding(rule_cfg, house, episodes, turns)
+        if text is not None and crc_rng(cfg.seed, "statement-drill", house.scene_id).random() < 0.5:
+            v = next((x for x in house_variants(cfg, memory, organizer, house, text) if not x.block), None)
+        else:
+            v = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, None)
+        if v is None:
+            continue
+        row = house.row(0)
+        t = _task(cfg, organizer, "statement", v.name, house, v)
+        env = house_env(cfg, house)
+        try:
+            obs = env.reset()
+            prefs = scene_preferences(house.spec, list(row.get("preferences") or []))
+            expert = BeliefExpert(env, read_knowledge(t.prompt, env.world, prefs), explore_cap=int(cfg.policy.explore_cap))
+            decision = expert.decide()
+            told_nothing = BeliefExpert(env, read_knowledge("", env.world, prefs),
+                                        explore_cap=int(cfg.policy.explore_cap)).decide()
+            answer = render_response(*expert.response(decision, obs))
+        finally:
+            env.close()
+        if (decision.command, decision.mode) == (told_nothing.command, told_nothing.mode):
+            continue  # the statement changes nothing at this turn: no drill of it
+        agent = LLMAgent(cfg, backend=NoBackend())
+        agent.reset({"episode_id": t.task_id, "scene_id": row["scene_id"], "quest_id": row["quest_id"],
+                     "objective": row["objective"], "seed": 0, "system_prompt": t.prompt})
+        j = len(out)
+        out.append(RenderedTurn(f"{DemoKind.house_drill.prefix}stmt{j // 8:05d}_{j % 8:02d}", 0, v.name,
+                                agent.messages(obs), answer, True))
+    return out
+
+
 def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
                 round_: int, n: int, arm: Arm) -> list[HouseTask]:
     """Round ``round_``'s houses (:func:`pipeline.policy.dagger.dagger_tasks`' stream and
@@ -309,7 +379,7 @@ class Study:
     """A finished run's games, demonstrations, model and the two probes' tasks."""
 
     def __init__(self, root: Path, cfg: Config, *, probe_houses: int, probe_quests: int,
-                 pool: OrderedPool | None = None, probe_skip: int = 0):
+                 pool: OrderedPool | None = None, probe_skip: int = 0, utilisation: bool = False):
         from pipeline.policy.demoset import load_demo_set
         from pipeline.session.collection import load_games
 
@@ -319,6 +389,14 @@ class Study:
         self.demo_set = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed))
         self._units: tuple[list[Any], list[Any]] | None = None
         mem = self.demo_set.memory
+        self.reader: dict[str, bool] | None = None
+        if utilisation:  # the utilisation probe's houses and prompts, the reader's outcomes played once
+            from pipeline.policy.utilisation import KINDS as U_KINDS, play_reader
+
+            self.probes = {"u": probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses, quests=probe_quests,
+                                            kinds=tuple(U_KINDS), skip=probe_skip)}
+            self.reader = play_reader(cfg, self.probes["u"])
+            return
         self.probes = {"p2": probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses, skip=probe_skip)}
         if probe_quests != 2:
             self.probes[f"p{probe_quests}"] = probe_tasks(cfg, self.manifest, self.scenes, mem, probe_houses,
@@ -357,6 +435,9 @@ class Study:
         progress(f"{arm.name}: {len(rolls)} episodes in {roll_s:.0f} s")
         base_units, run_labels = self.units(model, tok)
         units = run_labels + turn_units(cfg, model, tok, [x for roll in rolls for x in roll.labels])[0]
+        drills = statement_drills(cfg, self.manifest, self.scenes, self.demo_set.memory, arm.drills) \
+            if arm.drills else []
+        units += turn_units(cfg, model, tok, drills)[0]
         k = min(len(base_units), int(float(pol.dagger_replay) * len(units)))
         rng = crc_rng(cfg.seed, "dagger-replay", r)
         replay = [base_units[i] for i in sorted(int(j) for j in rng.choice(len(base_units), size=k, replace=False))]
@@ -369,7 +450,8 @@ class Study:
         progress(f"{arm.name}: {len(curve)} steps in {train_s:.0f} s")
         t = time.perf_counter()
         results = self.probe(model, tok)
-        return {"arm": arm.name, "quests": arm.quests, "grounded": arm.grounded, "memory": arm.memory, "round": r,
+        return {"arm": arm.name, "quests": arm.quests, "grounded": arm.grounded, "memory": arm.memory,
+                "drills": len(drills), "round": r,
                 "houses": houses, "grounded_houses": sum(x.variant.grounding is not None for x in tasks),
                 "memory_houses": sum(x.kind.endswith(f"+{VISITS}") for x in tasks),
                 "rollout": rollout_summary(rolls), "units": len(units), "replayed_units": len(replay),
@@ -415,6 +497,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--probe-skip", type=int, default=0,
                     help="pass over the held-out stream's first N houses (a fresh probe sample: a confirmation)")
     ap.add_argument("--before-only", action="store_true", help="only the probes on the run's model")
+    ap.add_argument("--utilisation", action="store_true",
+                    help="score on the utilisation probe instead (pipeline.policy.utilisation: --probe-houses houses of "
+                         "--probe-quests quests, five prompts, the model beside the reader)")
     ap.add_argument("--workers", default=None,
                     help="processes for the episodes (default: the run's `workers`, auto = this process's cores); "
                          "the rollouts do not depend on it")
@@ -438,6 +523,11 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict[str, Any]] = []
 
     def keep(row: dict[str, Any]) -> None:
+        if study.reader is not None:
+            from pipeline.policy.utilisation import markdown as u_markdown, summarise
+
+            row["utilisation"] = summarise(row["results"]["u"], study.reader, seed=int(cfg.seed))
+            print(f"{row['arm']}:\n{u_markdown(row['utilisation'])}", flush=True)
         rows.append(row)
         args.out.parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.out, json.dumps(rows, indent=1) + "\n")
@@ -445,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with rollout_pool(rollout_config(cfg), workers=workers) as pool:
         study = Study(root, cfg, probe_houses=args.probe_houses, probe_quests=args.probe_quests, pool=pool,
-                      probe_skip=args.probe_skip)
+                      probe_skip=args.probe_skip, utilisation=args.utilisation)
         t = time.perf_counter()
         model, tok = study.model()
         results = study.probe(model, tok)
