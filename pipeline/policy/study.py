@@ -24,8 +24,15 @@ labels (``demos.parquet``), this round's, and as many demonstration units, one e
   where things were in this house ("This house, from n past visits: ..."), as an eval task
   of a seen scene's does (0 in the library: a generated house's C2 block only retrieves
   other houses' advisories, and a seen house's block is met in the train quests' demos only).
+- ``drills``: statement drills trained with the round (:func:`statement_drills`): first turns
+  under a prompt that says where things are (a past visit's grounding, or its C2 block alone)
+  and no plan, where the knowledge-limited expert's answer is not what it would do told nothing.
+  With ``--houses 0`` an arm plays no round: it trains on the run's labels, its drills and the
+  replayed units only (``drills=0``: the control of that).
 
-Two probes score the run's model and each arm's, on the whole-episode probe's held-out houses
+``--utilisation`` scores every model on the utilisation probe instead
+(:mod:`pipeline.policy.utilisation`: five prompts on the held-out houses, the reader's outcomes
+beside them, the model's difference over the reader's). Otherwise two probes score the run's model and each arm's, on the whole-episode probe's held-out houses
 (:class:`pipeline.policy.dagger.EpisodeProbe`, whose tasks ``quests=2`` reproduces): ``p2``,
 plain / grounded (the library's 2-quest grounding) / oracle; and ``pQ`` (``--probe-quests``),
 grounded / oracle / memory with the longer grounding of the same houses' first quests, and
