@@ -261,7 +261,7 @@ def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes:
     out: list[RenderedTurn] = []
     k = 0
     while len(out) < n:
-        if k > 4 * n + 100:
+        if k > 50 * n + 100:  # about one house in four has a first turn the statement changes
             raise ValueError(f"statement drills: only {len(out)} of {n} drawn from {k} houses")
         house = houses.house(k)
         k += 1
