@@ -172,6 +172,10 @@ def test_a_killed_stream_resumes_from_its_last_finished_round_to_the_same_bytes(
     played.clear()
     _play(other, root, ["C2"], workers=3)
     assert len(played) == 3 and len(list((root / "work" / "3").glob("*/C2"))) == 2  # another key: its own folder
+    # what changes no step (an analysis key, which other streams run) resumes every round
+    same = OmegaConf.merge(cfg, {"experiment": {"alpha": 0.01, "stream": {"conditions": ["C1", "C2"]}}})
+    played.clear()
+    assert key(_play(same, root, ["C2"], workers=3)["C2"]) == key(whole) and played == []
 
 
 def test_the_report_shows_the_streams_with_their_families_and_errors(tiny_cfg):

@@ -67,6 +67,7 @@ from pipeline.llm.backends import is_local
 from pipeline.memory.build import build_store
 from pipeline.agents.llm import SharedBackend
 from pipeline.session.collection import CHECKPOINT_IGNORED, inputs_hash, load_games
+from pipeline.session.collection import _subtrees as config_subtrees  # the subtrees collection_hash reads
 from pipeline.session.evaluation import reader_config
 from pipeline.session.experience import merge_at, play_prompts
 from pipeline.session.rollout import Task, tasks_from_manifest
@@ -134,9 +135,13 @@ def start_memory(cfg: Config, root: Path, start: StreamStart) -> _Memory:
     return _Memory(episodes, turns, docs)
 
 
-# Keys that change no stream's bytes: the processes, the supervision bounds, and which other
-# streams a run plays (each condition's stream is its own; ``model``: whether the agent streams too).
-STREAM_IGNORED = ("workers", "experiment.stream.conditions", "experiment.stream.model") + CHECKPOINT_IGNORED
+# The config a stream's steps are a function of (besides its input files): the ``stream`` stage's
+# params without the analysis's keys, and of ``experiment.stream`` only where it starts (each
+# condition's stream is its own, whichever others a run plays). Read as subtrees, never the
+# whole config (the stage reads only what its params list: ``python -m pipeline.tools.deps record``).
+STREAM_KEYS = ("seed", "env.name", "env.max_steps", "env.reward", "user", "agent", "model", "sampling", "numerics",
+               "prompts", "memory", "condition", "grounding", "experiment.eval_split", "experiment.eval_greedy",
+               "experiment.stream.start")
 
 
 def stream_key(cfg: Config, play_cfg: Config, root: Path, tasks: Sequence[Task], memory: _Memory) -> str:
@@ -147,7 +152,8 @@ def stream_key(cfg: Config, play_cfg: Config, root: Path, tasks: Sequence[Task],
     start = hashlib.sha256(json.dumps([memory.episodes, memory.turns, memory.docs], sort_keys=True,
                                       ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
     inputs = hashlib.sha256(f"{inputs_hash(play_cfg, root, list(tasks))}-{start}".encode()).hexdigest()[:16]
-    return f"{config_hash(cfg, ignore=STREAM_IGNORED)}-{inputs}"
+    plain = config_subtrees(cfg, STREAM_KEYS)
+    return f"{config_hash(plain, *STREAM_KEYS, ignore=CHECKPOINT_IGNORED)}-{inputs}"
 
 
 def play_streams(cfg: Config, root: Path, *, conditions: Sequence[str], start: StreamStart, work_dir: Path,
