@@ -223,14 +223,28 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
         picks = {"plain": next((v for v in plain if v.bare), None),
                  "grounded": next((v for v in grounded if v.grounding is not None and not v.block), None),
                  "oracle": next((v for v in grounded if v.source in oracle), None), "memory": None}
+        wanted = ("memory" in kinds and text is not None) or ("recall" in kinds and episodes)
+        visited = house_memory(cfg, memory, episodes, turns) if wanted else memory  # once for both kinds
         if "memory" in kinds and text is not None:  # paired with "grounded": the same grounding, and the block
-            picks["memory"] = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, text)
+            picks["memory"] = memory_variant(cfg, visited, organizer, house, text)
         picks["recall"] = None
         if "recall" in kinds and episodes:  # paired with "plain": the same block, no grounding
-            picks["recall"] = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, None)
+            picks["recall"] = memory_variant(cfg, visited, organizer, house, None)
         out += [_task(cfg, organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
                 for k in ALL_KINDS if k in kinds and picks[k] is not None]
     return out
+
+
+def house_stream(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], seed: int,
+                 quests: int) -> GeneratedHouses:
+    """Generated houses of ``quests`` quests drawn from ``seed``, never an eval scene's layout or an
+    eval objective (:func:`pipeline.policy.demos.training_houses`' houses, from a seed of the study's own)."""
+    eval_split = [r for r in manifest if r["split"] != "train"]
+    return GeneratedHouses(HouseSizes(), seed=seed, base=cfg.env, quests_per_house=quests,
+                           preferences_per_scene=cfg.user.preferences_per_scene,
+                           exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
+                                    if s in scenes],
+                           exclude_objectives={r["objective"] for r in eval_split})
 
 
 def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
@@ -251,12 +265,7 @@ def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes:
     from pipeline.policy.demos import NoBackend
     from pipeline.policy.expert import BeliefExpert, read_knowledge
 
-    eval_split = [r for r in manifest if r["split"] != "train"]
-    houses = GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "statement-drills"), base=cfg.env,
-                             quests_per_house=2, preferences_per_scene=cfg.user.preferences_per_scene,
-                             exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
-                                      if s in scenes],
-                             exclude_objectives={r["objective"] for r in eval_split})
+    houses = house_stream(cfg, manifest, scenes, derive_seed(cfg.seed, "statement-drills"), 2)
     organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
     out: list[RenderedTurn] = []
     k = 0
@@ -304,12 +313,7 @@ def round_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
                 round_: int, n: int, arm: Arm) -> list[HouseTask]:
     """Round ``round_``'s houses (:func:`pipeline.policy.dagger.dagger_tasks`' stream and
     variant rule) with ``arm.quests`` quests and a share ``arm.grounded`` grounded."""
-    eval_split = [r for r in manifest if r["split"] != "train"]
-    houses = GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "dagger", round_), base=cfg.env,
-                             quests_per_house=arm.quests, preferences_per_scene=cfg.user.preferences_per_scene,
-                             exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
-                                      if s in scenes],
-                             exclude_objectives={r["objective"] for r in eval_split})
+    houses = house_stream(cfg, manifest, scenes, derive_seed(cfg.seed, "dagger", round_), arm.quests)
     organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
     out = []
     for i, house in enumerate(houses.houses(n) if n > 0 else []):
@@ -492,6 +496,16 @@ def markdown(rows: Sequence[Mapping[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def workers_option(ap: argparse.ArgumentParser, cfg: Config, text: str | None) -> int:
+    """The processes a ``--workers`` option asks for (None: the run's ``workers``; ``auto``: this
+    process's cores); a usage error naming the value otherwise."""
+    try:
+        return resolve_workers(cfg.workers if text is None else (int(text) if str(text).isdigit() else text))
+    except ValueError as exc:
+        ap.error(f"--workers {text}: expected a number of processes >= 1 or auto ({exc})")
+        raise  # ap.error exits
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipeline.policy.study", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -521,11 +535,7 @@ def main(argv: list[str] | None = None) -> int:
     demos = root / cfg.paths.policy / DEMOS_FILE
     if not demos.is_file():
         ap.error(f"{demos}: not found (the run's DAgger labels); build the model first: make model")
-    try:
-        value = cfg.workers if args.workers is None else (int(args.workers) if args.workers.isdigit() else args.workers)
-        workers = resolve_workers(value)
-    except ValueError as exc:
-        ap.error(f"--workers {args.workers}: expected a number of processes >= 1 or auto ({exc})")
+    workers = workers_option(ap, cfg, args.workers)
     pin(cfg.numerics)
     rows: list[dict[str, Any]] = []
 

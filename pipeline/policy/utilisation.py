@@ -46,14 +46,14 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from pipeline.core.conf_schema import Config
-from pipeline.core.config import MODEL, ConfigError, load_params, project_root
+from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.core.numerics import pin
-from pipeline.core.parallel import resolve_workers
 from pipeline.core.seeding import crc_rng
 from pipeline.core.stats import holm, mcnemar_mde, paired_binary, ratio_of_paired_diffs
 from pipeline.policy.dagger import HouseTask, play_rollouts, rollout_config, rollout_pool
 from pipeline.policy.demos import house_env
+from pipeline.policy.study import probe_tasks, workers_option
 
 # The probe's prompt kinds (pipeline.policy.study's names) as the eval's conditions they stand for.
 # C0+memory is no eval condition: the C2 block without the grounding, whose use is measurable where
@@ -69,7 +69,6 @@ def probe_houses(cfg: Config, root: Path, houses: int, quests: int) -> list[Hous
     """The probe's tasks: every held-out house's first quest under the five kinds (:data:`KINDS`;
     a house without grounding, or whose C2 block the gate withheld, has fewer)."""
     from pipeline.policy.demoset import load_demo_set
-    from pipeline.policy.study import probe_tasks
     from pipeline.session.collection import load_games
 
     manifest, scenes = load_games(root, cfg)
@@ -199,11 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         if not (root / path).is_dir():
             ap.error(f"{root / path}: not found (the model pipeline's {what}); build them with "
                      "`python -m pipeline.stages.games --pipeline model && python -m pipeline.stages.demos` (or make model)")
-    try:
-        value = cfg.workers if args.workers is None else (int(args.workers) if str(args.workers).isdigit() else args.workers)
-        workers = resolve_workers(value)
-    except (ValueError, ConfigError) as exc:
-        ap.error(f"--workers {args.workers}: expected a number of processes >= 1 or auto ({exc})")
+    workers = workers_option(ap, cfg, args.workers)
     pin(cfg.numerics)  # before torch loads (transformers imports it)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
