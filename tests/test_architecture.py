@@ -208,6 +208,12 @@ def test_code_deps_are_what_can_change_a_stage_outputs():
         assert not deps.covered("pipeline/llm/backends/openai.py", listed[stage]), stage
     assert "pipeline/llm/backends/${model.backend}.py" in listed["ground"]  # grounding.generator=llm: the selected one
     assert "pipeline/llm/backends/${model.backend}.py" in listed["collect"]
+    # a world's package is the run's only: no stage lists ScienceWorld's code but through env.world's template
+    model = deps.stage_deps(ROOT, "models/dvc.yaml")["checkpoint"]
+    for stage, listed_deps in [*listed.items(), ("models/dvc.yaml:checkpoint", model)]:
+        assert not deps.covered("pipeline/envs/scienceworld/reader.py", listed_deps), stage
+    assert "pipeline/envs/${env.world}" in listed["collect"] and "pipeline/envs/${env.world}" in model
+    assert deps.resolve("pipeline/envs/${env.world}", {"env": {"world": "scienceworld"}}) == "pipeline/envs/scienceworld"
 
 
 def test_bytecode_caches_are_no_part_of_a_directory_dep():
@@ -245,6 +251,41 @@ def test_a_factory_reached_statically_makes_its_selected_implementation_a_templa
     # each implementation's own helpers stay literal deps; the implementations themselves do not
     assert found == ["pipeline/llm/backends/__init__.py", "pipeline/llm/backends/cache.py", "pipeline/llm/kvcache.py",
                      "pipeline/stages/s.py"]
+
+
+def test_a_world_package_is_one_templated_directory_dep(tmp_path):
+    """The registry's worlds are packages: the dep is the selected one's directory, and what the
+    packages import outside themselves stays a literal dep."""
+    files = {
+        "__init__.py": "", "stages/__init__.py": "", "core/__init__.py": "", "core/facts.py": "",
+        "stages/s.py": "from pipeline.envs.registry import world_of\n",
+        "envs/__init__.py": "", "envs/registry.py": "import importlib\n",
+        "envs/household/__init__.py": "", "envs/household/descriptor.py": "from pipeline.envs.household import env\n",
+        "envs/household/env.py": "from pipeline.core import facts\n",
+        "envs/scienceworld/__init__.py": "", "envs/scienceworld/descriptor.py": "",
+    }
+    for rel, text in files.items():
+        (tmp_path / "pipeline" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "pipeline" / rel).write_text(text)
+    found, templated = deps.stage_closure(tmp_path, ["pipeline.stages.s"])
+    assert templated == ["pipeline/envs/${env.world}"]
+    assert found == ["pipeline/core/facts.py", "pipeline/envs/registry.py", "pipeline/stages/s.py"]
+
+
+def test_a_loaded_file_no_resolved_dep_covers_is_named(tmp_path):
+    """The run-time check of what static imports cannot see: a stage's recorded loads against its
+    deps, each template resolved from the run's params."""
+    (tmp_path / "pipeline").mkdir()
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: python -m pipeline.stages.s\n"
+        "    deps:\n      - pipeline/stages/s.py\n      - pipeline/envs/${env.world}\n")
+    record = {"module": "pipeline.stages.s", "loaded": ["pipeline/stages/s.py", "pipeline/envs/household/env.py",
+                                                        "pipeline/core/conf_schema.py"]}
+    assert deps.load_violations(tmp_path, [record], {"env": {"world": "household"}}) == {}
+    assert deps.load_violations(tmp_path, [record], {"env": {"world": "scienceworld"}}) == {
+        "s": ["pipeline/envs/household/env.py"]}
+    with pytest.raises(ValueError, match="pipeline.stages.t: no stage of dvc.yaml runs it"):
+        deps.load_violations(tmp_path, [{**record, "module": "pipeline.stages.t"}], {"env": {"world": "household"}})
 
 
 def test_a_read_is_covered_by_its_key_or_a_section_containing_it():

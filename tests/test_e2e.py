@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import SHORT_TURN_TOKENS, scratch_repo
 
@@ -91,3 +92,11 @@ def test_dvc_repro_runs_the_whole_chain_then_is_a_noop(tiny_repo):
                                                "evaluate_reader", "curve", "stream", "compare")}
     unlisted = deps.params_violations(ROOT, records)
     assert not unlisted, "stages read config keys their params do not list:\n" + json.dumps(unlisted, indent=1)
+    # ... and every pipeline file a stage loaded is among its deps, templates resolved from the run's params:
+    # the world's package, imported by name (pipeline/envs/registry.py), is what static imports cannot see.
+    games = next(r for r in records if r["module"] == "pipeline.stages.games")
+    assert "pipeline/envs/household/descriptor.py" in games["loaded"]
+    assert not any(f.startswith("pipeline/envs/scienceworld/") for r in records for f in r["loaded"])
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    unlisted = deps.load_violations(ROOT, records, params)
+    assert not unlisted, "stages loaded pipeline files their deps do not cover:\n" + json.dumps(unlisted, indent=1)

@@ -91,3 +91,12 @@ def test_every_config_field_a_model_step_reads_is_among_its_params(built):
                                               "pipeline.stages.policy", "pipeline.stages.checkpoint"]
     unlisted = deps.params_violations(ROOT, records, "models/dvc.yaml")
     assert not unlisted, "steps read config keys the stage's params do not list:\n" + json.dumps(unlisted, indent=1)
+    # Every pipeline file a step loaded is among the stage's deps (templates resolved from its params), and
+    # no other world's package is: an edit of ScienceWorld leaves the checkpoint's lock as it was.
+    assert "pipeline/envs/household/descriptor.py" in records[0]["loaded"]
+    assert not any(f.startswith("pipeline/envs/scienceworld/") for r in records for f in r["loaded"])
+    params = yaml.safe_load((repo / "models" / "params.yaml").read_text())
+    unlisted = deps.load_violations(ROOT, records, params, "models/dvc.yaml")
+    assert not unlisted, "steps loaded pipeline files the stage's deps do not cover:\n" + json.dumps(unlisted, indent=1)
+    assert not [d for d in deps.stage_deps(ROOT, "models/dvc.yaml")["checkpoint"]
+                if d.startswith("pipeline/envs/scienceworld")]

@@ -1,8 +1,9 @@
-"""The world registry (pipeline/envs/registry.py): a world is one descriptor and one
-``register`` call. A made-up world of two rooms, written in a few lines here, is registered
-with that one call and played through the public dispatchers only (``build_games``,
-``make_env``, ``make_user``, ``fact_reader``, ``world_words``, the session's rollout and
-the memory's store): nothing else needs editing."""
+"""The world registry (pipeline/envs/registry.py): a world is one descriptor and one line (its
+package in ``PACKAGES``; a world defined outside ``pipeline/envs``, as this file's, one ``register``
+call). A made-up world of two rooms, written in a few lines here, is registered with that one call
+and played through the public dispatchers only (``build_games``, ``make_env``, ``make_user``,
+``fact_reader``, ``world_words``, the session's rollout and the memory's store): nothing else needs
+editing. A world's package is imported only when a run picks it (``env.world``)."""
 
 from __future__ import annotations
 
@@ -142,7 +143,7 @@ def registered(monkeypatch):
 
 
 def test_a_world_registered_once_plays_through_the_public_dispatchers(registered, tiny_cfg, tmp_path):
-    cfg = OmegaConf.merge(tiny_cfg, {"env": {"name": "two_rooms"}, "agent": {"name": "react"}})
+    cfg = OmegaConf.merge(tiny_cfg, {"env": {"name": "two_rooms", "world": "two_rooms"}, "agent": {"name": "react"}})
     games = build_games(cfg, tmp_path, progress=False)
     assert env_family(cfg) == "two_rooms" and world_words(cfg).success == "reaching the Garden"
     assert unread_env_keys(cfg) == ("env.scienceworld",) and isinstance(fact_reader(cfg), TwoRoomsReader)
@@ -171,12 +172,38 @@ def test_an_unknown_world_fails_listing_the_known_ones(registered):
         registry.register(WorldDescriptor(**{**TWO_ROOMS.__dict__, "names": ("tiny",), "family": "copy"}))
 
 
+def test_env_world_must_be_the_names_world_and_a_known_package(tiny_cfg):
+    with pytest.raises(ValueError, match="env.name='scienceworld_tiny' is the world 'scienceworld', but "
+                                         "env.world='household': set env.world=scienceworld"):
+        registry.world_of(OmegaConf.merge(tiny_cfg, {"env": {"name": "scienceworld_tiny"}}))
+    with pytest.raises(ValueError, match="env.world='forest': unknown world, expected one of household, scienceworld"):
+        registry.world_of(OmegaConf.merge(tiny_cfg, {"env": {"world": "forest"}}))
+    assert registry.world_of(OmegaConf.merge(tiny_cfg, {"env": {"name": "scienceworld_tiny",
+                                                                "world": "scienceworld"}})).family == "scienceworld"
+
+
+def test_a_run_imports_only_the_world_it_plays():
+    """Importing the dispatchers (and the session, the agents) loads no world's package; looking up
+    the household loads its package and not ScienceWorld's (a fresh interpreter: this one has both)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pipeline.envs, pipeline.users, pipeline.agents, pipeline.session.collection\n"
+            "pkgs = lambda: sorted({m.split('.')[2] for m in sys.modules if m.startswith('pipeline.envs.') and "
+            "m.count('.') >= 3})\n"
+            "print(pkgs()); from pipeline.envs import registry; registry.load('household'); print(pkgs())")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["[]", "['household']"]
+
+
 def test_every_env_option_of_conf_names_a_registered_world():
     """Each ``conf/env/<option>.yaml`` selects a world the registry knows (its ``name``, or the
     schema's default ``household`` where the option does not set one)."""
     for path in sorted((ROOT / "conf" / "env").glob("*.yaml")):
-        name = OmegaConf.load(path).get("name", "household")
-        assert registry.lookup(name).family in ("household", "scienceworld"), path.name
+        option = OmegaConf.load(path)
+        base = OmegaConf.load(path.parent / f"{option.defaults[0]}.yaml") if "defaults" in option else {}
+        name, world = (option.get(k, base.get(k, "household")) for k in ("name", "world"))
+        assert registry.lookup(name).family == world and world in registry.PACKAGES, path.name
 
 
 def test_each_world_names_its_things_for_the_memory_signature():

@@ -389,9 +389,14 @@ class EnvConfig:
     or ScienceWorld's tasks (``scienceworld``)."""
 
     name: str = "household"
-    """Which world: a name registered in ``pipeline/envs/registry.py`` (``household`` | ``tiny``, the same world
-    that conf/env/tiny.yaml makes small | ``scienceworld`` | ``scienceworld_tiny``); an unknown one fails where
-    the world is first looked up, naming the known ones."""
+    """Which world, at which size: a name of a world in ``pipeline/envs/registry.py`` (``household`` | ``tiny``, the
+    same world that conf/env/tiny.yaml makes small | ``scienceworld`` | ``scienceworld_tiny``); an unknown one fails
+    where the world is first looked up, naming the known ones."""
+    world: str = "household"
+    """The package of ``env.name``'s world (``pipeline/envs/<world>/``: ``household`` | ``scienceworld``), which each
+    ``conf/env/<option>.yaml`` sets beside the name. The one package a run imports, and so the stages' templated code
+    dependency ``pipeline/envs/${env.world}``; it must be ``env.name``'s world (checked where the world is looked up),
+    so it is a function of the name and no config hash reads it."""
     num_scenes: int = checked(8, at_least(1))
     """Distinct fixed layouts, each seeded from (seed, scene index)."""
     heldout_scenes: int = 2

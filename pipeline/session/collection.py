@@ -65,6 +65,9 @@ CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts
 CHECKPOINT_IGNORED = ("agent.worker_stall_s", "agent.max_error_fraction",
                       "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb",
                       "env.scienceworld.start_timeout_s")
+# Keys that are functions of others (``env.world``: the package of ``env.name``'s world, checked where the
+# world is looked up): no hash reads them, so naming them changes no episode's label.
+DERIVED_KEYS = ("env.world",)
 # A worker's time to stop as Ctrl-C stops it (its finished episodes are checkpointed already;
 # a simulator is reaped) before it is killed.
 WORKER_GRACE_S = 30.0
@@ -82,7 +85,7 @@ def collection_hash(cfg: Config) -> str:
     model = plain.get("model")
     if isinstance(model, dict) and "prompt_cache_mb" in model:
         model["prompt_cache_mb"] = prompt_cache_budget(model["prompt_cache_mb"], model.get("device") or "cpu")
-    return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED + unread_env_keys(cfg))
+    return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED + DERIVED_KEYS + unread_env_keys(cfg))
 
 def _subtrees(cfg: DictConfig, keys: Sequence[str]) -> dict:
     """The plain values of ``keys`` (dotted) at their places in a nested dict: the hash reads

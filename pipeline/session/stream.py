@@ -66,7 +66,7 @@ from pipeline.grounding.episodes import episode_grounding, write_ground_outputs
 from pipeline.llm.backends import is_local
 from pipeline.memory.build import build_store
 from pipeline.agents.llm import SharedBackend
-from pipeline.session.collection import CHECKPOINT_IGNORED, inputs_hash, load_games
+from pipeline.session.collection import CHECKPOINT_IGNORED, DERIVED_KEYS, inputs_hash, load_games
 from pipeline.session.collection import _subtrees as config_subtrees  # the subtrees collection_hash reads
 from pipeline.session.evaluation import reader_config
 from pipeline.session.experience import merge_at, play_prompts
@@ -153,7 +153,7 @@ def stream_key(cfg: Config, play_cfg: Config, root: Path, tasks: Sequence[Task],
                                       ensure_ascii=False, default=str).encode("utf-8")).hexdigest()
     inputs = hashlib.sha256(f"{inputs_hash(play_cfg, root, list(tasks))}-{start}".encode()).hexdigest()[:16]
     plain = config_subtrees(cfg, STREAM_KEYS)
-    return f"{config_hash(plain, *STREAM_KEYS, ignore=CHECKPOINT_IGNORED)}-{inputs}"
+    return f"{config_hash(plain, *STREAM_KEYS, ignore=CHECKPOINT_IGNORED + DERIVED_KEYS)}-{inputs}"
 
 
 def play_streams(cfg: Config, root: Path, *, conditions: Sequence[str], start: StreamStart, work_dir: Path,

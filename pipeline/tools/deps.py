@@ -13,9 +13,14 @@ the file cannot change the outputs in any other way:
   values reach every stage as ``params.yaml``, which DVC compares key by key, and its checks
   only pass or stop a run, so a docstring or an unrelated section reruns nothing;
 - an implementation chosen by a config value (:data:`SELECTED`: the backends of
-  ``pipeline.llm.backends.IMPLEMENTATIONS``, imported by name when a run makes one) is a
-  templated dependency, ``pipeline/llm/backends/${model.backend}.py``: an edit of the one not
-  selected reruns nothing.
+  ``pipeline.llm.backends.IMPLEMENTATIONS``, imported by name when a run makes one; the worlds'
+  packages of ``pipeline.envs.registry.PACKAGES``, imported when a run picks one) is a
+  templated dependency, ``pipeline/llm/backends/${model.backend}.py``, ``pipeline/envs/${env.world}``:
+  an edit of the one not selected reruns nothing.
+
+Static imports cannot see what is imported by name, so the recorder checks it at run time: it
+keeps the ``pipeline`` files each recorded stage loaded, and :func:`load_violations` names any
+its deps (templates resolved from the run's params) do not cover.
 
 **Params.** Every config field a stage reads must be among its ``params:`` (a listed key or
 a section containing it). :func:`recording_reads` records what a run reads through OmegaConf,
@@ -44,13 +49,14 @@ import runpy
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import yaml
 from ruamel.yaml import YAML
 
 from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
+from pipeline.envs.registry import PACKAGES as WORLD_PACKAGES
 from pipeline.llm.backends import IMPLEMENTATIONS
 from pipeline.session.collection import CHECKPOINT_KEYS
 from pipeline.session.evaluation import EVALUATE_KEYS, EVALUATE_READER_KEYS
@@ -66,8 +72,16 @@ CHECK_MODULE = "pipeline.core.config"
 # types, composed into it) or as a check that passes or stops a run (its ranges; the overrides
 # record read by the stale check): no code dependency of a stage but the params check.
 CONFIG_ROUTE = ("pipeline/core/conf_schema.py", "pipeline/core/overrides.py")
-# A factory module -> (the config key that selects its implementation, {name: implementation module}).
-SELECTED = {"pipeline/llm/backends/__init__.py": ("model.backend", {str(k): m for k, (m, _) in IMPLEMENTATIONS.items()})}
+# A factory module -> (its templated dep: a path with the config key that selects the implementation,
+# {name: the implementation's entry module}). An implementation is the template's path with the name
+# put in: a module file (a backend) or a package directory (a world, all of it).
+SELECTED = {
+    "pipeline/llm/backends/__init__.py": ("pipeline/llm/backends/${model.backend}.py",
+                                          {str(k): m for k, (m, _) in IMPLEMENTATIONS.items()}),
+    "pipeline/envs/registry.py": ("pipeline/envs/${env.world}",
+                                  {w: f"pipeline.envs.{w}.descriptor" for w in WORLD_PACKAGES}),
+}
+_TEMPLATE_KEY = re.compile(r"\$\{([^}]+)\}")
 # Stages whose params are written from lists in the code, not by hand: a collection's episodes (and
 # checkpoints) are labelled by the hash of CHECKPOINT_KEYS, so every stage that plays one lists them
 # (pipeline/session/collection.py), then what it reads besides (pipeline/session/evaluation.py).
@@ -76,8 +90,10 @@ GENERATED_PARAMS = {(DVC_FILE, "collect"): CHECKPOINT_KEYS,
                     (DVC_FILE, "evaluate_reader"): CHECKPOINT_KEYS + EVALUATE_READER_KEYS}
 # Keys read by a stage that cannot change its outputs, so they are never params: the process count
 # (results merged in a fixed partition), paths (DVC deps and outs, not values), and how a run is
-# supervised (stall and failure budgets: a run fails or completes, with the same bytes).
-NEVER_PARAMS = ("workers", "paths", "agent.worker_stall_s", "agent.max_error_fraction",
+# supervised (stall and failure budgets: a run fails or completes, with the same bytes), and env.world (the
+# package of env.name's world, which the registry checks it against: a function of a param, and the templated
+# code dep pipeline/envs/${env.world} besides).
+NEVER_PARAMS = ("workers", "paths", "env.world", "agent.worker_stall_s", "agent.max_error_fraction",
                 "env.scienceworld.call_timeout_s", "env.scienceworld.jvm_heap_mb",
                 "env.scienceworld.start_timeout_s")
 
@@ -174,14 +190,13 @@ def stage_closure(root: Path, modules: Iterable[str]) -> tuple[list[str], list[s
     for module in modules:
         files.update(closure(root, module, skip=() if module == CHECK_MODULE else CONFIG_ROUTE))
     templated = []
-    for factory, (key, impls) in SELECTED.items():
+    for factory, (template, impls) in SELECTED.items():
         if factory not in files:
             continue
-        impl_files = {module_file(root, m).relative_to(root).as_posix() for m in impls.values()}
-        folder = Path(factory).parent.as_posix()
-        templated.append(f"{folder}/${{{key}}}.py")
+        owned = [_TEMPLATE_KEY.sub(name, template) for name in impls]
+        templated.append(template)
         for m in impls.values():
-            files.update(f for f in closure(root, m, skip=CONFIG_ROUTE) if f not in impl_files)
+            files.update(f for f in closure(root, m, skip=CONFIG_ROUTE) if not covered(f, owned))
     return sorted(files), templated
 
 
@@ -457,12 +472,60 @@ def params_violations(root: Path, records: Iterable[dict[str, Any]], dvc_file: s
     return {k: sorted(v) for k, v in out.items()}
 
 
+def resolve(dep: str, params: Mapping[str, Any]) -> str:
+    """A deps entry with each ``${a.b}`` replaced by the value ``params`` (a params file's dict) holds
+    there, as DVC resolves it.
+
+    Raises:
+        KeyError: ``params`` has no value at a template's key.
+    """
+    def value(m: re.Match) -> str:
+        node: Any = params
+        for part in m.group(1).split("."):
+            node = node[part]
+        return str(node)
+
+    return _TEMPLATE_KEY.sub(value, dep)
+
+
+def load_violations(root: Path, records: Iterable[dict[str, Any]], params: Mapping[str, Any],
+                    dvc_file: str = DVC_FILE) -> dict[str, list[str]]:
+    """``{stage: pipeline files a recorded run loaded that its deps do not cover}``, the deps'
+    templates resolved from ``params`` (the params file the runs read). What static imports cannot
+    see (a world's package, a backend, imported by name) is checked here. The config route
+    (:data:`CONFIG_ROUTE`) is every stage's by params, not by deps."""
+    by_module: dict[str, str] = {}
+    for stage, modules in stage_modules(root, dvc_file).items():
+        for m in modules:
+            by_module.setdefault(m, stage)
+    deps = {stage: [resolve(d, params) for d in listed if _is_code(d)]  # a data dep (`${item...}`) covers no code
+            for stage, listed in stage_deps(root, dvc_file).items()}
+    out: dict[str, set[str]] = {}
+    for rec in records:
+        stage = by_module.get(rec["module"])
+        if stage is None:
+            raise ValueError(f"{rec['module']}: no stage of {dvc_file} runs it")
+        lost = [f for f in rec.get("loaded", []) if f not in CONFIG_ROUTE and not covered(f, deps.get(stage, []))
+                and not _trivial(root / f)]
+        if lost:
+            out.setdefault(_label(dvc_file, stage), set()).update(lost)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def _loaded_files(root: Path, modules: Iterable[str]) -> list[str]:
+    """The repo-relative files of the ``pipeline`` modules among ``modules``."""
+    files = {module_file(root, m) for m in modules if m == PACKAGE or m.startswith(PACKAGE + ".")}
+    return sorted(f.relative_to(root).as_posix() for f in files if f is not None)
+
+
 def record(module: str, args: list[str], out: Path) -> int:
     """Run ``python -m module args`` here under :func:`recording_reads`; append ``{module, args,
-    reads}`` to ``out`` (JSON lines); its exit code."""
+    reads, loaded}`` to ``out`` (JSON lines; ``loaded``: the ``pipeline`` files the run imported,
+    those this tool had imported before it left out); its exit code."""
     code: Any = 0
     argv = sys.argv
     sys.argv = [module, *args]
+    before = set(sys.modules)
     with recording_reads() as reads:
         try:
             runpy.run_module(module, run_name="__main__", alter_sys=True)
@@ -470,8 +533,10 @@ def record(module: str, args: list[str], out: Path) -> int:
             code = exc.code
         finally:
             sys.argv = argv
-    before = out.read_text(encoding="utf-8") if out.is_file() else ""  # one line per run, the file replaced whole
-    atomic_write_text(out, before + json.dumps({"module": module, "args": args, "reads": sorted(reads)}) + "\n")
+    kept = out.read_text(encoding="utf-8") if out.is_file() else ""  # one line per run, the file replaced whole
+    loaded = _loaded_files(project_root(), set(sys.modules) - before)
+    atomic_write_text(out, kept + json.dumps({"module": module, "args": args, "reads": sorted(reads),
+                                                "loaded": loaded}) + "\n")
     return code if isinstance(code, int) else (0 if code is None else 1)
 
 
