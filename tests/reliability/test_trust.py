@@ -109,7 +109,7 @@ def test_the_new_limits_never_change_what_an_episode_is(tiny_cfg):
     other = OmegaConf.merge(tiny_cfg, {"agent": {"worker_stall_s": 5},
                                        "env": {"scienceworld": {"call_timeout_s": 5, "jvm_heap_mb": 512}}})
     assert collection_hash(other) == collection_hash(tiny_cfg)
-    sw = OmegaConf.merge(tiny_cfg, {"env": {"name": "scienceworld_tiny"}})
+    sw = OmegaConf.merge(tiny_cfg, {"env": {"name": "scienceworld_tiny", "world": "scienceworld"}})
     assert collection_hash(OmegaConf.merge(sw, {"env": {"scienceworld": {"call_timeout_s": 5}}})) == \
         collection_hash(sw)
 
