@@ -91,7 +91,7 @@ def world_of(cfg: Any) -> WorldDescriptor:
         ValueError: an unknown ``env.name`` (listing the known names), an unknown ``env.world``, or a
             name of another world than ``env.world`` names (the message says which to set).
     """
-    name, world = str(cfg.env.name), cfg.env.get("world")
+    name, world = str(cfg.env.name), getattr(cfg.env, "world", None)  # a DictConfig's missing key is an AttributeError
     if world is None:  # a partial config (no schema): the name alone says
         return lookup(name)
     picked = load(str(world))
