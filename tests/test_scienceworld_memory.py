@@ -234,6 +234,18 @@ def test_the_reader_tests_the_first_candidate_where_it_is_told_and_skips_what_en
                  "system_prompt": "Facts: water was in fountain in the outside; ended(focus on axe)."})
     assert agent.act(outside()).action == {"action": "focus_on", "target": "blue jay"}
     assert agent.beliefs.dropped == {0: "water was in the outside, not in fountain"}
+    # a door is named by where it leads, so one seen here may be in another room too: the line placing it there
+    # (and the way it gives) stays; seeing the room it names without it drops it
+    agent.reset({"episode_id": "ep", "objective": FIND, "system_prompt": "The door to outside is in the kitchen."})
+    agent.act(hallway())
+    assert agent.beliefs.dropped == {} and agent.room_path("hallway", "kitchen") == "outside"
+    agent.reset({"episode_id": "ep", "objective": FIND, "system_prompt": "The door to outside is in the hallway. "
+                                                                          "The door to hallway is in the art studio."})
+    agent.act(outside())
+    assert agent.beliefs.dropped == {}
+    agent.reset({"episode_id": "ep", "objective": FIND, "system_prompt": "The door to outside is in the kitchen."})
+    agent.act({**KITCHEN, "visible_entities": ["cupboard", "red box", "door to art studio"]})
+    assert agent.beliefs.dropped == {0: "going outside from the kitchen does not lead to the outside"}
     # a room where a past focus raised the score: it goes there instead of testing here
     agent.reset({"episode_id": "ep", "objective": FIND, "system_prompt": "Facts: found(outside); ended(focus on axe)."})
     assert agent.act(hallway()).action == {"action": "open", "target": "door to outside"}

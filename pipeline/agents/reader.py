@@ -229,7 +229,9 @@ class ReaderAgent(RuleAgent):
         a = f.args
         if f.pred == "at" and len(a) == 2:
             thing, room = a
-            first = seen.first_place.get(thing)
+            # A door named by where it leads ("door to hallway") is in every room with a way there: seen in one
+            # room, it may still be in another. Only that room, seen without it, says the line is wrong.
+            first = seen.first_place.get(thing) if self._door_to(thing) is None else None
             if first is not None and first[0] != "carried" and first[2] and first[2] != room:
                 return f"{thing} was in the {first[2]}, not the {room}"
             if room in seen.rooms_entered and thing not in seen.in_room.get(room, set()) and \
@@ -237,7 +239,7 @@ class ReaderAgent(RuleAgent):
                 return f"{thing} is not in the {room}"
         elif f.pred in PLACE_PREDICATES and len(a) == 2:
             thing, holder = a
-            first = seen.first_place.get(thing)
+            first = seen.first_place.get(thing) if self._door_to(thing) is None else None  # a door: as above
             if first is not None and first[0] != "carried" and not _same(first[1], holder):
                 return f"{thing} was {'in the ' + first[2] if first[1] is None else 'in ' + str(first[1])}, not in {holder}"
             if first is None and holder in seen.contents and thing not in seen.contents[holder]:
