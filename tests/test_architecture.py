@@ -234,6 +234,15 @@ def test_bytecode_caches_are_no_part_of_a_directory_dep():
     assert proc.returncode == 0 and proc.stdout.split() == caches, proc.stdout + proc.stderr
 
 
+def _stage_closure_of(root, files: dict[str, str]) -> tuple[list[str], list[str]]:
+    """``deps.stage_closure`` of the stage module ``pipeline.stages.s`` in a package made of ``files``
+    (``{path under pipeline/: source}``) at ``root``."""
+    for rel, text in files.items():
+        (root / "pipeline" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / "pipeline" / rel).write_text(text)
+    return deps.stage_closure(root, ["pipeline.stages.s"])
+
+
 def test_a_factory_reached_statically_makes_its_selected_implementation_a_templated_dep(tmp_path):
     files = {
         "__init__.py": "", "stages/__init__.py": "",
@@ -243,10 +252,7 @@ def test_a_factory_reached_statically_makes_its_selected_implementation_a_templa
         "llm/backends/transformers.py": "from pipeline.llm import kvcache\n",
         "llm/backends/cache.py": "", "llm/kvcache.py": "",
     }
-    for rel, text in files.items():
-        (tmp_path / "pipeline" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "pipeline" / rel).write_text(text)
-    found, templated = deps.stage_closure(tmp_path, ["pipeline.stages.s"])
+    found, templated = _stage_closure_of(tmp_path, files)
     assert templated == ["pipeline/llm/backends/${model.backend}.py"]
     # each implementation's own helpers stay literal deps; the implementations themselves do not
     assert found == ["pipeline/llm/backends/__init__.py", "pipeline/llm/backends/cache.py", "pipeline/llm/kvcache.py",
@@ -264,10 +270,7 @@ def test_a_world_package_is_one_templated_directory_dep(tmp_path):
         "envs/household/env.py": "from pipeline.core import facts\n",
         "envs/scienceworld/__init__.py": "", "envs/scienceworld/descriptor.py": "",
     }
-    for rel, text in files.items():
-        (tmp_path / "pipeline" / rel).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / "pipeline" / rel).write_text(text)
-    found, templated = deps.stage_closure(tmp_path, ["pipeline.stages.s"])
+    found, templated = _stage_closure_of(tmp_path, files)
     assert templated == ["pipeline/envs/${env.world}"]
     assert found == ["pipeline/core/facts.py", "pipeline/envs/registry.py", "pipeline/stages/s.py"]
 
