@@ -49,7 +49,7 @@ import runpy
 import sys
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import yaml
 from ruamel.yaml import YAML
@@ -456,19 +456,30 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 def params_violations(root: Path, records: Iterable[dict[str, Any]], dvc_file: str = DVC_FILE) -> dict[str, list[str]]:
     """``{stage: config keys it read that its params do not list}`` for recorded runs of ``dvc_file``'s
     stages (each record's module mapped to the stage whose cmd runs it; a module no stage runs is an error)."""
+    params = stage_params(root, dvc_file)
+    return _violations(root, records, dvc_file, lambda stage, rec: unlisted_reads(rec["reads"], params.get(stage, [])))
+
+
+def _violations(root: Path, records: Iterable[dict[str, Any]], dvc_file: str,
+                lost: Callable[[str, dict[str, Any]], Iterable[str]]) -> dict[str, list[str]]:
+    """``{stage label: sorted union of lost(stage, record)}`` over the records, each record's module
+    mapped to the first stage of ``dvc_file`` whose cmd runs it.
+
+    Raises:
+        ValueError: a record's module is run by no stage of ``dvc_file``.
+    """
     by_module: dict[str, str] = {}
     for stage, modules in stage_modules(root, dvc_file).items():
         for m in modules:
             by_module.setdefault(m, stage)
-    params = stage_params(root, dvc_file)
     out: dict[str, set[str]] = {}
     for rec in records:
         stage = by_module.get(rec["module"])
         if stage is None:
             raise ValueError(f"{rec['module']}: no stage of {dvc_file} runs it")
-        lost = unlisted_reads(rec["reads"], params.get(stage, []))
-        if lost:
-            out.setdefault(_label(dvc_file, stage), set()).update(lost)
+        found = list(lost(stage, rec))
+        if found:
+            out.setdefault(_label(dvc_file, stage), set()).update(found)
     return {k: sorted(v) for k, v in out.items()}
 
 
@@ -494,22 +505,11 @@ def load_violations(root: Path, records: Iterable[dict[str, Any]], params: Mappi
     templates resolved from ``params`` (the params file the runs read). What static imports cannot
     see (a world's package, a backend, imported by name) is checked here. The config route
     (:data:`CONFIG_ROUTE`) is every stage's by params, not by deps."""
-    by_module: dict[str, str] = {}
-    for stage, modules in stage_modules(root, dvc_file).items():
-        for m in modules:
-            by_module.setdefault(m, stage)
     deps = {stage: [resolve(d, params) for d in listed if _is_code(d)]  # a data dep (`${item...}`) covers no code
             for stage, listed in stage_deps(root, dvc_file).items()}
-    out: dict[str, set[str]] = {}
-    for rec in records:
-        stage = by_module.get(rec["module"])
-        if stage is None:
-            raise ValueError(f"{rec['module']}: no stage of {dvc_file} runs it")
-        lost = [f for f in rec.get("loaded", []) if f not in CONFIG_ROUTE and not covered(f, deps.get(stage, []))
-                and not _trivial(root / f)]
-        if lost:
-            out.setdefault(_label(dvc_file, stage), set()).update(lost)
-    return {k: sorted(v) for k, v in out.items()}
+    return _violations(root, records, dvc_file, lambda stage, rec: [
+        f for f in rec.get("loaded", []) if f not in CONFIG_ROUTE and not covered(f, deps.get(stage, []))
+        and not _trivial(root / f)])
 
 
 def _loaded_files(root: Path, modules: Iterable[str]) -> list[str]:
