@@ -229,9 +229,7 @@ class ReaderAgent(RuleAgent):
         a = f.args
         if f.pred == "at" and len(a) == 2:
             thing, room = a
-            # A door named by where it leads ("door to hallway") is in every room with a way there: seen in one
-            # room, it may still be in another. Only that room, seen without it, says the line is wrong.
-            first = seen.first_place.get(thing) if self._door_to(thing) is None else None
+            first = self._first_place(thing)
             if first is not None and first[0] != "carried" and first[2] and first[2] != room:
                 return f"{thing} was in the {first[2]}, not the {room}"
             if room in seen.rooms_entered and thing not in seen.in_room.get(room, set()) and \
@@ -239,7 +237,7 @@ class ReaderAgent(RuleAgent):
                 return f"{thing} is not in the {room}"
         elif f.pred in PLACE_PREDICATES and len(a) == 2:
             thing, holder = a
-            first = seen.first_place.get(thing) if self._door_to(thing) is None else None  # a door: as above
+            first = self._first_place(thing)
             if first is not None and first[0] != "carried" and not _same(first[1], holder):
                 return f"{thing} was {'in the ' + first[2] if first[1] is None else 'in ' + str(first[1])}, not in {holder}"
             if first is None and holder in seen.contents and thing not in seen.contents[holder]:
@@ -255,6 +253,12 @@ class ReaderAgent(RuleAgent):
             if seen.first_contents.get(a[0]):
                 return f"{a[0]} was not empty"
         return None
+
+    def _first_place(self, thing: str) -> tuple[str, str | None, str] | None:
+        """Where ``thing`` was first seen, as a place that rules out another (``seen.first_place``); None for
+        a door named by where it leads ("door to hallway"), which is in every room with a way there: seen in
+        one room, it may still be in another, and only that room, seen without it, says a line is wrong."""
+        return self.seen.first_place.get(thing) if self._door_to(thing) is None else None
 
     def _may_hide(self, room: str, thing: str) -> bool:
         """Whether ``thing`` may still be out of sight in ``room``: a thing (not a fixture)
