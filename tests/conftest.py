@@ -55,6 +55,7 @@ SHORT_TURN_TOKENS = 32
 SMALL_POLICY_OVERRIDES = [
     "policy.hidden_size=48", "policy.intermediate_size=96", "policy.n_head=2",
     "policy.epochs=1", "policy.generated_houses=4", "policy.generated_drills=4",
+    "policy.statement_drills=8",
     "policy.incontext_tasks=2", "policy.dagger_houses=2", "policy.episode_probe_houses=1",
     f"sampling.max_new_tokens={SHORT_TURN_TOKENS}",
 ]

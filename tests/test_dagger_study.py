@@ -167,22 +167,10 @@ def test_the_runs_labels_tokenize_from_their_text_as_the_backend_rendered_them(c
     assert labels and again == units
 
 
-def test_statement_drills_state_where_things_are_and_give_no_plan(cfg, tiny_games, memory):  # noqa: F811
-    """The study's ``drills`` arm key: first turns under the grounding of the house's past visit or its
-    C2 block alone, the knowledge-limited expert's answer; eight to a training unit, as plan drills."""
-    from pipeline.policy.demos import training_unit
-    from pipeline.policy.study import Arm, statement_drills
-    from pipeline.policy.expert import VERIFIED_PLAN
+def test_an_arms_drills_key_parses(cfg):  # noqa: F811
+    """The study's ``drills`` arm key: the library's statement drills (tests/test_statement_drills.py)."""
+    from pipeline.policy.study import Arm
 
-    drills = statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10)
-    assert len(drills) == 10 and all(d.turn_index == 0 and d.train for d in drills)
-    assert [training_unit(d.demo_id) for d in drills].count(training_unit(drills[0].demo_id)) == 8
-    for d in drills:
-        system = d.messages[0]["content"]
-        assert VERIFIED_PLAN not in system  # a statement of where things are, never the plan
-        assert '"action"' in d.response
-    assert {d.variant for d in drills} & {"grounded", "plain+C2"}  # the visit's grounding, or its block alone
-    assert statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10) == drills  # seeded
     assert Arm.parse("s=drills=2400").drills == 2400
     with pytest.raises(ValueError, match="drills >= 0"):
         Arm.parse("s=drills=-1")

@@ -67,12 +67,36 @@ def test_the_reader_plays_the_held_out_probe_and_follows_every_verified_plan(cfg
     assert {(x["agent"], x["treatment"], x["control"]) for x in s["paired"]} >= {("reader", "C2_oracle", "C1")}
 
 
+def test_two_models_are_paired_on_the_same_tasks_per_prompt_and_pooled():
+    """``--against``: a candidate recipe's model against another's on the same held-out tasks (the
+    rule of a recipe's decision pools C1 and C0+memory, the prompts that state where things are)."""
+    from pipeline.policy.utilisation import against, against_markdown
+
+    mine = _outcomes({"plain": [1, 0, 0], "grounded": [1, 1, 0], "recall": [1, 1, 1], "oracle": [1, 1, 1]})
+    theirs = _outcomes({"plain": [1, 1, 0], "grounded": [0, 0, 0], "recall": [1, 0, 0], "oracle": [1, 1, 1]})
+    rows = against({k: bool(v) for k, v in mine.items()}, {k: bool(v) for k, v in theirs.items()})
+    assert rows["C0"] == {"n": 3, "won": 1, "other_won": 2, "b": 0, "c": 1, "p_exact": 1.0}
+    assert rows["C1"]["b"] == 2 and rows["C1"]["c"] == 0
+    pooled = rows["C1 + C0+memory"]
+    assert (pooled["n"], pooled["won"], pooled["other_won"], pooled["b"], pooled["c"]) == (6, 5, 1, 4, 0)
+    assert pooled["p_exact"] == pytest.approx(0.125)
+    assert "C2" not in rows  # no such episodes: no row
+    assert "| C1 + C0+memory | 6 | 5 | 1 | 4 / 0 | 0.125 |" in against_markdown(rows, "other")
+
+
 def test_the_probe_names_what_it_lacks(tmp_path, capsys):
     from pipeline.policy.utilisation import main
 
     with pytest.raises(SystemExit):
         main(["--houses", "0"])
     assert "--houses 0 --quests 6: expected at least 1 house and 2 quests" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--skip", "-1"])
+    assert "--skip -1: expected a count of held-out houses >= 0" in capsys.readouterr().err
+    (tmp_path / "other.json").write_text('{"houses": 48, "quests": 6, "outcomes": {"model": {}}}')
+    with pytest.raises(SystemExit):
+        main(["--against", str(tmp_path / "other.json")])
+    assert "it played houses=48 quests=6 skip=0, this run houses=96 quests=6 skip=0" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path / "nowhere")])
     assert "config.json not found (a transformers model directory)" in capsys.readouterr().err

@@ -575,6 +575,10 @@ class PolicyConfig:
     generated_drills: int = 9600
     """First turns under the oracle advisory in further generated houses, eight to a training step (0: none;
     9600: the scaling study's choice, ``oracle_plan_copied`` 0.48 vs 0.21 at 2400: docs/policy.md)."""
+    statement_drills: int = checked(0, at_least(0, " (0: none)"))
+    """First turns under a prompt that states where things are and gives no plan (a generated house's past visit:
+    its grounding, or its C2 block alone), the knowledge-limited expert's answer where the statement changes it,
+    eight to a training step (``pipeline.policy.statements``; 0: none)."""
     generated_grounding: float = checked(0.5, PROBABILITY)
     """Share of the generated houses and drills whose prompt also carries the house's own grounding: what the
     user taught the rule agent (``rule_agent``, ``rule_epsilon``) on *another* quest of that house, through the

@@ -35,7 +35,7 @@ fixed by ``agent.batch_size``, decoding is greedy, the houses are drawn by index
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
@@ -56,7 +56,7 @@ from pipeline.policy.demos import (
     freeze_prompt,
     house_env,
     house_grounding,
-    prompt_variants,
+    house_variants,
     rule_agent_config,
 )
 from pipeline.policy.expert import BeliefExpert, read_knowledge
@@ -94,16 +94,6 @@ class Rollout:
 def rollout_config(cfg: Config) -> Config:
     """The config the policy plays with here: ``evaluate``'s agent, greedy, no disk cache."""
     return OmegaConf.merge(cfg, {"sampling": {"do_sample": False}, "model": {"cache_dir": None}})
-
-
-def house_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
-                   text: str | None) -> list[Variant]:
-    """The house's prompt variants (:func:`pipeline.policy.demos.prompt_variants`) under its
-    grounding ``text`` (only the grounded ones then, as ``house_demo`` does), or all of them
-    without one (None)."""
-    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
-                               house.row(0), organizer)
-    return [v for v in variants if v.grounding is not None] if text else variants
 
 
 def _house_variants(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, organizer: PromptOrganizer,

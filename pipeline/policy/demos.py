@@ -350,6 +350,16 @@ def prompt_variants(cfg: Config, memory: SceneMemory, row: Mapping[str, Any],
 # --------------------------------------------------------------------------- demonstrations
 
 
+def house_variants(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
+                   text: str | None) -> list[Variant]:
+    """The house's prompt variants (:func:`pipeline.policy.demos.prompt_variants`) under its
+    grounding ``text`` (only the grounded ones then, as ``house_demo`` does), or all of them
+    without one (None)."""
+    variants = prompt_variants(cfg, replace(memory, grounding={house.scene_id: text}) if text else memory,
+                               house.row(0), organizer)
+    return [v for v in variants if v.grounding is not None] if text else variants
+
+
 def demo_renaming(spec: Mapping[str, Any], objective: str, eval_objectives: set[str], rng: Any) -> dict[str, str]:
     """A renaming of the house (:func:`pipeline.policy.expert.draw_renaming`) under which the
     objective does not read like an eval quest's (``{}`` after 20 tries)."""

@@ -36,6 +36,7 @@ from pipeline.core.io import atomic_write_json, read_json, read_parquet, write_p
 from pipeline.core.parallel import stage_workers
 from pipeline.memory import load_store, write_store
 from pipeline.policy.demo_workers import demo_pool
+from pipeline.policy.statements import INDICES_PER_JOB, statement_drills
 from pipeline.policy.demos import (
     HOUSES_PER_JOB,
     RULE_TASKS_PER_JOB,
@@ -96,13 +97,16 @@ def demo_workers(cfg: Config, manifest: Sequence[Mapping[str, Any]]) -> int:
     n_train = sum(r["split"] == "train" for r in manifest)
     n_houses = max(0, pol.generated_houses) + max(0, pol.generated_drills)
     return stage_workers(cfg, limit=max(n_train, math.ceil(n_train / RULE_TASKS_PER_JOB),
-                                        math.ceil(n_houses / HOUSES_PER_JOB)))
+                                        math.ceil(n_houses / HOUSES_PER_JOB),
+                                        math.ceil(5 * max(0, pol.statement_drills) / INDICES_PER_JOB)))
 
 
 def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
                    memory_progress: Callable[[int], None] | None = None,
-                   demo_progress: Callable[[int], None] | None = None) -> DemoSet:
-    """Rule agent episodes -> grounding and store -> expert demonstrations -> rendered turns.
+                   demo_progress: Callable[[int], None] | None = None,
+                   drill_progress: Callable[[int], None] | None = None) -> DemoSet:
+    """Rule agent episodes -> grounding and store -> expert demonstrations -> rendered turns, then
+    ``policy.statement_drills`` statement drills (:mod:`pipeline.policy.statements`).
 
     The episodes and demonstrations are played in :func:`demo_workers` processes
     (:func:`pipeline.policy.demo_workers.demo_pool`): the same bytes for any number.
@@ -124,11 +128,15 @@ def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]
         demos = play_demos(cfg, root, manifest, scenes, memory, progress=demo_progress, workers=pool)
         wall["demos_s"] = time.perf_counter() - t
         t = time.perf_counter()
+        drills = statement_drills(cfg, manifest, scenes, memory, int(cfg.policy.statement_drills), workers=pool,
+                                  progress=drill_progress)
+        wall["statement_drills_s"] = time.perf_counter() - t
+        t = time.perf_counter()
     wall["stop_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    turns = render_demos(cfg, demos)
+    turns = render_demos(cfg, demos) + drills  # the drills are rendered where they are drawn
     wall["render_s"] = time.perf_counter() - t
-    summary = {"demos": demo_stats(demos, turns),
+    summary = {"demos": {**demo_stats(demos, turns), **({"statement_drills": len(drills)} if drills else {})},
                "rule_agent_episodes": rule_agent_summary(cfg.policy, memory.episodes)}
     return DemoSet(turns=turns, memory=memory, summary=summary,
                    run={"workers": n, "wall_s": {k: round(v, 3) for k, v in wall.items()}})

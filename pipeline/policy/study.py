@@ -57,7 +57,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -68,12 +68,8 @@ from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_text, read_parquet
 from pipeline.core.numerics import pin
 from pipeline.core.parallel import OrderedPool, resolve_workers
-from pipeline.core.schemas import episodes_table, turns_table
-from pipeline.core.seeding import crc_rng, derive_seed, task_seed
-from pipeline.envs import fact_reader
-from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
-from pipeline.grounding.episodes import scene_groundings
-from pipeline.memory import EpisodicStore, build_entries, table_to_entries
+from pipeline.core.seeding import crc_rng, derive_seed
+from pipeline.envs.household.generate import GeneratedHouse
 from pipeline.policy.dagger import (  # _task: the library's task of a house and prompt variant
     HouseTask,
     _task,
@@ -86,20 +82,22 @@ from pipeline.policy.dagger import (  # _task: the library's task of a house and
 )
 from pipeline.policy.demos import (
     DemoKind,
-    RenderedTurn,
     advisory_variant_names,
     SceneMemory,
-    Variant,
-    house_env,
     rule_agent_config,
     training_houses,
     training_unit,
 )
-from pipeline.policy.quality import exposed_variant
+from pipeline.policy.statements import (  # shared with the library's statement drills
+    history_grounding,
+    house_memory,
+    house_stream,
+    memory_variant,
+    past_visits,
+    statement_drills,
+)
 from pipeline.policy.training import DEMOS_FILE, MODEL_DIR
 from pipeline.prompts import PromptOrganizer
-from pipeline.session.collection import make_factories
-from pipeline.session.rollout import Task, format_episode_id, play
 
 KINDS = ("plain", "grounded", "oracle")  # the library's EpisodeProbe
 ALL_KINDS = (*KINDS, "memory", "recall")  # recall: the memory block alone (no grounding; the utilisation probe's)
@@ -151,61 +149,6 @@ def grounding_from_quests(rule_cfg: Config, house: GeneratedHouse, scenes: Mappi
     return history_grounding(rule_cfg, house, *past_visits(rule_cfg, house, scenes))
 
 
-def history_grounding(rule_cfg: Config, house: GeneratedHouse, episodes: list[dict], turns: list[dict]) -> str | None:
-    """The merged grounding of ``house``'s past visits (:func:`past_visits`), or None."""
-    if not episodes:
-        return None
-    text = scene_groundings(rule_cfg.grounding, episodes, turns).get(house.scene_id, "")
-    return text or None
-
-
-def past_visits(rule_cfg: Config, house: GeneratedHouse, scenes: Mapping[str, Any]) -> tuple[list[dict], list[dict]]:
-    """The rule agent's episode and turn rows on quests 1..n-1 of ``house`` (its past visits:
-    what the grounding is taught on and, in a ``memory`` prompt, what the store holds of it);
-    ``([], [])`` for a one-quest house."""
-    if len(house.quests) < 2:
-        return [], []
-    _, make_agent, make_user = make_factories(rule_cfg, Path("."), dict(scenes))
-    index: dict[str, int] = {}
-    tasks = []
-    for k in range(1, len(house.quests)):
-        row = house.row(k)
-        index[row["quest_id"]] = k
-        tasks.append(Task(episode_id=format_episode_id("train", house.scene_id, row["quest_id"], 0),
-                          scene_id=house.scene_id, quest_id=row["quest_id"], split="train",
-                          objective=row["objective"], game_file="", expert_plan=list(row["expert_plan"]),
-                          preferences=list(row["preferences"]),
-                          seed=task_seed(rule_cfg.seed, house.scene_id, row["quest_id"], 0)))
-    records = play(tasks, make_env=lambda t: house_env(rule_cfg, house, index[t.quest_id]), make_agent=make_agent,
-                   make_user=make_user, agent_name=str(rule_cfg.policy.rule_agent),
-                   preference_in_success=rule_cfg.user.preference_in_success,
-                   unknown_feedback=str(rule_cfg.grounding.unknown_type))
-    return [r["episode"] for r in records], [t for r in records for t in r["turns"]]
-
-
-def house_memory(cfg: Config, memory: SceneMemory, episodes: list[dict], turns: list[dict]) -> SceneMemory:
-    """``memory`` with a house's past visits (:func:`past_visits`) added to its store, as
-    ``store`` builds entries from ``collect``'s episodes (same reader, same splits)."""
-    if not episodes:
-        return memory
-    splits = list(cfg.memory.store_splits) or None
-    added = build_entries(episodes_table(episodes), turns_table(turns), reader=fact_reader(cfg), splits=splits,
-                          config_hash=None)
-    store = EpisodicStore.from_entries(table_to_entries(memory.store.table) + list(added),
-                                       tie_seed=memory.store.tie_seed)
-    return replace(memory, store=store)
-
-
-def memory_variant(cfg: Config, memory: SceneMemory, organizer: PromptOrganizer, house: GeneratedHouse,
-                   grounding: str | None) -> Variant | None:
-    """The house's first quest under its grounding (None: none) and the exposed advisory
-    variant's block (``C2``: :func:`pipeline.policy.quality.exposed_variant`) built from
-    ``memory``; None when that block is empty (the gate withheld it)."""
-    name, _ = exposed_variant(cfg.demos)
-    return next((v for v in house_variants(cfg, memory, organizer, house, grounding)
-                 if v.source == name and v.grounding == grounding), None)
-
-
 def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], memory: SceneMemory,
                 n: int, *, quests: int = 2, kinds: Sequence[str] = KINDS, skip: int = 0) -> list[HouseTask]:
     """The whole-episode probe's tasks (:meth:`pipeline.policy.dagger.EpisodeProbe.build`'s for
@@ -232,80 +175,6 @@ def probe_tasks(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapp
             picks["recall"] = memory_variant(cfg, visited, organizer, house, None)
         out += [_task(cfg, organizer, f"probe_{k}_{house.scene_id}", k, house, picks[k])
                 for k in ALL_KINDS if k in kinds and picks[k] is not None]
-    return out
-
-
-def house_stream(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], seed: int,
-                 quests: int) -> GeneratedHouses:
-    """Generated houses of ``quests`` quests drawn from ``seed``, never an eval scene's layout or an
-    eval objective (:func:`pipeline.policy.demos.training_houses`' houses, from a seed of the study's own)."""
-    eval_split = [r for r in manifest if r["split"] != "train"]
-    return GeneratedHouses(HouseSizes(), seed=seed, base=cfg.env, quests_per_house=quests,
-                           preferences_per_scene=cfg.user.preferences_per_scene,
-                           exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
-                                    if s in scenes],
-                           exclude_objectives={r["objective"] for r in eval_split})
-
-
-def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
-                     memory: SceneMemory, n: int) -> list[RenderedTurn]:
-    """``n`` first turns under a prompt that states where things are and gives no plan: the
-    knowledge-limited expert's first answer (its step and the plan it then writes into memory),
-    as a plan drill is the oracle's; only where that answer is not what the expert told nothing
-    would do (a first turn the statement does not change teaches nothing of it).
-
-    Each drill is a house of its own stream (``derive_seed(seed, "statement-drills")``: never an
-    eval scene's layout or objective, another stream than the probes' held-out houses), whose
-    second quest the rule agent played (:func:`past_visits`): the first quest's prompt is the
-    grounding that visit taught or, drawn per house (and whenever it taught none), the C2 block
-    of the visit alone (:func:`house_memory`, :func:`memory_variant`). Eight drills make a
-    training unit, as plan drills do (:func:`pipeline.policy.demos.training_unit`)."""
-    from pipeline.agents.llm import LLMAgent, render_response
-    from pipeline.envs import scene_preferences
-    from pipeline.policy.demos import NoBackend
-    from pipeline.policy.expert import BeliefExpert, read_knowledge
-
-    houses = house_stream(cfg, manifest, scenes, derive_seed(cfg.seed, "statement-drills"), 2)
-    organizer, rule_cfg = PromptOrganizer.from_config(cfg), rule_agent_config(cfg)
-    out: list[RenderedTurn] = []
-    k = 0
-    while len(out) < n:
-        if k > 50 * n + 100:  # about one house in four has a first turn the statement changes
-            raise ValueError(f"statement drills: only {len(out)} of {n} drawn from {k} houses")
-        house = houses.house(k)
-        k += 1
-        if house is None:  # an excluded layout, or no quest left
-            continue
-        all_scenes = {**scenes, house.scene_id: house.spec}
-        episodes, turns = past_visits(rule_cfg, house, all_scenes)
-        text = history_grounding(rule_cfg, house, episodes, turns)
-        if text is not None and crc_rng(cfg.seed, "statement-drill", house.scene_id).random() < 0.5:
-            v = next((x for x in house_variants(cfg, memory, organizer, house, text) if not x.block), None)
-        else:
-            v = memory_variant(cfg, house_memory(cfg, memory, episodes, turns), organizer, house, None)
-        if v is None:
-            continue
-        row = house.row(0)
-        t = _task(cfg, organizer, "statement", v.name, house, v)
-        env = house_env(cfg, house)
-        try:
-            obs = env.reset()
-            prefs = scene_preferences(house.spec, list(row.get("preferences") or []))
-            expert = BeliefExpert(env, read_knowledge(t.prompt, env.world, prefs), explore_cap=int(cfg.policy.explore_cap))
-            decision = expert.decide()
-            told_nothing = BeliefExpert(env, read_knowledge("", env.world, prefs),
-                                        explore_cap=int(cfg.policy.explore_cap)).decide()
-            answer = render_response(*expert.response(decision, obs))
-        finally:
-            env.close()
-        if (decision.command, decision.mode) == (told_nothing.command, told_nothing.mode):
-            continue  # the statement changes nothing at this turn: no drill of it
-        agent = LLMAgent(cfg, backend=NoBackend())
-        agent.reset({"episode_id": t.task_id, "scene_id": row["scene_id"], "quest_id": row["quest_id"],
-                     "objective": row["objective"], "seed": 0, "system_prompt": t.prompt})
-        j = len(out)
-        out.append(RenderedTurn(f"{DemoKind.house_drill.prefix}stmt{j // 8:05d}_{j % 8:02d}", 0, v.name,
-                                agent.messages(obs), answer, True))
     return out
 
 

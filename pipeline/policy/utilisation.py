@@ -3,6 +3,7 @@ model beside the reader that measures each prompt's worth::
 
     python -m pipeline.policy.utilisation                        # models/policy, 96 held-out houses, 6 quests each
     python -m pipeline.policy.utilisation --model data/model/policy/model --houses 48 --out /tmp/u.json
+    python -m pipeline.policy.utilisation --model cand/ --skip 96 --houses 192 --against control.json  # a decision
 
 Per held-out house (the whole-episode probe's stream, :func:`pipeline.policy.demos.training_houses`
 with ``heldout=True``: never an eval scene's layout, never an eval objective), the rule agent plays
@@ -33,6 +34,9 @@ It reads the model pipeline's games and demonstrations (``data/model/games``, ``
 dependency of the committed checkpoint; it joins the ``policy`` stage's probes with the next
 retraining (changing that stage's code retrains the model). Writes ``--out`` (JSON: the figures and
 every house's outcomes) and ``--csv`` (success per agent and prompt kind, for ``dvc plots``).
+``--against`` pairs this model with another model's ``--out`` on the same houses, per prompt and
+pooled over C1 and C0+memory (:func:`against`): how a recipe's candidate is judged against the
+checkpoint it would replace (``--skip``: on held-out houses no earlier decision used).
 """
 
 from __future__ import annotations
@@ -50,7 +54,8 @@ from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_json, atomic_write_text
 from pipeline.core.numerics import pin
 from pipeline.core.seeding import crc_rng
-from pipeline.core.stats import holm, mcnemar_mde, paired_binary, ratio_of_paired_diffs
+from pipeline.core.io import read_json
+from pipeline.core.stats import holm, mcnemar_exact, mcnemar_mde, mcnemar_table, paired_binary, ratio_of_paired_diffs
 from pipeline.policy.dagger import HouseTask, play_rollouts, rollout_config, rollout_pool
 from pipeline.policy.demos import house_env
 from pipeline.policy.study import probe_tasks, workers_option
@@ -65,15 +70,16 @@ N_RESAMPLES = 2000
 LEVEL = 0.95
 
 
-def probe_houses(cfg: Config, root: Path, houses: int, quests: int) -> list[HouseTask]:
+def probe_houses(cfg: Config, root: Path, houses: int, quests: int, skip: int = 0) -> list[HouseTask]:
     """The probe's tasks: every held-out house's first quest under the five kinds (:data:`KINDS`;
-    a house without grounding, or whose C2 block the gate withheld, has fewer)."""
+    a house without grounding, or whose C2 block the gate withheld, has fewer); ``skip``: the
+    held-out stream's first houses passed over (a fresh sample for a decision)."""
     from pipeline.policy.demoset import load_demo_set
     from pipeline.session.collection import load_games
 
     manifest, scenes = load_games(root, cfg)
     memory = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed)).memory
-    return probe_tasks(cfg, manifest, scenes, memory, houses, quests=quests, kinds=tuple(KINDS))
+    return probe_tasks(cfg, manifest, scenes, memory, houses, quests=quests, kinds=tuple(KINDS), skip=skip)
 
 
 def play_reader(cfg: Config, tasks: Sequence[HouseTask]) -> dict[str, bool]:
@@ -138,6 +144,35 @@ def summarise(model: Mapping[str, bool], reader: Mapping[str, bool], *, seed: in
     return {"success": success, "paired": paired}
 
 
+# The candidate-against-control rule of a recipe's decision (docs/policy.md, statement drills): the
+# statements' use pooled over the two prompts that state where things are and give no plan.
+POOLED = ("C1", "C0+memory")
+
+
+def against(model: Mapping[str, bool], other: Mapping[str, bool]) -> dict[str, dict[str, Any]]:
+    """This model's outcomes paired with another model's on the same tasks (task id -> success):
+    per condition and pooled over :data:`POOLED`, the successes of each, the discordant pairs
+    ``b`` (only this model won) and ``c`` (only the other) and the exact McNemar p."""
+    mine, theirs = _by_kind(model), _by_kind(other)
+    out: dict[str, dict[str, Any]] = {}
+    groups = [(c, (c,)) for c in KINDS.values()] + [(" + ".join(POOLED), POOLED)]
+    for name, conds in groups:
+        pairs = [(mine[c][h], theirs[c][h]) for c in conds for h in sorted(set(mine[c]) & set(theirs[c]))]
+        if not pairs:
+            continue
+        t = mcnemar_table([a for a, _ in pairs], [b for _, b in pairs])
+        out[name] = {"n": len(pairs), "won": sum(a for a, _ in pairs), "other_won": sum(b for _, b in pairs),
+                     "b": t["b"], "c": t["c"], "p_exact": mcnemar_exact(t["b"], t["c"])}
+    return out
+
+
+def against_markdown(rows: Mapping[str, Mapping[str, Any]], other: str) -> str:
+    lines = [f"| prompt | tasks | this model | {other} | b / c | exact p |", "|---|---|---|---|---|---|"]
+    lines += [f"| {k} | {r['n']} | {r['won']} | {r['other_won']} | {r['b']} / {r['c']} | {r['p_exact']:.3g} |"
+              for k, r in rows.items()]
+    return "\n".join(lines) + "\n"
+
+
 def success_csv(summary: Mapping[str, Any]) -> str:
     """``agent,condition,success,n``: one row per agent and prompt kind (a DVC plot)."""
     lines = ["agent,condition,success,n"]
@@ -180,12 +215,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", type=Path, default=Path("models/policy"),
                     help="a transformers directory (default: the committed checkpoint, models/policy)")
     ap.add_argument("--houses", type=int, default=96, help="held-out houses")
+    ap.add_argument("--skip", type=int, default=0, help="held-out houses passed over first (a fresh sample)")
+    ap.add_argument("--against", type=Path, default=None,
+                    help="another model's --out of the same houses: the two paired per prompt (exact McNemar)")
     ap.add_argument("--quests", type=int, default=6, help="quests per house: the first is played, the others are its past visits")
     ap.add_argument("--workers", default=None, help="processes for the model's episodes (default: the run's `workers`); "
                                                    "the episodes do not depend on it")
     ap.add_argument("--out", type=Path, default=Path("models/metrics/utilisation.json"), help="the figures (JSON)")
     ap.add_argument("--csv", type=Path, default=Path("models/metrics/utilisation.csv"), help="success per agent and kind")
     args = ap.parse_args(argv)
+    other = None
+    if args.against is not None:
+        try:
+            other = read_json(args.against)
+        except (OSError, ValueError) as exc:
+            ap.error(f"--against {args.against}: {exc}")
+        if (other.get("houses"), other.get("quests"), other.get("skip", 0)) != (args.houses, args.quests, args.skip):
+            ap.error(f"--against {args.against}: it played houses={other.get('houses')} quests={other.get('quests')} "
+                     f"skip={other.get('skip', 0)}, this run houses={args.houses} quests={args.quests} skip={args.skip}")
+    if args.skip < 0:
+        ap.error(f"--skip {args.skip}: expected a count of held-out houses >= 0")
     if args.houses < 1 or args.quests < 2:
         ap.error(f"--houses {args.houses} --quests {args.quests}: expected at least 1 house and 2 quests "
                  "(the first is played, the others give its grounding and memory)")
@@ -203,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
-    tasks = probe_houses(cfg, root, args.houses, args.quests)
+    tasks = probe_houses(cfg, root, args.houses, args.quests, args.skip)
     build_s = time.perf_counter() - t0
     print(f"utilisation: {len(tasks)} episodes in {len({t.house.scene_id for t in tasks})} held-out houses "
           f"({build_s:.0f} s to build)", file=sys.stderr)
@@ -218,12 +267,16 @@ def main(argv: list[str] | None = None) -> int:
     played = {r.task.task_id: bool(r.success) for r in rolls}
     summary = summarise(played, reader, seed=int(cfg.seed))
     atomic_write_json(args.out if args.out.is_absolute() else root / args.out, {
-        "model": str(args.model), "houses": args.houses, "quests": args.quests, **summary,
+        "model": str(args.model), "houses": args.houses, "quests": args.quests, "skip": args.skip, **summary,
+        **({"against": {"model": other.get("model"), "paired": against(played, other["outcomes"]["model"])}}
+           if other is not None else {}),
         "outcomes": {"model": played, "reader": reader},
         "seconds": {"build": round(build_s), "reader": round(reader_s), "model": round(model_s)},
         "workers": workers})
     atomic_write_text(args.csv if args.csv.is_absolute() else root / args.csv, success_csv(summary))
     print(markdown(summary))
+    if other is not None:
+        print(against_markdown(against(played, other["outcomes"]["model"]), str(other.get("model"))))
     return 0
 
 

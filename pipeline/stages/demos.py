@@ -50,9 +50,11 @@ def demos(cfg: Config, root: Path, _args: object) -> None:
     n_train = sum(r["split"] == "train" for r in manifest)
     pol = cfg.policy
     with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
-            tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2:
+            tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2, \
+            tqdm(total=pol.statement_drills, desc="demos: statement drills", unit="drill", file=sys.stderr,
+                 disable=pol.statement_drills == 0) as bar3:
         demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,
-                                  demo_progress=bar2.update)
+                                  demo_progress=bar2.update, drill_progress=bar3.update)
     with atomic_dir(out_dir) as tmp:
         write_demo_set(demo_set, tmp)
     wall = round(time.perf_counter() - t0, 3)

@@ -1,0 +1,86 @@
+"""Statement drills (``pipeline.policy.statements``, ``policy.statement_drills``): first turns under
+a prompt that says where things are and gives no plan, the knowledge-limited expert's answer only
+where the statement changes it, eight to a training unit; the same drills on any number of the
+demos' workers, appended to the demonstrations by the ``demos`` step.
+
+Real code on the session's tiny games (the fixtures of tests/test_dagger.py)."""
+
+from __future__ import annotations
+
+from omegaconf import OmegaConf
+
+from tests.test_dagger import cfg, memory  # noqa: F401  (fixtures)
+
+
+def test_statement_drills_state_where_things_are_and_give_no_plan(cfg, tiny_games, memory):  # noqa: F811
+    from pipeline.policy.demos import DemoKind, demo_kind, training_unit
+    from pipeline.policy.expert import VERIFIED_PLAN
+    from pipeline.policy.statements import statement_drills
+
+    drills = statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10)
+    assert len(drills) == 10 and all(d.turn_index == 0 and d.train for d in drills)
+    assert all(demo_kind(d.demo_id) == DemoKind.house_drill for d in drills)  # trained as drills are
+    assert [training_unit(d.demo_id) for d in drills].count(training_unit(drills[0].demo_id)) == 8
+    for d in drills:
+        system = d.messages[0]["content"]
+        assert VERIFIED_PLAN not in system  # a statement of where things are, never the plan
+        assert '"action"' in d.response
+    assert {d.variant for d in drills} & {"grounded", "plain+C2"}  # the visit's grounding, or its block alone
+    assert statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10) == drills  # seeded
+    assert statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 0) == []
+
+
+def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step(cfg, tiny_games, memory):  # noqa: F811
+    """Each kept drill's answer differs from the answer of the same expert told nothing in the same
+    house: a drill that repeated what a blank prompt gives would teach nothing of the statement."""
+    from pipeline.agents.llm import render_response
+    from pipeline.envs import scene_preferences
+    from pipeline.policy.demos import house_env
+    from pipeline.policy.expert import BeliefExpert, read_knowledge
+    from pipeline.policy.statements import STREAM, house_stream, statement_drill
+    from pipeline.core.seeding import derive_seed
+    from pipeline.prompts import PromptOrganizer
+
+    houses = house_stream(cfg, tiny_games.rows, tiny_games.scenes, derive_seed(cfg.seed, STREAM), 2)
+    organizer = PromptOrganizer.from_config(cfg)
+    kept = skipped = 0
+    for k in range(40):
+        house = houses.house(k)
+        turn = statement_drill(cfg, tiny_games.scenes, memory, organizer, house)
+        if house is None or turn is None:
+            skipped += 1
+            continue
+        kept += 1
+        env = house_env(cfg, house)
+        try:
+            obs = env.reset()
+            prefs = scene_preferences(house.spec, list(house.row(0).get("preferences") or []))
+            blank = BeliefExpert(env, read_knowledge("", env.world, prefs), explore_cap=int(cfg.policy.explore_cap))
+            assert turn.response != render_response(*blank.response(blank.decide(), obs))
+        finally:
+            env.close()
+    assert kept and skipped  # the filter keeps some houses and drops others
+
+
+def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory):  # noqa: F811
+    from dataclasses import replace
+
+    from pipeline.memory import EpisodicStore, table_to_entries
+    from pipeline.policy.demo_workers import demo_pool
+    from pipeline.policy.demoset import build_demo_set
+    from pipeline.policy.statements import statement_drills
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    # a store that has answered a query in this process holds its index's lock and cannot be sent to
+    # workers: the stage's store never has (its queries run in the workers); a fresh copy stands for it
+    fresh = replace(memory, store=EpisodicStore.from_entries(table_to_entries(memory.store.table),
+                                                             tie_seed=memory.store.tie_seed))
+    with demo_pool(cfg, tiny_games.root, rows, scenes, workers=3) as pool:
+        spread = statement_drills(cfg, rows, scenes, fresh, 12, workers=pool)
+    assert spread == statement_drills(cfg, rows, scenes, memory, 12)
+    ticks: list[int] = []
+    with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"statement_drills": 12, "generated_houses": 2,
+                                                                "generated_drills": 8}})
+    demo_set = build_demo_set(with_drills, tiny_games.root, rows, scenes, drill_progress=ticks.append)
+    assert demo_set.turns[-12:] == statement_drills(with_drills, rows, scenes, demo_set.memory, 12)
+    assert demo_set.summary["demos"]["statement_drills"] == 12 and sum(ticks) == 12
