@@ -84,3 +84,26 @@ def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg,
     demo_set = build_demo_set(with_drills, tiny_games.root, rows, scenes, drill_progress=ticks.append)
     assert demo_set.turns[-12:] == statement_drills(with_drills, rows, scenes, demo_set.memory, 12)
     assert demo_set.summary["demos"]["statement_drills"] == 12 and sum(ticks) == 12
+
+
+
+def test_no_drill_is_played_in_an_eval_layout_or_on_an_eval_objective(cfg, tiny_games):  # noqa: F811
+    """The drills' houses are a stream of their own that skips an eval scene's layout and an eval
+    quest's objective: made an eval scene and an eval objective, what the stream drew before is
+    never drawn (the model under test never sees what the eval is made of)."""
+    from pipeline.core.seeding import derive_seed
+    from pipeline.envs.household.generate import layout_key
+    from pipeline.policy.statements import STREAM, house_stream
+
+    rows, scenes = tiny_games.rows, tiny_games.scenes
+    seed = derive_seed(cfg.seed, STREAM)
+    before = house_stream(cfg, rows, scenes, seed, 2)
+    drawn = {k: h for k, h in ((k, before.house(k)) for k in range(40)) if h is not None}
+    (k0, first), second = next(iter(drawn.items())), list(drawn.values())[1]
+    objective = second.quests[0]["objective"]
+    evals = [*rows, {**rows[0], "split": "eval", "scene_id": "eval_twin", "objective": objective}]
+    after = house_stream(cfg, evals, {**scenes, "eval_twin": first.spec}, seed, 2)
+    assert after.house(k0) is None  # the layout of an eval scene: skipped
+    again = [h for h in (after.house(k) for k in range(40)) if h is not None]
+    assert again and all(layout_key(h.spec) != layout_key(first.spec) for h in again)
+    assert all(q["objective"] != objective for h in again for q in h.quests)
