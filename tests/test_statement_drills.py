@@ -35,9 +35,9 @@ def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step
     house: a drill that repeated what a blank prompt gives would teach nothing of the statement."""
     from pipeline.agents.llm import render_response
     from pipeline.envs import scene_preferences
-    from pipeline.policy.demos import house_env
+    from pipeline.policy.demos import house_env, house_stream
     from pipeline.policy.expert import BeliefExpert, read_knowledge
-    from pipeline.policy.statements import STREAM, house_stream, statement_drill
+    from pipeline.policy.statements import STREAM, statement_drill
     from pipeline.core.seeding import derive_seed
     from pipeline.prompts import PromptOrganizer
 
@@ -93,7 +93,8 @@ def test_no_drill_is_played_in_an_eval_layout_or_on_an_eval_objective(cfg, tiny_
     never drawn (the model under test never sees what the eval is made of)."""
     from pipeline.core.seeding import derive_seed
     from pipeline.envs.household.generate import layout_key
-    from pipeline.policy.statements import STREAM, house_stream
+    from pipeline.policy.demos import house_stream
+    from pipeline.policy.statements import STREAM
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
     seed = derive_seed(cfg.seed, STREAM)

@@ -45,7 +45,7 @@ from pipeline.core.conf_schema import ConditionKind, Config
 from pipeline.core.parallel import OrderedPool, partition
 from pipeline.core.seeding import crc_rng, derive_seed
 from pipeline.envs import scene_preferences
-from pipeline.envs.household.generate import GeneratedHouse, GeneratedHouses, HouseSizes, layout_key
+from pipeline.envs.household.generate import GeneratedHouse
 from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.policy.demos import (
     DemoKind,
@@ -56,6 +56,7 @@ from pipeline.policy.demos import (
     freeze_prompt,
     house_env,
     house_grounding,
+    house_stream,
     house_variants,
     rule_agent_config,
 )
@@ -114,11 +115,7 @@ def dagger_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Ma
                   n: int) -> list[GeneratedHouse]:
     """Round ``round_``'s ``n`` houses: their own seed stream (``derive_seed(seed, "dagger",
     round)``), never an eval scene's layout or an eval quest's objective."""
-    eval_scenes = {r["scene_id"] for r in manifest if r["split"] != "train"}
-    houses = GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "dagger", round_), base=cfg.env,
-                             quests_per_house=2, preferences_per_scene=cfg.user.preferences_per_scene,
-                             exclude=[layout_key(scenes[s]) for s in sorted(eval_scenes) if s in scenes],
-                             exclude_objectives={r["objective"] for r in manifest if r["split"] != "train"})
+    houses = house_stream(cfg, manifest, scenes, derive_seed(cfg.seed, "dagger", round_), 2)
     return houses.houses(n) if n > 0 else []
 
 

@@ -423,12 +423,21 @@ def training_houses(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: 
     """The generated houses the policy trains on (``heldout``: the disjoint stream its
     in-context score is measured on), never an eval scene's layout or an eval objective.
     A house's first quest does not depend on ``quests_per_house`` (the later ones are drawn after it)."""
-    eval_scenes = {r["scene_id"] for r in manifest if r["split"] != "train"}
-    return GeneratedHouses(HouseSizes(), seed=derive_seed(cfg.seed, "heldout") if heldout else cfg.seed,
-                           base=cfg.env, quests_per_house=quests_per_house,
+    return house_stream(cfg, manifest, scenes, derive_seed(cfg.seed, "heldout") if heldout else cfg.seed,
+                        quests_per_house)
+
+
+def house_stream(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], seed: int,
+                 quests: int) -> GeneratedHouses:
+    """Generated houses of ``quests`` quests drawn from ``seed``, never an eval scene's layout or an
+    eval objective: every stream of the model's houses (:func:`training_houses`, DAgger's rounds,
+    the statement drills, the studies' arms), each from a seed of its own."""
+    eval_split = [r for r in manifest if r["split"] != "train"]
+    return GeneratedHouses(HouseSizes(), seed=seed, base=cfg.env, quests_per_house=quests,
                            preferences_per_scene=cfg.user.preferences_per_scene,
-                           exclude=[layout_key(scenes[s]) for s in sorted(eval_scenes) if s in scenes],
-                           exclude_objectives={r["objective"] for r in manifest if r["split"] != "train"})
+                           exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
+                                    if s in scenes],
+                           exclude_objectives={r["objective"] for r in eval_split})
 
 
 def house_env(cfg: Config, house: GeneratedHouse, k: int = 0) -> LogicHouseholdEnv:

@@ -36,7 +36,7 @@ from pipeline.core.io import atomic_write_json, read_json, read_parquet, write_p
 from pipeline.core.parallel import stage_workers
 from pipeline.memory import load_store, write_store
 from pipeline.policy.demo_workers import demo_pool
-from pipeline.policy.statements import INDICES_PER_JOB, statement_drills
+from pipeline.policy.statements import INDICES_PER_JOB, houses_for, statement_drills
 from pipeline.policy.demos import (
     HOUSES_PER_JOB,
     RULE_TASKS_PER_JOB,
@@ -98,7 +98,7 @@ def demo_workers(cfg: Config, manifest: Sequence[Mapping[str, Any]]) -> int:
     n_houses = max(0, pol.generated_houses) + max(0, pol.generated_drills)
     return stage_workers(cfg, limit=max(n_train, math.ceil(n_train / RULE_TASKS_PER_JOB),
                                         math.ceil(n_houses / HOUSES_PER_JOB),
-                                        math.ceil(5 * max(0, pol.statement_drills) / INDICES_PER_JOB)))
+                                        math.ceil(houses_for(pol.statement_drills) / INDICES_PER_JOB)))
 
 
 def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,

@@ -84,6 +84,7 @@ from pipeline.policy.demos import (
     DemoKind,
     advisory_variant_names,
     SceneMemory,
+    house_stream,
     rule_agent_config,
     training_houses,
     training_unit,
@@ -91,7 +92,6 @@ from pipeline.policy.demos import (
 from pipeline.policy.statements import (  # shared with the library's statement drills
     history_grounding,
     house_memory,
-    house_stream,
     memory_variant,
     past_visits,
     statement_drills,

@@ -51,10 +51,9 @@ import numpy as np
 
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import MODEL, load_params, project_root
-from pipeline.core.io import atomic_write_json, atomic_write_text
+from pipeline.core.io import atomic_write_json, atomic_write_text, read_json
 from pipeline.core.numerics import pin
 from pipeline.core.seeding import crc_rng
-from pipeline.core.io import read_json
 from pipeline.core.stats import holm, mcnemar_exact, mcnemar_mde, mcnemar_table, paired_binary, ratio_of_paired_diffs
 from pipeline.policy.dagger import HouseTask, play_rollouts, rollout_config, rollout_pool
 from pipeline.policy.demos import house_env
