@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from pipeline.agents.reader import ReaderAgent
+from pipeline.agents.reader import ReaderAgent, read_prompt
 from pipeline.core.conf_schema import AgentConfig, SwSetup
 from pipeline.core.config import section
 from pipeline.core.facts import Fact, fact
@@ -82,9 +82,14 @@ def test_the_user_s_line_for_a_lost_task_reads_as_what_ended_it():
     line = "feedback : procedural: 'focus on baby brown bear' ended the task: focus only on what the task names."
     assert READER.read_text(line) == (fact("ended", "focus on baby brown bear"),)
     assert READER.read_text("feedback : procedural: 'open door' is not something you can do here") == ()
-    # where the user says a door is, is a way from that room
-    assert READER.read_text("feedback : spatial: The door to hallway is in the kitchen.") == (
-        fact("in", "door to hallway", "kitchen"), fact("exit", "kitchen", "hallway", "hallway"))
+    # where the user says a door is, or a past visit saw one, is a way from that room: the reader reads it
+    # from any line (a door's name says where it leads), the world's reader states only the place
+    hint = "feedback : spatial: The door to hallway is in the kitchen."
+    assert READER.read_text(hint) == (fact("in", "door to hallway", "kitchen"),)
+    for line in (hint, "This house, from 2 past visits: door to hallway in the kitchen was never opened."):
+        assert fact("exit", "kitchen", "hallway", "hallway") in {b.fact for b in read_prompt(line, READER).stated}
+    assert not [b for b in read_prompt("Facts: picture in the kitchen was never opened.", READER).stated
+                if b.fact.pred == "exit"]
 
 
 def test_the_find_tasks_objectives_are_focus_tasks_and_no_other_is():
@@ -229,11 +234,18 @@ def test_the_reader_tests_the_first_candidate_where_it_is_told_and_skips_what_en
     told = ("Facts: ended(focus on axe); missed(focus on blue jay).\n"
             "feedback : procedural: 'focus on fountain' ended the task: focus only on what the task names.")
     assert focus_target(agent, outside(), told, LIFESPAN) == "mouse"
-    # a line found wrong (a thing of a shared name seen elsewhere) keeps its outcomes: what ended a trial did
+    # a line found wrong keeps its outcomes: what ended a trial did
     agent.reset({"episode_id": "ep", "objective": LIFESPAN,
-                 "system_prompt": "Facts: water was in fountain in the outside; ended(focus on axe)."})
+                 "system_prompt": "Facts: banana tree was on the floor of the outside; ended(focus on axe)."})
     assert agent.act(outside()).action == {"action": "focus_on", "target": "blue jay"}
-    assert agent.beliefs.dropped == {0: "water was in the outside, not in fountain"}
+    assert agent.beliefs.dropped == {0: "banana tree is not in the outside"}
+    # a name of many things (ScienceWorld's "table") seen in one room says nothing of one in another; seen
+    # in the room the line places it, it does
+    with_table = {**outside(), "description": outside()["description"] + " " + describe((fact("at", "table", "outside"),))}
+    for room, dropped in (("workshop", {}), ("outside", {0: "table does not hold lamp"})):
+        agent.reset({"episode_id": "ep", "objective": LIFESPAN, "system_prompt": f"Facts: lamp was in table in the {room}."})
+        agent.act(with_table)
+        assert agent.beliefs.dropped == dropped
     # a door is named by where it leads, so one seen here may be in another room too: the line placing it there
     # (and the way it gives) stays; seeing the room it names without it drops it
     agent.reset({"episode_id": "ep", "objective": FIND, "system_prompt": "The door to outside is in the kitchen."})
@@ -388,3 +400,37 @@ def test_a_trial_that_won_is_remembered_by_what_it_learned_on_the_way(adaptation
             env.close()
         won[name] = info["won"]
     assert won["memory"] and where["memory"] == found[len("found("):-1]
+
+
+def test_the_reader_explores_where_the_ways_are_unknown_and_the_memory_s_map_shortens_the_walk():
+    agent = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=READER)
+    rooms = ("art studio", "bedroom", "kitchen")
+    hub = observation("hallway", *[fact("at", f"door to {r}", "hallway") for r in rooms],
+                      *[fact("exit", "hallway", r, r) for r in rooms], *[fact("open", f"door to {r}") for r in rooms],
+                      commands=tuple(f"go to {r}" for r in rooms) + ("look around",))
+    there = LIFESPAN.replace("'outside'", "'bathroom'")  # a room no door in sight leads to
+    first_step = lambda prompt: (agent.reset({"episode_id": "ep", "objective": there, "system_prompt": prompt})
+                                 or agent.act(hub).action)
+    # told nothing: the first room by name
+    assert first_step("") == {"action": "go_to", "target": "art studio"}
+    # a past visit saw the art studio's and the bedroom's only ways (back here): the kitchen is where a new way may be
+    assert first_step("Facts: art studio -> hallway -> hallway; bedroom -> hallway -> hallway.") == \
+        {"action": "go_to", "target": "kitchen"}
+    # ... and a door it saw there, never opened, is the way
+    agent.reset({"episode_id": "ep", "objective": there,
+                 "system_prompt": "This house, from 3 past visits: door to bathroom in the kitchen was never opened."})
+    assert agent.act(hub).action == {"action": "go_to", "target": "kitchen"}
+    assert agent.room_path("hallway", "bathroom") == "kitchen"
+    # a room whose stated ways lead nowhere new is still walked into when no room of unknown ways is left
+    assert first_step("Facts: art studio -> hallway -> hallway; bedroom -> hallway -> hallway; "
+                      "kitchen -> hallway -> hallway.") == {"action": "go_to", "target": "art studio"}
+
+
+def test_a_right_find_is_picked_up_under_the_name_it_was_shown_when_the_engine_lists_another():
+    agent = ReaderAgent(section(AgentConfig, {"name": "reader"}), facts=READER)
+    agent.reset({"episode_id": "ep", "objective": FIND.replace("hallway.", "kitchen."), "system_prompt": ""})
+    # ScienceWorld lists the glass cup's moves as "cup" ("move cup to inventory"); its parser takes the name shown
+    shown = {**outside(), "visible_entities": ["glass cup", "door to hallway"], "admissible_commands": ["focus on glass cup"],
+             "admissible_actions": [{"action": "focus_on", "target": "glass cup", "command": "focus on glass cup"}]}
+    assert agent.act(shown).action == {"action": "focus_on", "target": "glass cup"}
+    assert agent.act(shown).action == {"action": "pick_up", "target": "glass cup"}

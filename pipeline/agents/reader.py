@@ -53,7 +53,7 @@ from typing import Any, Mapping
 
 from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, etype
 from pipeline.core.conf_schema import AgentConfig
-from pipeline.core.facts import OUTCOME_PREDICATES, Fact, FactReader, FocusTask, ReadsFocusTasks
+from pipeline.core.facts import OUTCOME_PREDICATES, Fact, FactReader, FocusTask, ReadsFocusTasks, fact
 from pipeline.prompts.verified import read_verified_steps
 from pipeline.memory.knowledge import Lesson, read_lessons
 from pipeline.memory.scene import read_scene_facts
@@ -117,10 +117,23 @@ def read_prompt(prompt: str | None, facts: FactReader) -> Beliefs:
     (where kinds of things usually are) as search priors."""
     stated = []
     for i, line in enumerate((prompt or "").splitlines()):
-        for f in tuple(facts.read_text(line)) + read_scene_facts(line):
+        said = tuple(facts.read_text(line)) + read_scene_facts(line)
+        for f in said + doors_as_ways(said, facts):
             stated.append(Belief(f, i))
     return Beliefs(stated=list(dict.fromkeys(stated)), plan=read_verified_steps(prompt),
                    priors=read_lessons(prompt))
+
+
+def doors_as_ways(said: tuple[Fact, ...], facts: FactReader) -> tuple[Fact, ...]:
+    """Where a line places a door whose name says where it leads (a world's
+    :meth:`~pipeline.core.facts.ReadsFocusTasks.door_to`: ScienceWorld's "door to hallway"), is a
+    way from that room: "The door to hallway is in the kitchen." (a user's hint) and "door to
+    bathroom in the kitchen was never opened" (a past visit's fact) each give
+    ``exit(kitchen, <to>, <to>)``. A world without such names gives none."""
+    if not isinstance(facts, ReadsFocusTasks):
+        return ()
+    return tuple(fact("exit", f.args[1], to, to) for f in said
+                 if f.pred in ("at", "in") and len(f.args) == 2 and (to := facts.door_to(f.args[0])) and to != f.args[1])
 
 
 @dataclass
@@ -220,11 +233,13 @@ class ReaderAgent(RuleAgent):
         """Drop the prompt lines whose statements the observations so far contradict."""
         b = self.beliefs
         for belief in b.live():
-            why = self._contradiction(belief.fact)
+            why = self._contradiction(belief.fact, belief.line)
             if why:
                 b.drop(belief.line, why)
 
-    def _contradiction(self, f: Fact) -> str | None:
+    def _contradiction(self, f: Fact, line: int | None = None) -> str | None:
+        """Why what ``f`` states is wrong, by what was seen so far (None: nothing says so);
+        ``line``: the prompt line stating it (where that line places a thing of a shared name)."""
         seen = self.seen
         a = f.args
         if f.pred == "at" and len(a) == 2:
@@ -240,25 +255,43 @@ class ReaderAgent(RuleAgent):
             first = self._first_place(thing)
             if first is not None and first[0] != "carried" and not _same(first[1], holder):
                 return f"{thing} was {'in the ' + first[2] if first[1] is None else 'in ' + str(first[1])}, not in {holder}"
-            if first is None and holder in seen.contents and thing not in seen.contents[holder]:
+            if first is None and holder in seen.contents and thing not in seen.contents[holder] and \
+                    self._the_one_seen(holder, line):
                 return f"{holder} does not hold {thing}"
         elif f.pred == "exit" and len(a) == 3:
             room, direction, to = a
             if room in seen.exits and seen.exits[room].get(direction) != to:
                 return f"going {direction} from the {room} does not lead to the {to}"
         elif f.pred == "locked" and len(a) == 1:
-            if a[0] in seen.first_state and seen.first_state[a[0]] != "locked":
+            if a[0] in seen.first_state and seen.first_state[a[0]] != "locked" and self._the_one_seen(a[0], line):
                 return f"{a[0]} was not locked"
         elif f.pred == "empty" and len(a) == 1:
-            if seen.first_contents.get(a[0]):
+            if seen.first_contents.get(a[0]) and self._the_one_seen(a[0], line):
                 return f"{a[0]} was not empty"
         return None
 
     def _first_place(self, thing: str) -> tuple[str, str | None, str] | None:
         """Where ``thing`` was first seen, as a place that rules out another (``seen.first_place``); None for
-        a door named by where it leads ("door to hallway"), which is in every room with a way there: seen in
-        one room, it may still be in another, and only that room, seen without it, says a line is wrong."""
-        return self.seen.first_place.get(thing) if self._door_to(thing) is None else None
+        a name of many things (:meth:`_one_of_many`: ScienceWorld's "table", "water", "door to hallway", a
+        door named by where it leads being in every room with a way there): seen in one place, a thing of that
+        name may still be in another, and only that place, seen without it, says a line is wrong."""
+        return None if self._one_of_many(thing) else self.seen.first_place.get(thing)
+
+    def _one_of_many(self, name: str) -> bool:
+        """Whether ``name`` names a kind, of which a world may hold several: the world's kind of it is
+        the name itself (ScienceWorld's "table"; the household's ``Table_1`` names one thing of kind ``Table``)."""
+        return self.facts.kind(name) == name
+
+    def _the_one_seen(self, name: str, line: int | None) -> bool:
+        """Whether what was seen of ``name`` (its contents, its lock) was seen of the thing the prompt's
+        ``line`` states: always for a name of one thing; for a name of many, when the line places it in
+        the room where the one seen last was (one "table" seen says nothing of a "table" in another room)."""
+        if not self._one_of_many(name):
+            return True
+        where = self.seen.place.get(name)
+        stated = {b.fact.args[1] for b in self.beliefs.stated
+                  if b.line == line and b.fact.pred == "at" and len(b.fact.args) == 2 and b.fact.args[0] == name}
+        return where is not None and bool(where[2]) and where[2] in stated
 
     def _may_hide(self, room: str, thing: str) -> bool:
         """Whether ``thing`` may still be out of sight in ``room``: a thing (not a fixture)
@@ -300,6 +333,17 @@ class ReaderAgent(RuleAgent):
         (a door leads both ways); the rooms seen keep only the exits seen there."""
         if not start or not goal_room or start == goal_room:
             return None
+        prev = self._paths(start)
+        if goal_room not in prev:
+            return None
+        cur = goal_room
+        while prev[cur] != start:
+            cur = prev[cur]  # type: ignore[assignment]
+        return cur
+
+    def _map(self) -> dict[str, set[str]]:
+        """The rooms each room leads to, over the exits seen and those stated (a door leads both
+        ways); the rooms seen keep only the exits seen there."""
         graph: dict[str, set[str]] = {}
 
         def link(a: str, b: str) -> None:
@@ -320,6 +364,12 @@ class ReaderAgent(RuleAgent):
                 seen_end, other = (to, room) if to in self.seen.exits else (room, to)
                 if other in self.seen.exits[seen_end].values():
                     link(room, to)
+        return graph
+
+    def _paths(self, start: str) -> dict[str, str | None]:
+        """Breadth first over :meth:`_map` from ``start``: each room reached -> the room before it
+        (ties by name), in the order reached."""
+        graph = self._map()
         prev: dict[str, str | None] = {start: None}
         todo = deque([start])
         while todo:
@@ -328,12 +378,7 @@ class ReaderAgent(RuleAgent):
                 if nxt not in prev:
                     prev[nxt] = r
                     todo.append(nxt)
-        if goal_room not in prev:
-            return None
-        cur = goal_room
-        while prev[cur] != start:
-            cur = prev[cur]  # type: ignore[assignment]
-        return cur
+        return prev
 
     # -- the rule agent's hooks ----------------------------------------------------------
 
@@ -502,13 +547,24 @@ class ReaderAgent(RuleAgent):
         return None
 
     def _explore_rooms(self, view: _View, cands: list[dict]) -> tuple[dict, str] | None:
-        """Toward a room not yet entered, kept until it is: one next door (its door opened
-        first), else the nearest over the map seen."""
+        """Toward a room not yet entered, kept until it is: the nearest over the map seen and
+        stated (:meth:`explore_door` picks among the nearest), its doors opened on the way. A room
+        whose ways the prompt states (a past visit saw them) is known without entering it, so the
+        nearest room of unknown ways comes first: a way not known yet can only be found there.
+        Known rooms are walked into only when no room of unknown ways is left on the map (a
+        prompt may state some of a room's ways, not all)."""
         entered = self.seen.rooms_entered
         if self._heading is None or self._heading in entered:
-            near = sorted(r for r in self.seen.exits.get(str(view.here), {}).values() if r not in entered)
-            far = sorted({r for ways in self.seen.exits.values() for r in ways.values()} - entered)
-            self._heading = self.explore_door(near or far) if near or far else None
+            prev = self._paths(str(view.here))
+            depth: dict[str, int] = {}
+            for room, before in prev.items():  # in the order reached: a room's predecessor has its depth
+                depth[room] = 0 if before is None else depth[before] + 1
+            told = {b.fact.args[0] for b in self.beliefs.live("exit")}
+            unknown = [r for r in depth if r not in entered and r not in told]
+            rest = [r for r in depth if r not in entered]
+            pool = unknown or rest
+            nearest = min((depth[r] for r in pool), default=None)
+            self._heading = self.explore_door(sorted(r for r in pool if depth[r] == nearest)) if pool else None
         return self._toward(self._heading, view, cands) if self._heading else None
 
     def _focus_step(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
@@ -545,7 +601,9 @@ class ReaderAgent(RuleAgent):
             return None
         if ft.box_room and not _same(view.here, ft.box_room):
             if not view.holding(thing) and view.seen(thing):
-                a = self.find(cands, "pick_up", thing)
+                # the engine lists some things under another name ("move cup to inventory" for the glass
+                # cup) and takes the name it showed in a command it does not list, as the focus did
+                a = self.find(cands, "pick_up", thing) or self.facts.free_command(f"pick up {thing}")
                 if a:
                     return a, f"{thing} is what the task asks for: take it to the {ft.box}"
             return self._toward(ft.box_room, view, cands) or self._explore_rooms(view, cands) or self._stuck(cands)

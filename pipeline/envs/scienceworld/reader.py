@@ -156,16 +156,12 @@ class ScienceWorldFactReader:
         return StepFacts(seen=seen, did=command_facts(turn.get("command"), reward, exits, here), after=())
 
     def read_text(self, text: str | None) -> tuple[Fact, ...]:
-        """The facts the sentences of ``text`` state (:func:`~pipeline.envs.scienceworld.text.read_statements`),
-        the way a door stated in a room leads (``exit(kitchen, hallway, hallway)`` beside ``in(door to
-        hallway, kitchen)``), and ``ended(focus on x)`` from the simulated user's line for a focus
-        that ended the task."""
+        """The facts the sentences of ``text`` state (:func:`~pipeline.envs.scienceworld.text.read_statements`)
+        and ``ended(focus on x)`` from the simulated user's line for a focus that ended the task.
+        (Where a door is, is a way from that room: the reader reads that from any line,
+        :func:`pipeline.agents.reader.doors_as_ways`, through :meth:`door_to`.)"""
         ended = tuple(fact("ended", " ".join(m[1].split())) for m in _ENDED.finditer(text or ""))
-        stated = read_statements(text)
-        # where a door is, is a way: "The door to hallway is in the kitchen." (the user's hint) leads from there
-        ways = tuple(fact("exit", f.args[1], to, to) for f in stated
-                     if f.pred == "in" and (to := _door_to(f.args[0])) and to != f.args[1])
-        return tuple(dict.fromkeys(stated + ways + ended))
+        return tuple(dict.fromkeys(read_statements(text) + ended))
 
     def focus_task(self, objective: str | None) -> FocusTask | None:
         """The find task an objective states (:func:`focus_task`), None for another task."""
