@@ -409,8 +409,11 @@ def test_the_reader_explores_where_the_ways_are_unknown_and_the_memory_s_map_sho
                       *[fact("exit", "hallway", r, r) for r in rooms], *[fact("open", f"door to {r}") for r in rooms],
                       commands=tuple(f"go to {r}" for r in rooms) + ("look around",))
     there = LIFESPAN.replace("'outside'", "'bathroom'")  # a room no door in sight leads to
-    first_step = lambda prompt: (agent.reset({"episode_id": "ep", "objective": there, "system_prompt": prompt})
-                                 or agent.act(hub).action)
+
+    def first_step(prompt: str) -> dict:
+        agent.reset({"episode_id": "ep", "objective": there, "system_prompt": prompt})
+        return agent.act(hub).action
+
     # told nothing: the first room by name
     assert first_step("") == {"action": "go_to", "target": "art studio"}
     # a past visit saw the art studio's and the bedroom's only ways (back here): the kitchen is where a new way may be
