@@ -69,7 +69,8 @@ def test_the_reader_plays_the_held_out_probe_and_follows_every_verified_plan(cfg
 
 def test_two_models_are_paired_on_the_same_tasks_per_prompt_and_pooled():
     """``--against``: a candidate recipe's model against another's on the same held-out tasks (the
-    rule of a recipe's decision pools C1 and C0+memory, the prompts that state where things are)."""
+    rules of a recipe's decision pool C1 and C0+memory, the prompts that state where things are, or
+    every prompt)."""
     from pipeline.policy.utilisation import against, against_markdown
 
     mine = _outcomes({"plain": [1, 0, 0], "grounded": [1, 1, 0], "recall": [1, 1, 1], "oracle": [1, 1, 1]})
@@ -81,6 +82,9 @@ def test_two_models_are_paired_on_the_same_tasks_per_prompt_and_pooled():
     assert (pooled["n"], pooled["won"], pooled["other_won"], pooled["b"], pooled["c"]) == (6, 5, 1, 4, 0)
     assert pooled["p_exact"] == pytest.approx(0.125)
     assert "C2" not in rows  # no such episodes: no row
+    every = rows["all five prompts"]  # C0, C1, C0+memory and C2_oracle: 12 pairs
+    assert (every["n"], every["won"], every["other_won"], every["b"], every["c"]) == (12, 9, 6, 4, 1)
+    assert every["p_exact"] == pytest.approx(0.375)
     assert "| C1 + C0+memory | 6 | 5 | 1 | 4 / 0 | 0.125 |" in against_markdown(rows, "other")
 
 

@@ -143,18 +143,21 @@ def summarise(model: Mapping[str, bool], reader: Mapping[str, bool], *, seed: in
     return {"success": success, "paired": paired}
 
 
-# The candidate-against-control rule of a recipe's decision (docs/policy.md, statement drills): the
-# statements' use pooled over the two prompts that state where things are and give no plan.
+# The candidate-against-control rules of a recipe's decisions (docs/policy.md): the statements' use pooled
+# over the two prompts that state where things are and give no plan (statement drills), and every episode
+# pooled over the five prompts (a wider model: better at all of it, worse at none).
 POOLED = ("C1", "C0+memory")
+ALL = "all five prompts"
 
 
 def against(model: Mapping[str, bool], other: Mapping[str, bool]) -> dict[str, dict[str, Any]]:
     """This model's outcomes paired with another model's on the same tasks (task id -> success):
-    per condition and pooled over :data:`POOLED`, the successes of each, the discordant pairs
-    ``b`` (only this model won) and ``c`` (only the other) and the exact McNemar p."""
+    per condition, pooled over :data:`POOLED` and over every condition (:data:`ALL`), the successes
+    of each, the discordant pairs ``b`` (only this model won) and ``c`` (only the other) and the
+    exact McNemar p."""
     mine, theirs = _by_kind(model), _by_kind(other)
     out: dict[str, dict[str, Any]] = {}
-    groups = [(c, (c,)) for c in KINDS.values()] + [(" + ".join(POOLED), POOLED)]
+    groups = [(c, (c,)) for c in KINDS.values()] + [(" + ".join(POOLED), POOLED), (ALL, tuple(KINDS.values()))]
     for name, conds in groups:
         pairs = [(mine[c][h], theirs[c][h]) for c in conds for h in sorted(set(mine[c]) & set(theirs[c]))]
         if not pairs:
