@@ -157,9 +157,16 @@ def test_the_agent_records_or_raises_per_on_backend_error(tiny_cfg, sleeps):
 # --------------------------------------------------------------------------- the collect stage
 
 
-def _llm_project(project, server, *extra: str) -> None:
+# The collect stage's client timeout where its faults mix hangs with faults answered at once: long enough
+# that every attempt is read and answered before the client gives up on a loaded 2-core machine (with
+# 0.4 s, a failed turn's request count came out other than 2 under `make test` in a clean clone), short
+# enough that a hang costs little.
+COLLECT_TIMEOUT_S = 2.0
+
+
+def _llm_project(project, server, *extra: str, timeout_s: float = TIMEOUT_S) -> None:
     project.configure("agent=llm", "model=openai", f"model.base_url={server.url}", "model.api_model=fake-model",
-                      f"model.timeout_s={TIMEOUT_S}", "model.max_retries=1", f"model.backoff_s={BACKOFF_S}",
+                      f"model.timeout_s={timeout_s}", "model.max_retries=1", f"model.backoff_s={BACKOFF_S}",
                       "model.logprobs=false", *extra)
 
 
@@ -175,8 +182,8 @@ def test_collect_records_failed_turns_and_loses_no_episode(project):
         k = _turn_key(body)
         return faults[(k // 3) % len(faults)] if k % 3 == 0 else "ok"
 
-    with FakeOpenAI(script, hang_s=3 * TIMEOUT_S) as server:
-        _llm_project(project, server, "agent.batch_size=2")
+    with FakeOpenAI(script, hang_s=3 * COLLECT_TIMEOUT_S) as server:
+        _llm_project(project, server, "agent.batch_size=2", timeout_s=COLLECT_TIMEOUT_S)
         proc = project.run("collect", env={"OPENAI_API_KEY": "unused"})
     turns = read_parquet(project.root / "data/episodes/turns.parquet").to_pylist()
     episodes = read_parquet(project.root / "data/episodes/episodes.parquet").to_pylist()
