@@ -88,6 +88,7 @@ class Goal:
     dest: str | None = None
     prep: str = "in"
     close_after: bool = False
+    lock_after: bool = False  # "... and lock it": read by the reader only (the rule agents of seed 004 never lock)
 
 
 def etype(name: str | None) -> str:
@@ -99,18 +100,21 @@ def parse_objective(objective: str | None) -> Goal:
     """Turn an objective sentence into a :class:`Goal` (``explore`` when unrecognised).
 
     >>> parse_objective("Put Apple_2 in Fridge_0 and close it.")
-    Goal(verb='put', obj='Apple_2', dest='Fridge_0', prep='in', close_after=True)
+    Goal(verb='put', obj='Apple_2', dest='Fridge_0', prep='in', close_after=True, lock_after=False)
     >>> parse_objective("Bring Mug_0 to the Bedroom and drop it there.")
-    Goal(verb='bring', obj='Mug_0', dest='Bedroom', prep='at', close_after=False)
+    Goal(verb='bring', obj='Mug_0', dest='Bedroom', prep='at', close_after=False, lock_after=False)
+    >>> parse_objective("Put Towel_6 in Drawer_0 and lock it.").lock_after
+    True
     """
     text = " ".join(str(objective or "").split())
     low = text.lower()
     close_after = bool(re.search(r"\b(and|then)\s+close\b", low))
+    lock_after = bool(re.search(r"\b(and|then)\s+lock\b", low))
     m = re.search(rf"\b(?:put|place|insert|move|store|return)\s+(?:the\s+)?{ENTITY_RE}\s+"
                   rf"(in|into|inside|on|onto|on top of)\s+(?:the\s+)?{ENTITY_RE}", text, re.IGNORECASE)
     if m:
         prep = "on" if m.group(2).lower().startswith("on") else "in"
-        return Goal("put", m.group(1), m.group(3), prep, close_after)
+        return Goal("put", m.group(1), m.group(3), prep, close_after, lock_after)
     m = re.search(rf"\b(?:bring|carry|take|move)\s+(?:the\s+)?{ENTITY_RE}\s+to\s+(?:the\s+)?{ENTITY_RE}",
                   text, re.IGNORECASE)
     if m:

@@ -51,7 +51,7 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
-from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, etype
+from pipeline.agents.base import AgentStep, Goal, RuleAgent, _same, _View, candidate_actions, etype
 from pipeline.core.conf_schema import AgentConfig
 from pipeline.core.facts import OUTCOME_PREDICATES, Fact, FactReader, FocusTask, ReadsFocusTasks, fact
 from pipeline.prompts.verified import read_verified_steps
@@ -221,6 +221,7 @@ class ReaderAgent(RuleAgent):
         self.focused: str | None = None  # the thing a focus was played on (the episode went on: it was right)
         self._heading: str | None = None  # the room not yet entered it is walking to
         self._facts_now: tuple[Fact, ...] = ()  # the latest observation's facts
+        self._keys_failed: dict[str, set[str]] = {}  # locked container -> keys held beside it that did not open it
 
     # -- reading -------------------------------------------------------------------------
 
@@ -661,6 +662,33 @@ class ReaderAgent(RuleAgent):
                     return a, f"the user wants {c} locked again after use"
         return None
 
+    def _finish_put(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """The rule agent's, and an objective that says to lock the destination ("... and lock
+        it") has it closed and locked with the key in hand once the object is in it."""
+        if g.verb == "put" and g.lock_after and g.dest and (self.mem.placed or self.find(cands, "pick_up", g.obj, g.dest)):
+            self.mem.placed = True
+            a = self.find(cands, "close", g.dest)
+            if a:
+                return a, f"{g.obj} is {g.prep} {g.dest}; close it to lock it"
+            a = self.find(cands, "lock", g.dest)
+            if a:
+                return a, f"{g.obj} is {g.prep} {g.dest}; now I lock {g.dest}"
+        return super()._finish_put(g, view, cands, ctx)
+
+    def _toward_goal(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
+        """The rule agent's goal step, but never toward a locked destination without a key: a key
+        in sight is taken first, and one not in sight is looked for (the search takes keys it finds;
+        walking to the destination and away again was a loop to the step cap)."""
+        if g.verb == "put" and g.obj and g.dest and view.holding(g.obj) and \
+                (self._locked(g.dest) or g.dest in self.mem.locked_seen) and \
+                not any(etype(x) == "key" for x in view.inv):
+            for a in cands:
+                if a.get("action") == "pick_up" and etype(a.get("target")) == "key":
+                    return a, f"{g.dest} is locked: take {a.get('target')}, it may open it"
+            if not view.seen(g.dest):
+                return None
+        return super()._toward_goal(g, view, cands, ctx)
+
     def _believed(self, g: Goal, view: _View, cands: list[dict], ctx: dict) -> tuple[dict, str] | None:
         """Go for what is needed where the prompt (or an earlier sight) places it."""
         targets = self._wanted(view)
@@ -705,10 +733,9 @@ class ReaderAgent(RuleAgent):
         if any(self._worth_opening(c) for c in view.openable) or view.unlockable:
             return None  # this room first (rank_containers orders it)
         usual = self._usual_kinds(view)
-        has_key = any(etype(x) == "key" for x in view.inv)
         spots = []
         for c, room in self._known_containers().items():
-            if _same(room, view.here) or not self._worth_opening(c) or (self._locked(c) and not has_key):
+            if _same(room, view.here) or not self._worth_opening(c) or (self._locked(c) and not self._may_unlock(c, view)):
                 continue  # a locked one waits for its key (the search takes keys it finds)
             spots.append((str(self.facts.kind(c) or "").lower() not in usual, room, c))
         for _, room, c in sorted(spots):
@@ -718,6 +745,22 @@ class ReaderAgent(RuleAgent):
                 why = "usually kept" if str(self.facts.kind(c) or "").lower() in usual else "not yet looked into"
                 return a, f"{c} in the {room} may hold what I need ({why}): go there"
         return None
+
+    def _may_unlock(self, container: str, view: _View) -> bool:
+        """Whether a key in hand may open ``container``: one not yet held beside it without an
+        ``unlock`` to play (a key that does not fit, walked back to, was a loop to the step cap)."""
+        failed = self._keys_failed.get(container, set())
+        return any(etype(x) == "key" and x not in failed for x in view.inv)
+
+    def _note_keys_that_fail(self, obs: Mapping[str, Any]) -> None:
+        """Each locked container in sight that no key in hand can unlock: those keys do not fit it."""
+        keys = {str(x) for x in obs.get("agent_inventory") or [] if etype(x) == "key"}
+        if not keys:
+            return
+        unlockable = {str(a.get("target")) for a in candidate_actions(obs) if a.get("action") == "unlock"}
+        for c in obs.get("visible_entities") or []:
+            if self.seen.state.get(str(c)) == "locked" and str(c) not in unlockable:
+                self._keys_failed.setdefault(str(c), set()).update(keys)
 
     def _carrying_to_dest(self, g: Goal, view: _View) -> bool:
         return g.verb in ("put", "bring") and bool(g.obj) and view.holding(g.obj)
@@ -758,6 +801,7 @@ class ReaderAgent(RuleAgent):
         self.here = self.seen.take_in(self._facts_now)
         before = dict(self.beliefs.dropped)
         self.check_beliefs()
+        self._note_keys_that_fail(shown)
         action, rationale, _ = self.choose(shown, {})
         if action.get("action") == "open":  # what it opened and unlocked, it must close and lock again
             self.mem.opened.add(str(action.get("target")))

@@ -66,6 +66,13 @@ class AgentName(StrEnum):
     trial = "trial"  # pipeline/agents/trial.py: the reader with seeded draws, for trials that test candidates
 
 
+class Teacher(StrEnum):
+    """Who answers the default policy's demonstration and DAgger turns (``policy.teacher``; ``pipeline.policy.teacher``)."""
+
+    expert = "expert"  # pipeline/policy/expert.py: the knowledge-limited expert (household only; plans on the game's state)
+    reader = "reader"  # pipeline/agents/reader.py: the instrument itself, which reads all the memory says (issue 64)
+
+
 class OnBackendError(StrEnum):
     """What a failed model call is (``agent.on_backend_error``)."""
 
@@ -566,6 +573,10 @@ class PolicyConfig:
     """Rule agent (``react`` | ``rag``) whose train episodes give the demonstrations' grounding and advisories."""
     rule_epsilon: float = checked(0.2, PROBABILITY)
     """Its random-action rate (mistakes draw the feedback the grounding is made of)."""
+    teacher: Teacher = Teacher.expert
+    """Who answers every demonstration, drill and DAgger turn: ``expert`` (the knowledge-limited expert) or ``reader``
+    (the instrument, which reads all the memory says: ``pipeline.policy.teacher``; docs/policy.md, *The reader as the
+    teacher*)."""
     demos_per_quest: int = checked(12, at_least(1))
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
     plan_drills: int = checked(0, at_least(0, " (0: none)"))

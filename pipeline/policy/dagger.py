@@ -10,10 +10,10 @@ labels to the data, train again. Here:
 
 - :func:`play_houses` plays :class:`HouseTask` s (a generated house's first quest under a
   prompt variant) with the model, batched as ``evaluate`` plays (the ``llm`` agent, its
-  decoding, greedy), on TextWorld's logic engine. With ``label`` it runs
-  :class:`pipeline.policy.expert.BeliefExpert` beside it on the same env: the expert
-  knows what the prompt states and what has been seen, follows the verified plan while
-  the policy does, and plans for itself once the policy leaves it. Each turn becomes a
+  decoding, greedy), on TextWorld's logic engine. With ``label`` it runs the teacher
+  ``policy.teacher`` names (:mod:`pipeline.policy.teacher`) beside it on the same env: the
+  teacher knows what the prompt states and what has been seen, answers every state the policy
+  reaches, and goes on from the step the policy played. Each turn becomes a
   :class:`pipeline.policy.demos.RenderedTurn`: the messages the *model* was given (its own
   memory dict, its own history) and the *expert's* answer. So the model's inputs are
   exactly what ``evaluate`` gives it; what it learns is the way back.
@@ -40,11 +40,11 @@ from typing import Any, Callable, Mapping, Sequence
 
 from omegaconf import OmegaConf
 
-from pipeline.agents.llm import LLMAgent, render_response
+from pipeline.agents.llm import LLMAgent
 from pipeline.core.conf_schema import ConditionKind, Config
 from pipeline.core.parallel import OrderedPool, partition
 from pipeline.core.seeding import crc_rng, derive_seed
-from pipeline.envs import scene_preferences
+from pipeline.envs import fact_reader, scene_preferences
 from pipeline.envs.household.generate import GeneratedHouse
 from pipeline.llm.backends.transformers import TransformersBackend
 from pipeline.policy.demos import (
@@ -60,7 +60,7 @@ from pipeline.policy.demos import (
     house_variants,
     rule_agent_config,
 )
-from pipeline.policy.expert import BeliefExpert, read_knowledge
+from pipeline.policy.teacher import make_teacher
 from pipeline.prompts import PromptOrganizer
 
 
@@ -145,6 +145,7 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
     ``cfg`` should be :func:`rollout_config`'s (greedy)."""
     batch = max(1, int(cfg.agent.batch_size))
     explore_cap = int(cfg.policy.explore_cap)
+    facts = fact_reader(cfg) if label else None
     out: list[Rollout] = []
     for start in range(0, len(tasks), batch):
         slots = []
@@ -155,35 +156,34 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
             agent.reset({"episode_id": t.task_id, "scene_id": t.row["scene_id"], "quest_id": t.row["quest_id"],
                          "objective": t.row["objective"], "seed": 0,
                          "system_prompt": None if t.variant.bare else t.prompt})
-            expert = None
+            teacher = None
             if label:
                 prefs = scene_preferences(t.house.spec, list(t.row.get("preferences") or []))
-                expert = BeliefExpert(env, read_knowledge(t.prompt, env.world, prefs), explore_cap=explore_cap)
-            slots.append({"task": t, "env": env, "agent": agent, "expert": expert, "obs": obs,
+                teacher = make_teacher(cfg.policy.teacher, env, t.prompt, str(t.row["objective"]), prefs,
+                                       facts=facts, explore_cap=explore_cap)
+            slots.append({"task": t, "env": env, "agent": agent, "teacher": teacher, "obs": obs,
                           "rollout": Rollout(t, False, False, 0)})
         active = slots
         while active:
             wanted = []
             for s in active:
-                if s["expert"] is None:
+                if s["teacher"] is None:
                     wanted.append(None)
                     continue
-                decision = s["expert"].decide()
-                answer = render_response(*s["expert"].response(decision, s["obs"]))
+                answer = s["teacher"].answer(s["obs"])
                 r = s["rollout"]
                 r.labels.append(RenderedTurn(s["task"].task_id, r.turns, s["task"].variant.name,
-                                             s["agent"].messages(s["obs"]), answer, True))
-                wanted.append(decision.command)
+                                             s["agent"].messages(s["obs"]), answer.response, True))
+                wanted.append(answer.command)
             steps = LLMAgent.act_many([s["agent"] for s in active], [s["obs"] for s in active])
             still = []
             for s, step, want in zip(active, steps, wanted):
                 obs, _, done, info = s["env"].step(step.action)
                 r = s["rollout"]
                 r.turns += 1
-                if s["expert"] is not None:
+                if s["teacher"] is not None:
                     r.agreed += int(info.get("command") == want)
-                    s["expert"].did(info.get("command"))
-                    s["expert"].observe()
+                    s["teacher"].played(info.get("command"), step.action)
                 s["obs"] = obs
                 if done:
                     r.won = bool(info.get("won"))

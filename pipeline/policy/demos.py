@@ -15,8 +15,9 @@ played here):
    scene's grounding, times no advisory / each of ``demos.advisory_variants``' injected
    block, as ``build_memory_slot`` makes a condition's for the ``render`` stage: the
    policy's own list, never the experiment's conditions), and ``policy.demos_per_quest``
-   episodes of :class:`pipeline.policy.expert.BeliefExpert` replayed in
-   :class:`pipeline.envs.household.env.HouseholdEnv`, the variants in turn. The expert reads the
+   episodes of the teacher ``policy.teacher`` names (:mod:`pipeline.policy.teacher`: the
+   knowledge-limited expert or the reader) replayed in
+   :class:`pipeline.envs.household.env.HouseholdEnv`, the variants in turn. The teacher reads the
    variant's frozen system prompt, so what it knows is exactly what the prompt says. The
    first demo of each variant keeps the scene's names and makes no slip; the others
    rename the house (:func:`pipeline.policy.expert.draw_renaming`) and slip now and then.
@@ -62,15 +63,8 @@ from pipeline.conditions import memory_slot
 from pipeline.memory import EpisodicStore
 from pipeline.memory.build import build_store
 from pipeline.policy.demo_workers import WorkerContext, demo_pool, ticks
-from pipeline.policy.expert import (
-    DemoEpisode,
-    draw_renaming,
-    expert_episode,
-    read_knowledge,
-    rename_obj,
-    rename_pattern,
-    rename_text,
-)
+from pipeline.policy.expert import DemoEpisode, draw_renaming, rename_obj, rename_pattern, rename_text
+from pipeline.policy.teacher import make_teacher, teacher_episode
 from pipeline.prompts import PromptOrganizer, extract_json_object
 from pipeline.session.collection import make_factories
 from pipeline.session.rollout import Task, format_episode_id, play, tasks_from_manifest
@@ -400,7 +394,7 @@ def quest_demos(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
         mapping: dict[str, str] = {}
         if k >= len(variants):
             mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
-        episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng,
+        episode = play_teacher(cfg, root, scenes, row, frozen[vi], rng=rng,
                               slip_prob=pol.slip_prob if mapping else 0.0)
         demos.append(Demo.of(DemoKind.quest, f"{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row),
                              variants[vi], mapping, episode, k))
@@ -579,7 +573,7 @@ def house_demo(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, orga
         v = variants[int(house.scene_id.rsplit("_", 1)[1]) % len(variants)]
     prompt = freeze_prompt(organizer, row["objective"], row["scene_id"], v.grounding, v.block)
     rng = crc_rng(cfg.seed, "generated", house.scene_id)
-    episode = play_expert(cfg, Path("."), all_scenes, row, prompt, rng=rng,
+    episode = play_teacher(cfg, Path("."), all_scenes, row, prompt, rng=rng,
                           slip_prob=0.0 if drill else pol.slip_prob, env=house_env(cfg, house))
     if drill:
         j = k - n_houses
@@ -589,16 +583,17 @@ def house_demo(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, orga
     return Demo.of(DemoKind.house, house.scene_id, row, v, {}, episode, 0)
 
 
-def play_expert(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], prompt: str, *,
-                rng: Any, slip_prob: float, env: Any = None) -> DemoEpisode:
-    """One :func:`pipeline.policy.expert.expert_episode` of ``row``'s quest, the expert
-    knowing what ``prompt`` (a frozen system prompt) tells, in a freshly reset env (the
-    compiled game's, or ``env``: a generated house on the logic engine)."""
+def play_teacher(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping[str, Any], prompt: str, *,
+                 rng: Any, slip_prob: float, env: Any = None) -> DemoEpisode:
+    """One :func:`pipeline.policy.teacher.teacher_episode` of ``row``'s quest by ``policy.teacher``,
+    knowing what ``prompt`` (a frozen system prompt) tells, in a freshly reset env (the compiled
+    game's, or ``env``: a generated house on the logic engine)."""
     env = env if env is not None else make_env(cfg, root, scenes, row)
     try:
         env.reset()
-        know = read_knowledge(prompt, env.world, _scene_prefs(scenes, row))
-        return expert_episode(env, know, slip_prob=slip_prob, rng=rng, explore_cap=cfg.policy.explore_cap)
+        teacher = make_teacher(cfg.policy.teacher, env, prompt, str(row["objective"]), _scene_prefs(scenes, row),
+                               facts=fact_reader(cfg), explore_cap=cfg.policy.explore_cap)
+        return teacher_episode(env, teacher, slip_prob=slip_prob, rng=rng)
     finally:
         env.close()
 
@@ -625,7 +620,7 @@ def plan_drills(cfg: Config, root: Path, scenes: Mapping[str, Any], row: Mapping
         vi = picks[k % len(picks)]
         rng = crc_rng(cfg.seed, "drill", row["scene_id"], row["quest_id"], k)
         mapping = demo_renaming(scenes[row["scene_id"]], row["objective"], eval_objectives, rng)
-        episode = play_expert(cfg, root, scenes, row, frozen[vi], rng=rng, slip_prob=0.0)
+        episode = play_teacher(cfg, root, scenes, row, frozen[vi], rng=rng, slip_prob=0.0)
         first = DemoEpisode(episode.turns[:1], episode.won, episode.preferences_ok, episode.searched_steps)
         out.append(Demo.of(DemoKind.drill, f"{row['scene_id']}_{row['quest_id']}_{k:02d}", dict(row),
                            variants[vi], mapping, first, k))

@@ -339,46 +339,24 @@ class DemoEpisode:
 
 def expert_episode(env: Any, knowledge: Knowledge, *, slip_prob: float = 0.0, rng: np.random.Generator | None = None,
                    explore_cap: int = 12) -> DemoEpisode:
-    """Play one episode with :class:`BeliefExpert`; ``env`` must be freshly reset.
+    """Play one episode with :class:`BeliefExpert`; ``env`` must be freshly reset
+    (:func:`pipeline.policy.teacher.teacher_episode` with the expert as the teacher).
 
     Args:
         env: a reset :class:`pipeline.envs.household.env.HouseholdEnv`.
         knowledge: what the demonstration's prompt tells.
-        slip_prob: probability that a turn is a wrong one instead (:func:`_slip`),
+        slip_prob: probability that a turn is a wrong one instead (:func:`slip`),
             recorded with ``train=False`` and its memory keeping the stale plan, so that
             the learned policy sees how to recover from its own mistakes.
         rng: source of the slips.
         explore_cap: see :class:`BeliefExpert`.
     """
-    rng = rng if rng is not None else np.random.default_rng(0)
-    obs = env.observation()
-    expert = BeliefExpert(env, knowledge, explore_cap=explore_cap)
-    turns: list[DemoTurn] = []
-    memory: dict = {"plan": "", "notes": ""}
-    last: tuple[str, dict] | None = None
-    done, info = False, {}
-    while not done:
-        decision = expert.decide()
-        slip = slip_prob > 0 and turns and rng.random() < slip_prob
-        if slip:
-            others = sorted(c for c in env.admissible if c != decision.command and is_household_command(c))
-            slip = bool(others)
-        if slip:
-            cmd, action = _slip(env, obs, others, rng, last)
-            memory = {"plan": memory.get("plan") or "", "notes": expert.notes()}
-            turns.append(DemoTurn(obs, render_response(f"Try: {cmd}.", action, memory), train=False))
-        else:
-            reasoning, action, memory = expert.response(decision, obs)
-            turns.append(DemoTurn(obs, render_response(reasoning, action, memory)))
-            cmd = decision.command
-        last = (cmd, action)
-        obs, _, done, info = env.step(action)
-        expert.did(info.get("command"))
-        expert.observe()
-    return DemoEpisode(turns, bool(info.get("won")), bool(info.get("preferences_ok")), expert.search_steps)
+    from pipeline.policy.teacher import ExpertTeacher, teacher_episode  # deferred: teacher.py imports this module
+
+    return teacher_episode(env, ExpertTeacher(env, knowledge, explore_cap=explore_cap), slip_prob=slip_prob, rng=rng)
 
 
-def _slip(env: Any, obs: Mapping[str, Any], others: Sequence[str], rng: np.random.Generator,
+def slip(env: Any, obs: Mapping[str, Any], others: Sequence[str], rng: np.random.Generator,
           last: tuple[str, dict] | None = None) -> tuple[str, dict]:
     """A wrong turn: another admissible command, a move through a wall, an action on
     something that is not here, or the last action again (the env refuses the last three
