@@ -6,15 +6,15 @@ verified plan (the one thing 94% of its training first turns carried) and on not
 grounding of a past visit takes the reader from 0.48 to 0.95 on held-out houses and the model
 nowhere, and so does the C2 block that names where things were in this house. A statement drill
 is a generated house's first turn under a prompt that says where things are and gives no plan,
-answered by the knowledge-limited expert (:class:`pipeline.policy.expert.BeliefExpert`, which acts
-on every true statement of where a thing is):
+answered by the teacher ``policy.teacher`` names (:mod:`pipeline.policy.teacher`; both the
+knowledge-limited expert and the reader act on every true statement of where a thing is):
 
 - the house's *past visit*: the rule agent plays its second quest (:func:`past_visits`);
 - the prompt is what that visit taught (its grounding, :func:`history_grounding`) or, drawn per
   house (and whenever it taught nothing), the C2 block alone, retrieved from the store with the
   visit in it (:func:`house_memory`, :func:`memory_variant`: "This house, from 1 past visit: ...");
-- it is kept only where the expert's answer is not what the expert told nothing would do: a first
-  turn the statement does not change teaches nothing of it.
+- it is kept only where the teacher's answer (its command and what it rests on) is not what the
+  teacher told nothing would do: a first turn the statement does not change teaches nothing of it.
 
 ``policy.statement_drills`` drills are built by the ``demos`` step (:func:`statement_drills`, in the
 demos' worker pool: chunks of house indices, merged in index order, so any worker count gives the
@@ -132,8 +132,9 @@ def statement_drill(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory,
     """The drill of one house of the stream (module docstring), its id a placeholder
     (:func:`statement_drills` numbers the drills in house order); None where the house gives none
     (an excluded draw, no block, or a statement that changes nothing at the first turn)."""
-    from pipeline.agents.llm import LLMAgent, render_response
-    from pipeline.policy.expert import BeliefExpert, read_knowledge
+    from pipeline.agents.llm import LLMAgent
+    from pipeline.envs import fact_reader
+    from pipeline.policy.teacher import make_teacher
 
     if house is None:  # an excluded layout, or no quest left
         return None
@@ -152,15 +153,14 @@ def statement_drill(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory,
     try:
         obs = env.reset()
         prefs = scene_preferences(house.spec, list(row.get("preferences") or []))
-        cap = int(cfg.policy.explore_cap)
-        expert = BeliefExpert(env, read_knowledge(prompt, env.world, prefs), explore_cap=cap)
-        decision = expert.decide()
-        told_nothing = BeliefExpert(env, read_knowledge("", env.world, prefs), explore_cap=cap).decide()
-        answer = render_response(*expert.response(decision, obs))
+        told = {k: make_teacher(cfg.policy.teacher, env, text_, str(row["objective"]), prefs, facts=fact_reader(cfg),
+                                explore_cap=int(cfg.policy.explore_cap)).answer(obs) for k, text_ in
+                (("prompt", prompt), ("nothing", ""))}
     finally:
         env.close()
-    if (decision.command, decision.mode) == (told_nothing.command, told_nothing.mode):
-        return None  # the statement changes nothing at this turn: no drill of it
+    answer = told["prompt"].response
+    if (told["prompt"].command, told["prompt"].basis) == (told["nothing"].command, told["nothing"].basis):
+        return None  # the statement changes nothing at this turn (the same step on the same basis): no drill of it
     agent = LLMAgent(cfg, backend=NoBackend())
     agent.reset({"episode_id": f"stmt_{house.scene_id}", "scene_id": row["scene_id"], "quest_id": row["quest_id"],
                  "objective": row["objective"], "seed": 0, "system_prompt": prompt})

@@ -47,12 +47,14 @@ from pipeline.policy.expert import BeliefExpert, DemoEpisode, DemoTurn, Knowledg
 @dataclass(frozen=True)
 class Answer:
     """A teacher's answer to one observation: the admissible ``command`` it plays (None: the
-    action is no listed command), the ``action`` dict, and the ``response`` text the model is
-    trained to write."""
+    action is no listed command), the ``action`` dict, the ``response`` text the model is
+    trained to write, and its ``basis``: what it acted on (the expert's mode, plan | search;
+    the reader's belief), so that two answers are the same decision when both agree."""
 
     command: str | None
     action: dict
     response: str
+    basis: str = ""
 
 
 class Teacher(Protocol):
@@ -99,7 +101,7 @@ class ExpertTeacher:
     def answer(self, obs: Mapping[str, Any]) -> Answer:
         decision = self.expert.decide()
         reasoning, action, memory = self.expert.response(decision, obs)
-        return Answer(decision.command, action, render_response(reasoning, action, memory))
+        return Answer(decision.command, action, render_response(reasoning, action, memory), decision.mode)
 
     def played(self, command: str | None, action: Mapping[str, Any]) -> None:
         self.expert.did(command)
@@ -170,7 +172,7 @@ class ReaderTeacher:
         reasoning = f"{why[:1].upper()}{why[1:]}"
         if command and not why.endswith(command):  # a verified step's rationale ends with its command
             reasoning += f": {command}"
-        self._answer = Answer(command, action, render_response(reasoning + ".", action, self.memory(action)))
+        self._answer = Answer(command, action, render_response(reasoning + ".", action, self.memory(action)), why)
         return self._answer
 
     def played(self, command: str | None, action: Mapping[str, Any]) -> None:

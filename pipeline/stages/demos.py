@@ -1,11 +1,12 @@
-"""``demos`` step of the model pipeline: the default policy's expert demonstrations, built from its games.
+"""``demos`` step of the model pipeline: the default policy's demonstrations, built from its games.
 
     python -m pipeline.stages.demos          # a step of `make model` (models/dvc.yaml), on models/params.yaml
 
 A rule agent (``policy.rule_agent``) plays the *train* quests; its feedback becomes
 per-scene grounding and an episodic store, from which the prompt variants of
 :mod:`pipeline.policy.demos` are built (no grounding / the scene's grounding, times no
-advisory / each of ``demos.advisory_variants``); a knowledge-limited expert plays
+advisory / each of ``demos.advisory_variants``); the teacher ``policy.teacher`` names (the
+knowledge-limited expert or the reader: :mod:`pipeline.policy.teacher`) plays
 ``policy.demos_per_quest`` demonstrations per quest and every turn is rendered by
 the ``llm`` agent's own code. All of it by the library (:mod:`pipeline.policy.demoset`),
 from the games and the policy's own config: the experiment's list of conditions is never
@@ -42,7 +43,7 @@ METRICS_FILE = "demos.json"
 
 def demos(cfg: Config, root: Path, _args: object) -> None:
     """Build and write the demonstrations (module docstring)."""
-    pin_numerics(cfg, runs_model=False)  # rule agent and expert only: the environment, no torch
+    pin_numerics(cfg, runs_model=False)  # rule agent and teacher only: the environment, no torch
     out_dir = root / cfg.paths.demos
     metrics_path = root / cfg.paths.metrics / METRICS_FILE
     t0 = time.perf_counter()
@@ -50,7 +51,7 @@ def demos(cfg: Config, root: Path, _args: object) -> None:
     n_train = sum(r["split"] == "train" for r in manifest)
     pol = cfg.policy
     with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
-            tqdm(desc="demos: expert demos", unit="ep", file=sys.stderr) as bar2, \
+            tqdm(desc=f"demos: {cfg.policy.teacher} demos", unit="ep", file=sys.stderr) as bar2, \
             tqdm(total=pol.statement_drills, desc="demos: statement drills", unit="drill", file=sys.stderr,
                  disable=pol.statement_drills == 0) as bar3:
         demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,

@@ -3,7 +3,7 @@
     python -m pipeline.stages.policy          # a step of `make model` (models/dvc.yaml), on models/params.yaml
 
 Nothing can be downloaded here, so the project trains its own small causal LM on the
-expert demonstrations that the ``demos`` step wrote to ``<paths.demos>``
+teacher's demonstrations (``policy.teacher``) that the ``demos`` step wrote to ``<paths.demos>``
 (:mod:`pipeline.policy.demoset`): a byte-level BPE tokenizer and a small Llama-style model
 trained on two CPU cores (:mod:`pipeline.policy.training`), then DAgger rounds and the
 probes on held-out generated houses (optionally its own check on the eval quests against the
