@@ -168,10 +168,11 @@ def render_card(block: Mapping[str, Any]) -> str:
     front = yaml.safe_dump({**HUB_META, "pipeline": dict(block)}, sort_keys=False, allow_unicode=True, width=100)
     b = block
     built = b.get("built") or {}
+    teacher = (b.get("recipe") or {}).get("teacher", "expert")  # policy.teacher: who answered its training turns
     lines = [f"{FRONT}{front}{FRONT}", "# policy: the pipeline's default model", "",
              f"A {b.get('parameters'):,}-parameter {b.get('architecture')} trained on CPU by this project's model "
-             "pipeline (`make model`, `models/dvc.yaml`), from expert demonstrations in household text games and "
-             "its own episodes labelled by the expert (DAgger). The experiment (`make repro`) plays it as "
+             f"pipeline (`make model`, `models/dvc.yaml`), from the {teacher}'s demonstrations in household text games "
+             f"and its own episodes labelled by the {teacher} (DAgger). The experiment (`make repro`) plays it as "
              "`model=policy`, as it would play any user's model; it never trains it.", "",
              "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer",
              'model = AutoModelForCausalLM.from_pretrained("models/policy")',

@@ -154,6 +154,7 @@ class ReaderTeacher:
         self._before: _Told | None = None
         self._obs: Mapping[str, Any] | None = None
         self._answer: Answer | None = None
+        self._searching = False  # whether the last answer searched (counted once it is played)
         self.search_steps = 0
 
     def answer(self, obs: Mapping[str, Any]) -> Answer:
