@@ -15,7 +15,7 @@ labels to the data, train again. Here:
   teacher knows what the prompt states and what has been seen, answers every state the policy
   reaches, and goes on from the step the policy played. Each turn becomes a
   :class:`pipeline.policy.demos.RenderedTurn`: the messages the *model* was given (its own
-  memory dict, its own history) and the *expert's* answer. So the model's inputs are
+  memory dict, its own history) and the *teacher's* answer. So the model's inputs are
   exactly what ``evaluate`` gives it; what it learns is the way back.
 - :func:`dagger_tasks`: the houses a round plays, from their own seed stream (never an eval
   scene's layout, never an eval objective: :func:`pipeline.policy.demos.training_houses`),

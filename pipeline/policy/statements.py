@@ -153,7 +153,8 @@ def statement_drill(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory,
     try:
         obs = env.reset()
         prefs = scene_preferences(house.spec, list(row.get("preferences") or []))
-        told = {k: make_teacher(cfg.policy.teacher, env, text_, str(row["objective"]), prefs, facts=fact_reader(cfg),
+        facts = fact_reader(cfg)
+        told = {k: make_teacher(cfg.policy.teacher, env, text_, str(row["objective"]), prefs, facts=facts,
                                 explore_cap=int(cfg.policy.explore_cap)).answer(obs) for k, text_ in
                 (("prompt", prompt), ("nothing", ""))}
     finally:

@@ -16,8 +16,8 @@ line, the JSON action with a ``memory`` dict of ``plan`` and ``notes``) and both
 that was played instead of theirs (a demonstration's slip, the policy's own step in DAgger), from
 which they go on::
 
-    teacher = make_teacher(cfg, env, prompt, row, preferences)
-    answer = teacher.answer(obs)           # Answer(command, action, response)
+    teacher = make_teacher(cfg.policy.teacher, env, prompt, objective, preferences, facts=..., explore_cap=...)
+    answer = teacher.answer(obs)           # Answer(command, action, memory, response, basis)
     obs2, _, done, info = env.step(action_played)
     teacher.played(info.get("command"), action_played)
 
@@ -28,7 +28,6 @@ state before it answered and plays that step instead (a deep copy per turn: a fe
 from __future__ import annotations
 
 import copy
-import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -41,18 +40,20 @@ from pipeline.core.config import section
 from pipeline.core.facts import FactReader
 from pipeline.core.schemas import clean_action
 from pipeline.envs.household.env import is_household_command
-from pipeline.policy.expert import BeliefExpert, DemoEpisode, DemoTurn, Knowledge, read_knowledge, slip
+from pipeline.policy.expert import BeliefExpert, DemoEpisode, DemoTurn, Knowledge, command_action, read_knowledge, slip
 
 
 @dataclass(frozen=True)
 class Answer:
     """A teacher's answer to one observation: the admissible ``command`` it plays (None: the
-    action is no listed command), the ``action`` dict, the ``response`` text the model is
-    trained to write, and its ``basis``: what it acted on (the expert's mode, plan | search;
-    the reader's belief), so that two answers are the same decision when both agree."""
+    action is no listed command), the ``action`` dict, the ``memory`` dict it writes (``plan``,
+    ``notes``), the ``response`` text the model is trained to write (all three rendered), and its
+    ``basis``: what it acted on (the expert's mode, plan | search; the reader's belief), so that
+    two answers are the same decision when both agree."""
 
     command: str | None
     action: dict
+    memory: dict
     response: str
     basis: str = ""
 
@@ -82,14 +83,8 @@ class Teacher(Protocol):
 def command_of(action: Mapping[str, Any], obs: Mapping[str, Any]) -> str | None:
     """The admissible command an action dict names in ``obs`` (None: none does)."""
     want = clean_action(action)
-    for a in obs.get("admissible_actions") or []:
-        if isinstance(a, Mapping) and clean_action(a) == want:
-            return a.get("command")
-    if want.get("action") == "go_to":
-        cmd = f"go {want.get('target')}"
-        if cmd in (obs.get("admissible_commands") or []):
-            return cmd
-    return None
+    return next((a.get("command") for a in obs.get("admissible_actions") or []
+                 if isinstance(a, Mapping) and clean_action(a) == want), None)
 
 
 class ExpertTeacher:
@@ -101,7 +96,7 @@ class ExpertTeacher:
     def answer(self, obs: Mapping[str, Any]) -> Answer:
         decision = self.expert.decide()
         reasoning, action, memory = self.expert.response(decision, obs)
-        return Answer(decision.command, action, render_response(reasoning, action, memory), decision.mode)
+        return Answer(decision.command, action, memory, render_response(reasoning, action, memory), decision.mode)
 
     def played(self, command: str | None, action: Mapping[str, Any]) -> None:
         self.expert.did(command)
@@ -165,15 +160,14 @@ class ReaderTeacher:
         step = self.agent.act(obs)
         why = str(self.agent.trace[-1]["why"])
         command = command_of(step.action, obs)
-        action = clean_action(step.action)
-        if command is not None and action.get("action") == "go_to":
-            # the direction in the command, as the expert writes it (the env takes either)
-            action = {"action": "go_to", "target": command.split(" ", 1)[1]} if command.startswith("go ") else action
+        # as the expert writes it (a move's direction, not the room: the env takes either)
+        action = command_action(command, obs) if command else clean_action(step.action)
         self._searching = any(s in why for s in _SEARCH_OPENINGS)
         reasoning = f"{why[:1].upper()}{why[1:]}"
         if command and not why.endswith(command):  # a verified step's rationale ends with its command
             reasoning += f": {command}"
-        self._answer = Answer(command, action, render_response(reasoning + ".", action, self.memory(action)), why)
+        memory = self.memory(action)
+        self._answer = Answer(command, action, memory, render_response(reasoning + ".", action, memory), why)
         return self._answer
 
     def played(self, command: str | None, action: Mapping[str, Any]) -> None:
@@ -258,7 +252,7 @@ def teacher_episode(env: Any, teacher: Teacher, *, slip_prob: float = 0.0,
         else:
             cmd, action = mine.command or "", mine.action
             turns.append(DemoTurn(obs, mine.response))
-            plan = str((json.loads(mine.response.split("\n", 1)[1]).get("memory") or {}).get("plan", ""))
+            plan = str(mine.memory.get("plan") or "")
         last = (cmd, action)
         obs, _, done, info = env.step(action)
         teacher.played(info.get("command"), action)
