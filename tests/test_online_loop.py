@@ -123,3 +123,81 @@ def test_evaluation_plays_every_task_with_its_rendered_prompt(tiny_games, tmp_pa
     assert len(systems) >= len(rows) and all(s.startswith("MARKER ") for s in systems)
     assert {s.split(":")[0] for s in systems} == {f"MARKER {p['scene_id']}/{p['quest_id']}" for p in prompts}
     assert read_parquet(out_dir / "episodes.parquet").num_rows == len(rows)
+
+
+def _play_real(cfg, games, tmp_path, name: str) -> dict[str, str | None]:
+    """The tiny world's train tasks played through the online loop by real agents, env and user;
+    each episode's system prompt as the agent got it."""
+    from pipeline.session.collection import make_factories
+    from pipeline.session.rollout import play, tasks_from_manifest
+
+    tasks = tasks_from_manifest(games.rows, split="train", master_seed=int(cfg.seed))
+    make_env, make_agent, make_user = make_factories(cfg, games.root, dict(games.scenes))
+    seen: dict[str, str | None] = {}
+
+    def play_round(batch: list[Task]) -> list[dict]:
+        for t in batch:
+            seen[f"{t.scene_id}/{t.quest_id}"] = t.system_prompt
+        return play(batch, make_env=make_env, make_agent=make_agent, make_user=make_user, batch_size=1,
+                    agent_name=str(cfg.agent.name))
+
+    play_online(cfg, ROOT, tasks, play_round, tmp_path / name)
+    return seen
+
+
+def test_the_online_memory_shows_each_trial_the_memory_of_the_episodes_before_it(tiny_cfg, tiny_games, tmp_path):
+    """``grounding.online_memory=C2``: a scene's 2nd episode is prompted with C2's memory block
+    from a store of the 1st round's episodes (what the render stage would show with that store);
+    null: no block, the prompts as before."""
+    from pipeline.conditions.sources import memory_slot
+    from pipeline.core.schemas import episodes_table, turns_table
+    from pipeline.envs import fact_reader, world_words
+    from pipeline.memory.build import build_store
+    from pipeline.session.collection import make_factories
+    from pipeline.session.rollout import play, tasks_from_manifest
+
+    base = OmegaConf.merge(tiny_cfg, {"agent": {"name": "reader"}, "env": {"max_steps": 6}})
+    plain = _play_real(base, tiny_games, tmp_path, "plain")
+    cfg = OmegaConf.merge(base, {"grounding": {"online_memory": "C2"}})
+    told = _play_real(cfg, tiny_games, tmp_path, "told")
+    tasks = tasks_from_manifest(tiny_games.rows, split="train", master_seed=int(cfg.seed))
+    first, second = rounds(tasks)[0], rounds(tasks)[1]
+    assert all(told[f"{t.scene_id}/{t.quest_id}"] is None for t in first)  # nothing played before: the default prompt
+    # the store of round 1, built here as the store stage builds it, and C2's block as render retrieves it
+    make_env, make_agent, make_user = make_factories(cfg, tiny_games.root, dict(tiny_games.scenes))
+    played = play(list(first), make_env=make_env, make_agent=make_agent, make_user=make_user, batch_size=1,
+                  agent_name="reader")
+    store = build_store(episodes_table([r["episode"] for r in played]), turns_table([t for r in played for t in r["turns"]]),
+                        reader=fact_reader(cfg), splits=None, config_hash=None, tie_seed=int(cfg.seed))
+    for t in second:
+        key = f"{t.scene_id}/{t.quest_id}"
+        row = {"scene_id": t.scene_id, "quest_id": t.quest_id, "split": t.split, "objective": t.objective,
+               "expert_plan": list(t.expert_plan)}
+        block = memory_slot(store, row, cfg.condition.C2, cfg.memory, rng=int(cfg.seed), name="C2",
+                            words=world_words(cfg), facts=fact_reader(cfg)).injected_block_text
+        assert block.strip(), f"{key}: C2 retrieves nothing from round 1's store"
+        assert block in told[key] and block not in (plain[key] or "")
+        assert plain[key] is not None and told[key] != plain[key]  # the grounding is in both
+    assert _play_real(cfg, tiny_games, tmp_path, "again") == told  # the same records, the same prompts
+
+
+def test_the_online_memory_keys_label_episodes_only_when_it_is_on(tiny_cfg):
+    """Null changes no episode's hash (every recorded collection keeps its label); on, the memory
+    and condition sections decide what an episode is, so a memory edit is another collection."""
+    from pipeline.session.collection import collection_hash
+
+    def h(**over):
+        return collection_hash(OmegaConf.merge(tiny_cfg, over))
+
+    assert h(memory={"topk": 2}) == h()  # off: the memory is no input of a collection
+    on = {"grounding": {"online_memory": "C2"}}
+    assert h(**on) != h()
+    assert h(**on, memory={"topk": 2}) != h(**on)
+
+
+def test_an_online_memory_that_names_no_condition_is_refused(tiny_cfg, tmp_path):
+    from pipeline.core.config import ConfigError
+
+    cfg = OmegaConf.merge(tiny_cfg, {"agent": {"name": "reader"}, "grounding": {"online_memory": "C9"}})
+    with pytest.raises(ConfigError, match="online_memory='C9'.*not a configured condition"):
+        play_online(cfg, ROOT, [_task("s0", "0")], lambda batch: [_record(t) for t in batch], tmp_path)

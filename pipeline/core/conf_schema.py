@@ -832,6 +832,11 @@ class GroundingConfig:
     """Put the merged grounding of the task's scene into system prompts."""
     online: bool = True
     """Seed 000's online loop in ``collect``: a scene's k-th episode sees its episodes 1..k-1's grounding (llm)."""
+    online_memory: Optional[str] = None
+    """With ``online``: null (the prompts carry the grounding only), or a configured condition's name (``C2``):
+    each round's prompts also carry that condition's memory block, retrieved from a store of the episodes the
+    rounds before played (CLIN's and Reflexion's trials read the memory of the trials before them;
+    :mod:`pipeline.session.online`). Then the ``memory`` and ``condition`` sections decide what an episode is."""
 
 
 @dataclass

@@ -58,6 +58,15 @@ from pipeline.users import FileFeedback, User, make_user
 CHECKPOINT_KEYS = ("seed", "env", "user", "agent", "model", "sampling", "prompts", "grounding.unknown_type",
                    "grounding.online", "grounding.files", "grounding.timestamp", "grounding.use_in_prompt",
                    "memory.io.slot_memory_name", "numerics")
+# With the online loop's memory (grounding.online_memory: a condition's name), what its blocks are
+# decides what an episode is too: these subtrees are hashed then, and only then (null leaves every
+# hash as it was); they are DVC params of the stages that play a collection all the same (DVC
+# cannot make a dependency conditional, so the stage reruns on a memory edit with the same bytes).
+ONLINE_MEMORY_KEYS = ("grounding.online_memory", "memory", "condition")
+# The DVC params of a stage that plays a collection: both lists, a key inside a listed subtree left
+# to it (memory.io.slot_memory_name is in memory).
+COLLECTION_PARAMS = tuple(k for k in CHECKPOINT_KEYS + ONLINE_MEMORY_KEYS
+                          if not any(k.startswith(f"{o}.") for o in ONLINE_MEMORY_KEYS))
 # Keys of those subtrees that decide how a run is played or judged, never what an episode is:
 # left out, so changing them reuses checkpoints and keeps every recorded config hash. (The
 # model's weights are an input, :func:`inputs_hash`: the model directory; the process count,
@@ -81,11 +90,18 @@ def collection_hash(cfg: Config) -> str:
     config: the same episodes, checkpoints and recorded hash. The ``env`` keys its world never
     reads are left out (:func:`pipeline.envs.unread_env_keys`).
     """
-    plain = _subtrees(cfg, CHECKPOINT_KEYS) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    keys = CHECKPOINT_KEYS + (ONLINE_MEMORY_KEYS if _online_memory(cfg) else ())
+    plain = _subtrees(cfg, keys) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
     model = plain.get("model")
     if isinstance(model, dict) and "prompt_cache_mb" in model:
         model["prompt_cache_mb"] = prompt_cache_budget(model["prompt_cache_mb"], model.get("device") or "cpu")
-    return config_hash(plain, *CHECKPOINT_KEYS, ignore=CHECKPOINT_IGNORED + DERIVED_KEYS + unread_env_keys(cfg))
+    return config_hash(plain, *keys, ignore=CHECKPOINT_IGNORED + DERIVED_KEYS + unread_env_keys(cfg))
+
+
+def _online_memory(cfg: Config | dict) -> bool:
+    """Whether the online loop's prompts carry a memory block (``grounding.online_memory``)."""
+    g = cfg.get("grounding") if isinstance(cfg, (dict, DictConfig)) else None
+    return bool(g.get("online_memory")) if isinstance(g, (dict, DictConfig)) else False
 
 def _subtrees(cfg: DictConfig, keys: Sequence[str]) -> dict:
     """The plain values of ``keys`` (dotted) at their places in a nested dict: the hash reads

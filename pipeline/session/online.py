@@ -9,6 +9,14 @@ grounding merges (seed 000's rules, as the ``merge`` stage does) the grounding d
 of that scene's episodes 1..k-1 (and ``grounding.files``). Scenes stay independent, so
 round k plays the k-th episode of every scene at once, batched.
 
+With ``grounding.online_memory`` (a condition's name, ``C2``), each round's prompts also carry
+that condition's memory block, retrieved (as the ``render`` stage retrieves it) from a store
+built of every episode the rounds before played (:func:`pipeline.memory.build_store`, as the
+``store`` stage builds it): a trial reads the memory of the trials before it, as CLIN's and
+Reflexion's do, and not only what the user said of them (the user speaks with
+``user.feedback_prob``; the memory keeps what the episode did: a focus that ended it, a way
+walked, a room where the score rose).
+
 Deterministic and resumable: a round's prompts are a function of the config and the
 records of the rounds before it, which are checkpointed one file per episode like every
 collection. Only an agent that reads its prompt (:func:`pipeline.agents.reads_prompt`: the
@@ -24,9 +32,15 @@ from itertools import zip_longest
 from pathlib import Path
 from typing import Callable
 
+from pipeline.conditions.sources import memory_slot
 from pipeline.core.conf_schema import Config
+from pipeline.core.config import ConfigError
 from pipeline.core.io import atomic_write_text, safe_name
+from pipeline.core.schemas import episodes_table, turns_table
+from pipeline.envs import fact_reader, world_words
 from pipeline.grounding.episodes import episode_grounding
+from pipeline.memory.build import build_store
+from pipeline.memory.store import EpisodicStore
 from pipeline.prompts import PromptOrganizer, split_grounding_paths, task_prompt
 from pipeline.session.rollout import Task
 
@@ -65,12 +79,16 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
     configured = split_grounding_paths(g.files if isinstance(g.files, str) else list(g.files or []))
     earlier: dict[str, list[str]] = {}
     records: dict[str, dict] = {}
+    memory = OnlineMemory(cfg) if g.online_memory else None
     for batch in rounds(tasks):
+        if memory is not None:
+            memory.remember(list(records.values()))
         for t in batch:
             docs = earlier.get(t.scene_id, [])
-            if docs and g.use_in_prompt:
-                grounding = organizer.grounding_content([*configured, *docs])
-                t.system_prompt = task_prompt(organizer, t.objective, t.scene_id, grounding).text
+            grounding = organizer.grounding_content([*configured, *docs]) if docs and g.use_in_prompt else None
+            block = memory.block(t) if memory is not None else ""
+            if grounding or block:
+                t.system_prompt = task_prompt(organizer, t.objective, t.scene_id, grounding, block).text
         for rec in play_round(batch):
             ep = rec["episode"]
             doc = episode_grounding(ep, rec["turns"], generator="extractive", timestamp=str(g.timestamp),
@@ -84,3 +102,36 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
             earlier.setdefault(str(ep["scene_id"]), []).append(str(path))
             records[str(ep["episode_id"])] = rec
     return [records[t.episode_id] for t in tasks]
+
+
+class OnlineMemory:
+    """The memory block of ``grounding.online_memory``'s condition for a task, from the episodes
+    played so far (module docstring): the store is built from their records as the ``store``
+    stage builds it from ``episodes.parquet``, and the block retrieved as the ``render`` stage
+    retrieves it (:func:`pipeline.conditions.sources.memory_slot`, the gate included)."""
+
+    def __init__(self, cfg: Config):
+        name = str(cfg.grounding.online_memory)
+        if name not in cfg.condition:
+            raise ConfigError(f"grounding.online_memory={name!r}: not a configured condition "
+                              f"(condition: {', '.join(cfg.condition)})")
+        self.cfg, self.name = cfg, name
+        self.facts, self.words = fact_reader(cfg), world_words(cfg)
+        self.store: EpisodicStore | None = None
+
+    def remember(self, played: list[dict]) -> None:
+        """The store of ``played`` (records of finished episodes, in any order: entries are sorted by id)."""
+        self.store = build_store(episodes_table([r["episode"] for r in played]),
+                                 turns_table([t for r in played for t in r["turns"]]),
+                                 reader=self.facts, splits=list(self.cfg.memory.store_splits) or None,
+                                 config_hash=None, tie_seed=self.cfg.seed) if played else None
+
+    def block(self, task: Task) -> str:
+        """``task``'s memory block from the store :meth:`remember` built ("" before any episode)."""
+        if self.store is None:
+            return ""
+        row = {"scene_id": task.scene_id, "quest_id": task.quest_id, "split": task.split,
+               "objective": task.objective, "expert_plan": list(task.expert_plan)}
+        slot = memory_slot(self.store, row, self.cfg.condition[self.name], self.cfg.memory, rng=self.cfg.seed,
+                           name=self.name, words=self.words, facts=self.facts)
+        return slot.injected_block_text

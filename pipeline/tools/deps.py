@@ -58,7 +58,7 @@ from pipeline.core.config import project_root
 from pipeline.core.io import atomic_write_text
 from pipeline.envs.registry import PACKAGES as WORLD_PACKAGES
 from pipeline.llm.backends import IMPLEMENTATIONS
-from pipeline.session.collection import CHECKPOINT_KEYS
+from pipeline.session.collection import COLLECTION_PARAMS
 from pipeline.session.evaluation import EVALUATE_KEYS, EVALUATE_READER_KEYS
 
 PACKAGE = "pipeline"
@@ -85,9 +85,9 @@ _TEMPLATE_KEY = re.compile(r"\$\{([^}]+)\}")
 # Stages whose params are written from lists in the code, not by hand: a collection's episodes (and
 # checkpoints) are labelled by the hash of CHECKPOINT_KEYS, so every stage that plays one lists them
 # (pipeline/session/collection.py), then what it reads besides (pipeline/session/evaluation.py).
-GENERATED_PARAMS = {(DVC_FILE, "collect"): CHECKPOINT_KEYS,
-                    (DVC_FILE, "evaluate"): CHECKPOINT_KEYS + EVALUATE_KEYS,
-                    (DVC_FILE, "evaluate_reader"): CHECKPOINT_KEYS + EVALUATE_READER_KEYS}
+GENERATED_PARAMS = {(DVC_FILE, "collect"): COLLECTION_PARAMS,
+                    (DVC_FILE, "evaluate"): COLLECTION_PARAMS + EVALUATE_KEYS,
+                    (DVC_FILE, "evaluate_reader"): COLLECTION_PARAMS + EVALUATE_READER_KEYS}
 # Keys read by a stage that cannot change its outputs, so they are never params: the process count
 # (results merged in a fixed partition), paths (DVC deps and outs, not values), and how a run is
 # supervised (stall and failure budgets: a run fails or completes, with the same bytes), and env.world (the
