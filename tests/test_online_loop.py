@@ -125,9 +125,12 @@ def test_evaluation_plays_every_task_with_its_rendered_prompt(tiny_games, tmp_pa
     assert read_parquet(out_dir / "episodes.parquet").num_rows == len(rows)
 
 
-def _play_real(cfg, games, tmp_path, name: str) -> dict[str, str | None]:
+def _play_real(cfg, games, tmp_path, name: str, resumed: bool = False) -> dict[str, str | None]:
     """The tiny world's train tasks played through the online loop by real agents, env and user;
-    each episode's system prompt as the agent got it."""
+    each episode's system prompt as the agent got it. ``resumed``: every record as a resumed run
+    reads it back from its checkpoint (a JSON file)."""
+    import json
+
     from pipeline.session.collection import make_factories
     from pipeline.session.rollout import play, tasks_from_manifest
 
@@ -138,8 +141,9 @@ def _play_real(cfg, games, tmp_path, name: str) -> dict[str, str | None]:
     def play_round(batch: list[Task]) -> list[dict]:
         for t in batch:
             seen[f"{t.scene_id}/{t.quest_id}"] = t.system_prompt
-        return play(batch, make_env=make_env, make_agent=make_agent, make_user=make_user, batch_size=1,
-                    agent_name=str(cfg.agent.name))
+        records = play(batch, make_env=make_env, make_agent=make_agent, make_user=make_user, batch_size=1,
+                       agent_name=str(cfg.agent.name))
+        return [json.loads(json.dumps(r, sort_keys=True)) for r in records] if resumed else records
 
     play_online(cfg, ROOT, tasks, play_round, tmp_path / name)
     return seen
@@ -179,6 +183,7 @@ def test_the_online_memory_shows_each_trial_the_memory_of_the_episodes_before_it
         assert block in told[key] and block not in (plain[key] or "")
         assert plain[key] is not None and told[key] != plain[key]  # the grounding is in both
     assert _play_real(cfg, tiny_games, tmp_path, "again") == told  # the same records, the same prompts
+    assert _play_real(cfg, tiny_games, tmp_path, "resumed", resumed=True) == told  # read back from checkpoints
 
 
 def test_the_online_memory_keys_label_episodes_only_when_it_is_on(tiny_cfg):
