@@ -437,3 +437,39 @@ def test_a_right_find_is_picked_up_under_the_name_it_was_shown_when_the_engine_l
              "admissible_actions": [{"action": "focus_on", "target": "glass cup", "command": "focus on glass cup"}]}
     assert agent.act(shown).action == {"action": "focus_on", "target": "glass cup"}
     assert agent.act(shown).action == {"action": "pick_up", "target": "glass cup"}
+
+
+@needs_jvm
+def test_a_trial_reads_the_memory_of_the_trials_before_it(adaptation, tmp_path):
+    """``grounding.online_memory=C2`` (the adaptation's): the second trial of a variation is prompted
+    with C2's memory of the first, built from what the first trial did in the engine, even where the
+    user said nothing (``user.feedback_prob=0``); null: its prompt has the grounding alone."""
+    from pipeline.memory import build_entry
+    from pipeline.session.collection import make_factories
+    from pipeline.session.online import play_online
+    from pipeline.session.rollout import play, tasks_from_manifest
+
+    cfg, games = adaptation
+    prompts: dict[str, dict[str, str | None]] = {}
+    played = {}
+    for name, memory in (("memory", "C2"), ("none", None)):
+        run = OmegaConf.merge(cfg, {"agent": {"name": "trial"}, "user": {"feedback_prob": 0.0},
+                                    "grounding": {"online_memory": memory}})
+        env_for, agent_for, user_for = make_factories(run, games.root, games.scenes)
+        tasks = tasks_from_manifest(games.rows, split="train", master_seed=run.seed)
+        seen = prompts.setdefault(name, {})
+
+        def play_round(batch):
+            for t in batch:
+                seen[t.quest_id] = t.system_prompt
+            return play(batch, make_env=env_for, make_agent=agent_for, make_user=user_for)
+
+        played[name] = play_online(run, ROOT, tasks, play_round, tmp_path / name)
+    first, second = sorted(prompts["memory"])
+    assert prompts["memory"][first] is None and prompts["none"][first] is None  # nothing played before it
+    told, plain = prompts["memory"][second], prompts["none"][second] or ""
+    entry = build_entry(played["memory"][0]["episode"], played["memory"][0]["turns"], reader=READER)
+    assert told is not None and entry.scene_facts
+    # what the first trial saw and did, in the memory's words; the grounding alone never says it
+    shown = [f for f in entry.scene_facts if f in told]
+    assert shown and not any(f in plain for f in shown), (entry.scene_facts, told)
