@@ -100,8 +100,8 @@ def collection_hash(cfg: Config) -> str:
 
 def _online_memory(cfg: Config | dict) -> bool:
     """Whether the online loop's prompts carry a memory block (``grounding.online_memory``)."""
-    g = cfg.get("grounding") if isinstance(cfg, (dict, DictConfig)) else None
-    return bool(g.get("online_memory")) if isinstance(g, (dict, DictConfig)) else False
+    return bool((cfg.get("grounding") or {}).get("online_memory"))
+
 
 def _subtrees(cfg: DictConfig, keys: Sequence[str]) -> dict:
     """The plain values of ``keys`` (dotted) at their places in a nested dict: the hash reads

@@ -11,8 +11,8 @@ round k plays the k-th episode of every scene at once, batched.
 
 With ``grounding.online_memory`` (a condition's name, ``C2``), each round's prompts also carry
 that condition's memory block, retrieved (as the ``render`` stage retrieves it) from a store
-built of every episode the rounds before played (:func:`pipeline.memory.build_store`, as the
-``store`` stage builds it): a trial reads the memory of the trials before it, as CLIN's and
+built of every episode the rounds before played (their entries, as the ``store`` stage builds
+them, each once): a trial reads the memory of the trials before it, as CLIN's and
 Reflexion's do, and not only what the user said of them (the user speaks with
 ``user.feedback_prob``; the memory keeps what the episode did: a focus that ended it, a way
 walked, a room where the score rose).
@@ -39,8 +39,8 @@ from pipeline.core.io import atomic_write_text, safe_name
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.envs import fact_reader, world_words
 from pipeline.grounding.episodes import episode_grounding
-from pipeline.memory.build import build_store
-from pipeline.memory.store import EpisodicStore
+from pipeline.memory.schemas import EpisodicMemoryEntryV1_1
+from pipeline.memory.store import EpisodicStore, build_entries
 from pipeline.prompts import PromptOrganizer, split_grounding_paths, task_prompt
 from pipeline.session.rollout import Task
 
@@ -81,15 +81,16 @@ def play_online(cfg: Config, root: Path, tasks: list[Task], play_round: Callable
     records: dict[str, dict] = {}
     memory = OnlineMemory(cfg) if g.online_memory else None
     for batch in rounds(tasks):
-        if memory is not None:
-            memory.remember(list(records.values()))
         for t in batch:
             docs = earlier.get(t.scene_id, [])
             grounding = organizer.grounding_content([*configured, *docs]) if docs and g.use_in_prompt else None
             block = memory.block(t) if memory is not None else ""
             if grounding or block:
                 t.system_prompt = task_prompt(organizer, t.objective, t.scene_id, grounding, block).text
-        for rec in play_round(batch):
+        played = play_round(batch)
+        if memory is not None:
+            memory.remember(played)
+        for rec in played:
             ep = rec["episode"]
             doc = episode_grounding(ep, rec["turns"], generator="extractive", timestamp=str(g.timestamp),
                                     unknown_type=str(g.unknown_type))
@@ -117,21 +118,24 @@ class OnlineMemory:
                               f"(condition: {', '.join(cfg.condition)})")
         self.cfg, self.name = cfg, name
         self.facts, self.words = fact_reader(cfg), world_words(cfg)
+        self.entries: list[EpisodicMemoryEntryV1_1] = []
         self.store: EpisodicStore | None = None
 
     def remember(self, played: list[dict]) -> None:
-        """The store of ``played`` (records of finished episodes, in any order: entries are sorted by id)."""
-        self.store = build_store(episodes_table([r["episode"] for r in played]),
-                                 turns_table([t for r in played for t in r["turns"]]),
-                                 reader=self.facts, splits=list(self.cfg.memory.store_splits) or None,
-                                 config_hash=None, tie_seed=self.cfg.seed) if played else None
+        """Add the entries of ``played`` (records of a round's finished episodes) to the store:
+        each episode's entry is built once (:func:`pipeline.memory.store.build_entries`, what
+        :func:`pipeline.memory.build_store` builds a store of, entries sorted by id either way)."""
+        if not played:
+            return
+        self.entries += build_entries(episodes_table([r["episode"] for r in played]),
+                                      turns_table([t for r in played for t in r["turns"]]),
+                                      reader=self.facts, splits=list(self.cfg.memory.store_splits) or None)
+        self.store = EpisodicStore.from_entries(self.entries, tie_seed=self.cfg.seed)
 
     def block(self, task: Task) -> str:
         """``task``'s memory block from the store :meth:`remember` built ("" before any episode)."""
         if self.store is None:
             return ""
-        row = {"scene_id": task.scene_id, "quest_id": task.quest_id, "split": task.split,
-               "objective": task.objective, "expert_plan": list(task.expert_plan)}
-        slot = memory_slot(self.store, row, self.cfg.condition[self.name], self.cfg.memory, rng=self.cfg.seed,
-                           name=self.name, words=self.words, facts=self.facts)
+        slot = memory_slot(self.store, dict(vars(task)), self.cfg.condition[self.name], self.cfg.memory,
+                           rng=self.cfg.seed, name=self.name, words=self.words, facts=self.facts)
         return slot.injected_block_text
