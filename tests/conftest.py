@@ -111,7 +111,12 @@ def scratch_repo(dest: Path, names: tuple[str, ...]) -> dict[str, str]:
     for cmd in (["git", "init", "-q"], [sys.executable, "-m", "dvc", "init", "-q", "-f"]):
         done = subprocess.run(cmd, cwd=dest, env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
-    shutil.copy(ROOT / ".dvc" / "config", dest / ".dvc" / "config")
+    # the project's DVC settings, not `dvc init`'s: its remote and cache (.dvc/config), and what
+    # DVC ignores (.dvcignore: the bytecode caches a stage's imports write inside directory deps
+    # such as pipeline/memory; with init's empty one, a later stage's first import of a module
+    # changes an earlier stage's dep and the second `dvc repro` is no no-op)
+    for name in (".dvc/config", ".dvcignore"):
+        shutil.copy(ROOT / name, dest / name)
     return env
 
 
