@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 # Stage commands say `python -m ...`: run DVC with the venv first on PATH.
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: install repro model test test-e2e reprocheck params bench smollm2 scienceworld llama-cpp clean-venv
+.PHONY: install repro model test test-e2e reprocheck reprocheck-scienceworld params bench smollm2 scienceworld llama-cpp clean-venv
 
 install: $(VENV)/.installed
 
@@ -55,6 +55,15 @@ test-e2e: install
 reprocheck: install
 	$(BIN)/python -m pipeline.tools.reprocheck --scratch experiment=tiny workers=1 --golden .ci/repro_tiny.json
 	$(BIN)/python -m pipeline.tools.reprocheck --scratch experiment=tiny workers=3 --golden .ci/repro_tiny.json
+
+# The same for ScienceWorld (needs `make scienceworld`): experiment=scienceworld_adaptation at its smallest
+# (one eval variation of each of the 5 tasks, 2 earlier trials, the curve at k = 0 and 2; every stage, the
+# online memory and the real JVM included) vs .ci/repro_scienceworld.json, recorded in one process per stage
+# (workers=1); checked here in three. ~8 min on 2 cores (docs/scienceworld.md, Reproducibility).
+SW_REPRO := experiment=scienceworld_adaptation env.scienceworld.eval_variations=1 env.scienceworld.trials=2 \
+	'experiment.curve.ks=[0,2]'
+reprocheck-scienceworld: install
+	$(BIN)/python -m pipeline.tools.reprocheck --scratch $(SW_REPRO) workers=3 --golden .ci/repro_scienceworld.json
 
 params: install
 	$(BIN)/python -m pipeline.core.config compose
