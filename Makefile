@@ -59,7 +59,7 @@ reprocheck: install
 # The same for ScienceWorld (needs `make scienceworld`): experiment=scienceworld_adaptation at its smallest
 # (one eval variation of each of the 5 tasks, 2 earlier trials, the curve at k = 0 and 2; every stage, the
 # online memory and the real JVM included) vs .ci/repro_scienceworld.json, recorded in one process per stage
-# (workers=1); checked here in three. ~8 min on 2 cores (docs/scienceworld.md, Reproducibility).
+# (workers=1); checked here in three. ~6 min on 2 free cores (docs/scienceworld.md).
 SW_REPRO := experiment=scienceworld_adaptation env.scienceworld.eval_variations=1 env.scienceworld.trials=2 \
 	'experiment.curve.ks=[0,2]'
 reprocheck-scienceworld: install
