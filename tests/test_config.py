@@ -126,6 +126,16 @@ def test_comparisons_must_name_selected_conditions():
         C.validate(cfg)
 
 
+def test_an_online_memory_must_name_a_selected_condition():
+    """Refused at check_params, before collect plays a game (not only when the online loop starts)."""
+    cfg = OmegaConf.load(ROOT / "params.yaml")
+    cfg.grounding.online_memory = "C9"
+    with pytest.raises(C.ConfigError, match=r"grounding.online_memory='C9': expected null or a selected condition \(C0, "):
+        C.validate(cfg)
+    cfg.grounding.online_memory = "C2"
+    C.validate(cfg)
+
+
 def test_dvc_config_enables_hydra_with_the_plugin_path():
     text = (ROOT / ".dvc" / "config").read_text()
     assert "enabled = true" in text and "plugins_path = ." in text

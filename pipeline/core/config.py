@@ -496,8 +496,13 @@ def _check_model_secrets(m: ModelConfig) -> None:
 
 
 def _check_conditions(typed: Config) -> None:
-    """At least one condition; every compared condition defined (here, not in the schema: it reads conf/condition/)."""
+    """At least one condition; every compared condition defined (here, not in the schema: it reads conf/condition/);
+    the online loop's memory, a selected condition (its block is built while ``collect`` plays, so a typo would
+    otherwise surface only there, after the games)."""
     _require(len(typed.condition) >= 1, "condition", list(typed.condition), "at least one condition")
+    online = typed.grounding.online_memory
+    _require(online is None or online in typed.condition, "grounding.online_memory", online,
+             f"null or a selected condition ({', '.join(typed.condition)})")
     known = set(typed.condition) | {p.stem for p in (project_root() / CONF_DIR / "condition").glob("*.yaml")}
     x = typed.experiment
     for key, pairs in (("experiment.comparisons", x.comparisons), ("experiment.positive_controls", x.positive_controls),
