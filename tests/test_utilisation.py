@@ -67,6 +67,64 @@ def test_the_reader_plays_the_held_out_probe_and_follows_every_verified_plan(cfg
     assert {(x["agent"], x["treatment"], x["control"]) for x in s["paired"]} >= {("reader", "C2_oracle", "C1")}
 
 
+def test_the_reader_s_reasoning_line_names_its_decision_first_phrase_in_order():
+    from pipeline.policy.utilisation import OTHER, decision_of
+
+    lines = {  # the reader teacher's first lines as it writes them (rationale, then the command)
+        "Verified step 2 of 5: take Bowl_4 from Cabinet_1": "verified plan",
+        "Soap_7 should be in Cabinet_4: open it: open Cabinet_4.": "open a believed holder",
+        "Soap_7 is in the LivingRoom (Cabinet_4): go there: go west.": "go where a statement places it",
+        "Spoon_4 is within reach: take it: take Spoon_4 from Cabinet_4.": "take what it needs",
+        "Nothing I need is left in Fridge_9, and the user wants it closed: close Fridge_9.": "keep a preference",
+        "I carry Remote_0; the way to the LivingRoom is through 'LivingRoom': go east.": "carry it",
+        "I hold Cup_1 and Shelf_2 is here: put it on Shelf_2: put Cup_1 on Shelf_2.": "put it at the destination",
+        # a search line that ends like a take or a walk is a search (the order of DECISIONS)
+        "Key_5 may open a locked container: take it before closing Fridge_9: take Key_5 from Fridge_9.": "search",
+        "Drawer_2 in the Kitchen may hold what I need (not yet looked into): go there: go north.": "search",
+        "Another step was played: look.": OTHER,
+    }
+    for line, kind in lines.items():
+        assert decision_of(line + '\n{"action": "look"}') == kind, line
+
+
+def test_decisions_count_where_the_model_plays_the_reader_s_command(cfg, tiny_games, memory, tiny_model):  # noqa: F811
+    """Labelled by the reader on the model's own states: the episodes are those of an unlabelled
+    run, each turn is counted once under its decision and once under turn 0 / later."""
+    from omegaconf import OmegaConf
+
+    from pipeline.policy.dagger import play_rollouts, rollout_config, rollout_pool
+    from pipeline.policy.study import probe_tasks
+    from pipeline.policy.utilisation import DECISIONS, KINDS, OTHER, decisions, decisions_markdown
+
+    tasks = probe_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 3, quests=3, kinds=tuple(KINDS))
+    model, tok = tiny_model
+    play = OmegaConf.merge(rollout_config(cfg), {"policy": {"teacher": "reader"}})
+    with rollout_pool(play) as pool:
+        labelled = play_rollouts(pool, model, tok, tasks, label=True)
+        plain = play_rollouts(pool, model, tok, tasks, label=False)
+    assert [(r.won, r.success, r.turns) for r in labelled] == [(r.won, r.success, r.turns) for r in plain]
+    for r in labelled:
+        assert len(r.agreement) == len(r.labels) == r.turns and sum(r.agreement) == r.agreed
+    table = decisions(labelled)
+    names = {n for n, _ in DECISIONS} | {OTHER, "turn 0", "later", "all"}
+    for kind, cond in KINDS.items():
+        rolls = [r for r in labelled if r.task.kind == kind]
+        if not rolls:
+            continue
+        by = table[cond]
+        assert set(by) <= names
+        assert by["all"] == {"turns": sum(r.turns for r in rolls), "agreed": sum(r.agreed for r in rolls)}
+        assert by["turn 0"]["turns"] == len(rolls)
+        split = [v for k, v in by.items() if k not in ("turn 0", "later", "all")]
+        assert sum(v["turns"] for v in split) == by["all"]["turns"]
+        assert sum(v["agreed"] for v in split) == by["all"]["agreed"]
+    # the reader's first step under a verified plan is the plan's
+    oracle = [r for r in labelled if r.task.kind == "oracle"]
+    assert oracle and all(r.labels[0].response.startswith("Verified step 1 of") for r in oracle)
+    assert table["C2_oracle"]["verified plan"]["turns"] >= len(oracle)
+    assert "| verified plan |" in decisions_markdown(table)
+
+
 def test_two_models_are_paired_on_the_same_tasks_per_prompt_and_pooled():
     """``--against``: a candidate recipe's model against another's on the same held-out tasks (the
     rules of a recipe's decision pool C1 and C0+memory, the prompts that state where things are, or

@@ -90,6 +90,7 @@ class Rollout:
     turns: int
     agreed: int = 0  # turns where the model played the expert's command
     labels: list[RenderedTurn] = field(default_factory=list)
+    agreement: list[bool] = field(default_factory=list)  # per labelled turn: the model played the label's command
 
 
 def rollout_config(cfg: Config) -> Config:
@@ -182,7 +183,8 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
                 r = s["rollout"]
                 r.turns += 1
                 if s["teacher"] is not None:
-                    r.agreed += int(info.get("command") == want)
+                    r.agreement.append(info.get("command") == want)
+                    r.agreed += int(r.agreement[-1])
                     s["teacher"].played(info.get("command"), step.action)
                 s["obs"] = obs
                 if done:

@@ -37,6 +37,14 @@ every house's outcomes) and ``--csv`` (success per agent and prompt kind, for ``
 ``--against`` pairs this model with another model's ``--out`` on the same houses, per prompt and
 pooled over C1 and C0+memory (:func:`against`): how a recipe's candidate is judged against the
 checkpoint it would replace (``--skip``: on held-out houses no earlier decision used).
+
+``--decisions`` also labels every state the model reached with the reader's answer there (the
+reader as the teacher, :class:`pipeline.policy.teacher.ReaderTeacher`: what an agent that acts on
+the whole prompt would do from the model's own state) and reports, per prompt kind, how often the
+model played that command, split by what the reader's reasoning line says it decided
+(:data:`DECISIONS`: take what it needs, go where a statement places it, keep a preference, ...) and
+by turn 0 against the later turns: where the model leaves the reader's path. The episodes, and so
+every success figure, are the same with it or without it (a label is never played).
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from pipeline.core.conf_schema import Config
 from pipeline.core.config import MODEL, load_params, project_root
@@ -58,6 +67,7 @@ from pipeline.core.stats import holm, mcnemar_exact, mcnemar_mde, mcnemar_table,
 from pipeline.policy.dagger import HouseTask, play_rollouts, rollout_config, rollout_pool
 from pipeline.policy.demos import house_env
 from pipeline.policy.study import probe_tasks, workers_option
+from pipeline.policy.teacher import _SEARCH_OPENINGS
 
 # The probe's prompt kinds (pipeline.policy.study's names) as the eval's conditions they stand for.
 # C0+memory is no eval condition: the C2 block without the grounding, whose use is measurable where
@@ -67,6 +77,59 @@ KINDS = {"plain": "C0", "grounded": "C1", "memory": "C2", "oracle": "C2_oracle",
 COMPARISONS = (("C2", "C1"), ("C2_oracle", "C1"), ("C1", "C0"), ("C0+memory", "C0"))
 N_RESAMPLES = 2000
 LEVEL = 0.95
+
+# What the reader decided at a turn, read from its reasoning line (the teacher's answer's first
+# line: the rationale of pipeline.agents.reader / pipeline.agents.base, then the command), lower
+# case; the first kind with a phrase in the line wins, so the order matters (a search line may end in
+# "take it" or "go there"). A line that matches none is "other" (a refused step's wait, a look).
+DECISIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("verified plan", ("verified step",)),
+    ("search", tuple(o.lower() for o in _SEARCH_OPENINGS) + ("i should examine it",)),
+    ("keep a preference", ("the user wants", "so i close it again", "now i close", "now i lock", "close it to lock it")),
+    ("open a believed holder", ("should be in", " holds ")),
+    ("take what it needs", ("within reach", "is here and i need it", ": take it", "the task is to")),
+    ("put it at the destination", ("put it ", "drop it here", "open it before putting", "is locked and i have its key")),
+    ("carry it", ("i carry ", "i saw ")),
+    ("go where a statement places it", (": go there", "on the way to the")),
+)
+OTHER = "other"
+
+
+def decision_of(response: str) -> str:
+    """The :data:`DECISIONS` kind of a teacher's answer (its first line), else :data:`OTHER`."""
+    line = response.split("\n", 1)[0].lower()
+    return next((name for name, phrases in DECISIONS if any(p in line for p in phrases)), OTHER)
+
+
+def decisions(rolls: Sequence[Any]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per prompt kind (the eval's condition names), per decision kind and for ``turn 0`` /
+    ``later`` / ``all``: the labelled turns and those where the model played the reader's command
+    (``{"turns": n, "agreed": k}``), from labelled rollouts (:func:`pipeline.policy.dagger.play_rollouts`
+    with ``label=True``)."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rolls:
+        by = out.setdefault(KINDS[r.task.task_id.split("_")[1]], {})
+        for i, (label, agreed) in enumerate(zip(r.labels, r.agreement)):
+            for key in (decision_of(label.response), "turn 0" if i == 0 else "later", "all"):
+                cell = by.setdefault(key, {"turns": 0, "agreed": 0})
+                cell["turns"] += 1
+                cell["agreed"] += int(agreed)
+    return {c: out[c] for c in KINDS.values() if c in out}
+
+
+def decisions_markdown(table: Mapping[str, Mapping[str, Mapping[str, int]]]) -> str:
+    """Rows: decision kinds, then turn 0 / later / all; columns: prompt kinds; cells: the share of
+    the reader's commands the model played (turns)."""
+    conds = list(table)
+    rows = [name for name, _ in DECISIONS] + [OTHER, "turn 0", "later", "all"]
+    lines = ["| the reader's decision | " + " | ".join(conds) + " |", "|---|" + "---|" * len(conds)]
+    for row in rows:
+        cells = [table[c].get(row) for c in conds]
+        if not any(cells):
+            continue
+        lines.append(f"| {row} | " + " | ".join("" if x is None else f"{x['agreed'] / x['turns']:.2f} ({x['turns']})"
+                                                 for x in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def probe_houses(cfg: Config, root: Path, houses: int, quests: int, skip: int = 0) -> list[HouseTask]:
@@ -225,6 +288,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "the episodes do not depend on it")
     ap.add_argument("--out", type=Path, default=Path("models/metrics/utilisation.json"), help="the figures (JSON)")
     ap.add_argument("--csv", type=Path, default=Path("models/metrics/utilisation.csv"), help="success per agent and kind")
+    ap.add_argument("--decisions", action="store_true",
+                    help="also label the model's states with the reader's answer: how often the model plays it, "
+                         "by the reader's decision and prompt kind (the episodes do not change)")
     args = ap.parse_args(argv)
     other = None
     if args.against is not None:
@@ -263,8 +329,11 @@ def main(argv: list[str] | None = None) -> int:
     reader_s = time.perf_counter() - t
     model, tok = AutoModelForCausalLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
     t = time.perf_counter()
-    with rollout_pool(rollout_config(cfg), workers=workers) as pool:
-        rolls = play_rollouts(pool, model, tok, tasks, label=False)
+    play_cfg = rollout_config(cfg)
+    if args.decisions:  # the reader labels the states (whatever teacher the recipe names)
+        play_cfg = OmegaConf.merge(play_cfg, {"policy": {"teacher": "reader"}})
+    with rollout_pool(play_cfg, workers=workers) as pool:
+        rolls = play_rollouts(pool, model, tok, tasks, label=args.decisions)
     model_s = time.perf_counter() - t
     played = {r.task.task_id: bool(r.success) for r in rolls}
     summary = summarise(played, reader, seed=int(cfg.seed))
@@ -272,11 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         "model": str(args.model), "houses": args.houses, "quests": args.quests, "skip": args.skip, **summary,
         **({"against": {"model": other.get("model"), "paired": against(played, other["outcomes"]["model"])}}
            if other is not None else {}),
+        **({"decisions": decisions(rolls)} if args.decisions else {}),
         "outcomes": {"model": played, "reader": reader},
         "seconds": {"build": round(build_s), "reader": round(reader_s), "model": round(model_s)},
         "workers": workers})
     atomic_write_text(args.csv if args.csv.is_absolute() else root / args.csv, success_csv(summary))
     print(markdown(summary))
+    if args.decisions:
+        print(decisions_markdown(decisions(rolls)))
     if other is not None:
         print(against_markdown(against(played, other["outcomes"]["model"]), str(other.get("model"))))
     return 0
