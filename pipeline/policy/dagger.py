@@ -88,9 +88,13 @@ class Rollout:
     won: bool
     success: bool
     turns: int
-    agreed: int = 0  # turns where the model played the expert's command
     labels: list[RenderedTurn] = field(default_factory=list)
     agreement: list[bool] = field(default_factory=list)  # per labelled turn: the model played the label's command
+
+    @property
+    def agreed(self) -> int:
+        """Turns where the model played the expert's command."""
+        return sum(self.agreement)
 
 
 def rollout_config(cfg: Config) -> Config:
@@ -184,7 +188,6 @@ def play_houses(cfg: Config, backend: Any, tasks: Sequence[HouseTask], *, label:
                 r.turns += 1
                 if s["teacher"] is not None:
                     r.agreement.append(info.get("command") == want)
-                    r.agreed += int(r.agreement[-1])
                     s["teacher"].played(info.get("command"), step.action)
                 s["obs"] = obs
                 if done:

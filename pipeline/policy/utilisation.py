@@ -108,7 +108,7 @@ def decisions(rolls: Sequence[Any]) -> dict[str, dict[str, dict[str, int]]]:
     with ``label=True``)."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     for r in rolls:
-        by = out.setdefault(KINDS[r.task.task_id.split("_")[1]], {})
+        by = out.setdefault(KINDS[r.task.kind], {})
         for i, (label, agreed) in enumerate(zip(r.labels, r.agreement)):
             for key in (decision_of(label.response), "turn 0" if i == 0 else "later", "all"):
                 cell = by.setdefault(key, {"turns": 0, "agreed": 0})
@@ -336,19 +336,20 @@ def main(argv: list[str] | None = None) -> int:
         rolls = play_rollouts(pool, model, tok, tasks, label=args.decisions)
     model_s = time.perf_counter() - t
     played = {r.task.task_id: bool(r.success) for r in rolls}
+    table = decisions(rolls) if args.decisions else None
     summary = summarise(played, reader, seed=int(cfg.seed))
     atomic_write_json(args.out if args.out.is_absolute() else root / args.out, {
         "model": str(args.model), "houses": args.houses, "quests": args.quests, "skip": args.skip, **summary,
         **({"against": {"model": other.get("model"), "paired": against(played, other["outcomes"]["model"])}}
            if other is not None else {}),
-        **({"decisions": decisions(rolls)} if args.decisions else {}),
+        **({"decisions": table} if table is not None else {}),
         "outcomes": {"model": played, "reader": reader},
         "seconds": {"build": round(build_s), "reader": round(reader_s), "model": round(model_s)},
         "workers": workers})
     atomic_write_text(args.csv if args.csv.is_absolute() else root / args.csv, success_csv(summary))
     print(markdown(summary))
-    if args.decisions:
-        print(decisions_markdown(decisions(rolls)))
+    if table is not None:
+        print(decisions_markdown(table))
     if other is not None:
         print(against_markdown(against(played, other["outcomes"]["model"]), str(other.get("model"))))
     return 0
