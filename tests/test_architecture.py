@@ -8,6 +8,7 @@ import importlib
 from pathlib import Path
 
 import pytest
+import yaml
 
 from pipeline.tools import deps
 
@@ -193,6 +194,16 @@ def test_dvc_yaml_deps_cover_every_stage_closure():
     missing = deps.missing(ROOT)
     assert not missing, f"dvc.yaml deps miss {missing}: see `python -m pipeline.tools.deps` for the deps to list"
     assert deps.params_drift(ROOT) == {}, "collect's params are written from CHECKPOINT_KEYS: run --write"
+
+
+def test_the_policy_steps_resume_key_hashes_the_model_stages_params():
+    """An interrupted `make model` resumes only from phases of the same params (pipeline.policy.resume):
+    its key's config keys are the model stage's DVC params, no fewer (a stale phase) and no more."""
+    from pipeline.policy.resume import PHASE_KEYS
+
+    stage = yaml.safe_load((ROOT / "models" / "dvc.yaml").read_text())["stages"]["checkpoint"]
+    listed = [k for entry in stage["params"] for keys in entry.values() for k in keys]
+    assert list(PHASE_KEYS) == listed
 
 
 def test_code_deps_are_what_can_change_a_stage_outputs():

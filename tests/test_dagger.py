@@ -237,3 +237,69 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
     assert sum(i.startswith("dagger_") for i in ids) == s["dagger"]["labelled_turns"] > 0
     with pytest.raises(ValueError, match="games"):
         build_policy(small, demo_set, tmp_path / "again")
+
+
+def test_an_interrupted_policy_run_resumes_after_its_last_phase_and_writes_the_same_bytes(cfg, tiny_games, tmp_path):
+    """``build_policy`` with ``checkpoints``: stopped in DAgger round 0 it resumes after the
+    demonstrations' training (none of it trained again); stopped in round 1 it resumes after
+    round 0; either way the model, demos.parquet and training.json are an uninterrupted run's
+    bytes, and the phases are removed at the end. The key changes with the recipe, not with
+    ``workers``. Torch's deterministic algorithms and one training thread, as the stage pins
+    them (``numerics``): without them two uninterrupted runs already differ in the last bits
+    (the embedding's multi-threaded backward). The same after a kill -9 of the stage's process:
+    tests/test_model_pipeline.py."""
+    import torch
+
+    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
+    from pipeline.policy.resume import TRAINED, PhaseCheckpoints, checkpoint_dir, round_phase
+    from pipeline.policy.training import build_policy
+
+    class Stop(Exception):
+        pass
+
+    def stop_at(what: str):
+        def progress(seen: str, done: int, total: int) -> None:
+            if seen == what:
+                raise Stop(seen)
+        return progress
+
+    torch.set_num_threads(1)
+    small = OmegaConf.merge(cfg, {"policy": {"threads": 1, "demos_per_quest": 1, "dagger_rounds": 2,
+                                             "dagger_houses": 2, "dagger_replay": 1.0}})
+    write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
+    demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
+    games = (tiny_games.rows, tiny_games.scenes)
+    ckpt = tmp_path / "ckpt"
+    phases = [TRAINED, round_phase(0), round_phase(1)]
+    trained_steps: list[int] = []
+    torch.use_deterministic_algorithms(True)
+    try:
+        reference = build_policy(small, demo_set, tmp_path / "whole", games=games)
+        with pytest.raises(Stop):
+            build_policy(small, demo_set, tmp_path / "resumed", games=games, checkpoints=ckpt,
+                         dagger_progress=stop_at("dagger round 0: episodes"))
+        assert PhaseCheckpoints(ckpt).latest(phases) == TRAINED
+        with pytest.raises(Stop):
+            build_policy(small, demo_set, tmp_path / "resumed", games=games, checkpoints=ckpt,
+                         train_progress=trained_steps.append,
+                         dagger_progress=stop_at("dagger round 1: training"))
+        assert PhaseCheckpoints(ckpt).latest(phases) == round_phase(0)
+        resumed = build_policy(small, demo_set, tmp_path / "resumed", games=games, checkpoints=ckpt)
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert reference["resumed"] is None
+    assert trained_steps == []  # the demonstrations' training was not done again
+    assert resumed["resumed"] == round_phase(0)
+    assert not ckpt.exists()
+    assert resumed["curve"] == reference["curve"]
+    whole = sorted(p.relative_to(tmp_path / "whole") for p in (tmp_path / "whole").rglob("*") if p.is_file())
+    assert whole == sorted(p.relative_to(tmp_path / "resumed") for p in (tmp_path / "resumed").rglob("*")
+                           if p.is_file())
+    assert any(p.suffix == ".safetensors" for p in whole)
+    for rel in whole:
+        assert (tmp_path / "resumed" / rel).read_bytes() == (tmp_path / "whole" / rel).read_bytes(), rel
+
+    root = tiny_games.root
+    key = checkpoint_dir(small, root)
+    assert checkpoint_dir(OmegaConf.merge(small, {"workers": 7}), root) == key
+    assert checkpoint_dir(OmegaConf.merge(small, {"policy": {"lr": 0.5}}), root) != key

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,36 @@ def test_every_config_field_a_model_step_reads_is_among_its_params(built):
     assert not unlisted, "steps loaded pipeline files the stage's deps do not cover:\n" + json.dumps(unlisted, indent=1)
     assert not [d for d in deps.stage_deps(ROOT, "models/dvc.yaml")["checkpoint"]
                 if d.startswith("pipeline/envs/scienceworld")]
+
+
+@pytest.mark.slow
+def test_a_killed_policy_step_resumes_after_its_last_phase_and_writes_the_same_bytes(built):
+    """kill -9 of the policy step once its demonstrations' training is saved (:mod:`pipeline.policy.resume`),
+    then the step again: it resumes after that phase, does not train it again, writes the bytes the
+    uninterrupted build wrote and removes its phases."""
+    repo, env, _ = built
+    out = repo / "data" / "model" / "policy"
+    before = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    phases = repo / ".checkpoints" / "model" / "policy"
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.stages.policy"], cwd=repo, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 600
+        while not list(phases.glob("*/trained/state.json")):
+            assert proc.poll() is None, f"the policy step ended ({proc.returncode}) before its first phase was saved"
+            assert time.monotonic() < deadline, "no phase saved in 600 s"
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the step finished before it could be killed in its DAgger round"
+    again = _run([sys.executable, "-m", "pipeline.stages.policy"], repo, env)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resuming after phase 'trained'" in again.stderr
+    after = {p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
+    assert sorted(after) == sorted(before) and "model/model.safetensors" in after
+    assert [name for name in before if after[name] != before[name]] == []
+    assert not any(phases.iterdir())
+    metrics = json.loads((repo / "models" / "metrics" / "policy.json").read_text())
+    assert metrics["resumed_after"] == "trained"
+    assert "train_s" not in metrics["wall_time_s"]  # the demonstrations' training was not done again

@@ -38,7 +38,7 @@ import urllib.parse
 from enum import Enum
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -542,6 +542,23 @@ def config_hash(cfg: DictConfig | dict, *keys: str, ignore: Iterable[str] = ()) 
             node.pop(leaf, None)
     blob = json.dumps(part, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def config_subtrees(cfg: DictConfig, keys: Sequence[str]) -> dict:
+    """The plain values of ``keys`` (dotted) at their places in a nested dict: the hash reads
+    these subtrees, not the whole config (what ``python -m pipeline.tools.deps record`` sees)."""
+    out: dict = {}
+    for dotted in keys:
+        *parents, leaf = dotted.split(".")
+        node: Any = cfg
+        for part in [*parents, leaf]:
+            node = node[part]
+        value = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node
+        into = out
+        for part in parents:
+            into = into.setdefault(part, {})
+        into[leaf] = value
+    return out
 
 
 def _select(d: Any, dotted: str) -> Any:

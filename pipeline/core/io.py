@@ -246,5 +246,22 @@ def sha256_file(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def file_digest(path: Path) -> str | None:
+    """sha256 of a file's bytes (``None`` when it does not exist)."""
+    return sha256_file(path) if path.is_file() else None
+
+
+def tree_digest(folder: Path, *, contents: bool = True) -> list:
+    """(relative name, sha256 or size+mtime) of every file under ``folder``, sorted; what a
+    resume key hashes of an input folder (``__pycache__`` left out)."""
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(q for q in folder.rglob("*") if q.is_file() and "__pycache__" not in q.parts):
+        st = p.stat()
+        out.append([p.relative_to(folder).as_posix(), sha256_file(p) if contents else [st.st_size, st.st_mtime_ns]])
+    return out
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()

@@ -359,7 +359,8 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
                manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *, start_step: int,
                processes: int = 1, after_round: Callable[[int, int], dict] | None = None,
                progress: Callable[[str, int, int], None] | None = None,
-               pool: OrderedPool | None = None) -> DaggerResult:
+               pool: OrderedPool | None = None, resume: DaggerResult | None = None,
+               on_round: Callable[[DaggerResult], None] | None = None) -> DaggerResult:
     """``policy.dagger_rounds`` rounds of DAgger on ``model`` (in place).
 
     Round ``r``: the model plays round ``r``'s houses (:func:`dagger_tasks`, greedy, as
@@ -369,7 +370,12 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
     ``dagger_epochs`` epochs at ``dagger_lr``, batch order seeded by ``seed + 1 + r``.
     ``after_round(r, step)`` returns figures kept in the round's summary (the probes).
     ``progress(what, done, total)`` reports rollouts and training steps. The rollouts are
-    played in ``pool`` (:func:`rollout_pool` of :func:`rollout_config`; default: this process)."""
+    played in ``pool`` (:func:`rollout_pool` of :func:`rollout_config`; default: this process).
+
+    ``resume``: the result of the rounds already finished (``model`` already holds their
+    training; :mod:`pipeline.policy.resume`): their labelled turns are tokenized again, round
+    by round, and the rounds go on after them. ``on_round(result)`` is called after each round
+    with everything so far (the step's phase checkpoint)."""
     from pipeline.policy.model import train
 
     pol = cfg.policy
@@ -379,8 +385,17 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
     units: list[Any] = []
     curve: list[dict] = []
     rounds: list[dict] = []
-    step = start_step
-    for r in range(int(pol.dagger_rounds)):
+    if resume is not None:  # the finished rounds' units, as each round tokenized its own labels
+        at = 0
+        for done_round in resume.rounds:
+            new = resume.turns[at:at + int(done_round["labelled_turns"])]
+            at += len(new)
+            new_units, new_prompts = turn_units(cfg, model, tokenizer, new)
+            units += new_units
+            prompts += new_prompts
+        turns, curve, rounds = list(resume.turns), list(resume.curve), list(resume.rounds)
+    step = start_step + len(curve)
+    for r in range(len(rounds), int(pol.dagger_rounds)):
         tasks = dagger_tasks(cfg, manifest, scenes, memory, r, int(pol.dagger_houses))
         done = 0
 
@@ -420,4 +435,6 @@ def run_rounds(cfg: Config, model: Any, tokenizer: Any, base_units: Sequence[Any
         if after_round is not None:
             summary.update(after_round(r, step))
         rounds.append(summary)
+        if on_round is not None:
+            on_round(DaggerResult(list(turns), list(prompts), list(curve), list(rounds)))
     return DaggerResult(turns, prompts, curve, rounds)

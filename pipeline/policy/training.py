@@ -28,7 +28,7 @@ import pyarrow as pa
 from pipeline.core.conf_schema import Config, PolicyConfig
 from pipeline.core.io import atomic_dir, atomic_write_json, write_parquet
 from pipeline.llm.backends.transformers import TransformersBackend
-from pipeline.policy.dagger import run_rounds
+from pipeline.policy.dagger import DaggerResult, run_rounds
 from pipeline.policy.demos import RenderedTurn, demo_rows, training_unit
 from pipeline.policy.demoset import DemoSet
 from pipeline.policy.model import (
@@ -43,6 +43,7 @@ from pipeline.policy.model import (
     train_processes,
     train_tokenizer,
 )
+from pipeline.policy.resume import TRAINED, PhaseCheckpoints, round_phase, turns_from_state, turns_state
 
 MODEL_DIR = "model"
 DEMOS_FILE = "demos.parquet"
@@ -164,7 +165,8 @@ def incontext_csv(curve: list[dict]) -> str:
 def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
                  train_progress: Callable[[int], Callable[[int, float], None]] | None = None,
                  probe: Any = None, episode_probe: Any = None, games: tuple[Sequence[Any], Any] | None = None,
-                 dagger_progress: Callable[[str, int, int], None] | None = None, pool: Any = None) -> dict:
+                 dagger_progress: Callable[[str, int, int], None] | None = None, pool: Any = None,
+                 checkpoints: Path | None = None) -> dict:
     """Tokenizer -> model -> training on ``demo_set``, saved into ``out_dir`` (swapped in whole).
 
     Args:
@@ -182,13 +184,18 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         dagger_progress: ``(what, done, total)`` of the DAgger rounds' episodes and steps.
         pool: where the whole episodes are played (the episode probe's, DAgger's rollouts):
             :func:`pipeline.policy.dagger.rollout_pool`, such as the stage's; default this process.
+        checkpoints: where the phases are saved and resumed from
+            (:func:`pipeline.policy.resume.checkpoint_dir`; ``None``: neither). A run resumed
+            after its demonstrations' training or a DAgger round writes the bytes an
+            uninterrupted run writes; the folder is removed once ``out_dir`` is written.
 
     Returns:
-        ``{"memory", "summary", "curve", "incontext", "timings"}``: the scene memory (for
+        ``{"memory", "summary", "curve", "incontext", "timings", "resumed"}``: the scene memory (for
         the quality evaluation), the deterministic summary (with ``episode_probe`` and
         ``dagger``: the whole-episode probe's figures and each round's), the loss curve (the
-        rounds' steps numbered on), the probe's scores by step (``[]`` without a probe) and wall times (with ``train_processes``,
-        the processes the data-parallel training used: :func:`pipeline.policy.model.train_processes`).
+        rounds' steps numbered on), the probe's scores by step (``[]`` without a probe), wall times (with ``train_processes``,
+        the processes the data-parallel training used: :func:`pipeline.policy.model.train_processes`)
+        and the phase the run resumed after (``None``: it ran whole).
     """
     pol = cfg.policy
     timings: dict[str, float] = {}
@@ -198,7 +205,7 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
 
     t = time.perf_counter()
     n_steps = pol.epochs * -(-len(tok.units) // pol.episodes_per_batch)
-    progress = train_progress(n_steps) if train_progress is not None else None
+    progress: Callable[[int, float], None] | None = None
     incontext: list[dict] = []
     probe_s = 0.0
 
@@ -223,15 +230,29 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
     processes = train_processes(cfg.workers, pol)  # the machine's: wall time only, never a byte
     stage_threads = torch.get_num_threads()
     torch.set_num_threads(int(pol.threads))  # the training's own fixed thread count (policy.threads)
+    phases = PhaseCheckpoints(checkpoints)
+    resumed = phases.latest([TRAINED] + [round_phase(r) for r in range(int(pol.dagger_rounds))])
+    done_rounds: DaggerResult | None = None
     try:
-        if probe is not None:
-            measure(0)
-        curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
-                      progress=on_step, processes=processes)
-        if probe is not None:
-            measure(len(curve))
-        timings["train_s"] = time.perf_counter() - t - probe_s
-        episodes = _episode_probe(episode_probe, tok, timings, pool)
+        if resumed is None:
+            if train_progress is not None:
+                progress = train_progress(n_steps)
+            if probe is not None:
+                measure(0)
+            curve = train(tok.model, tok.units, pol, seed=cfg.seed, pad_id=int(tok.tokenizer.pad_token_id),
+                          progress=on_step, processes=processes)
+            if probe is not None:
+                measure(len(curve))
+            timings["train_s"] = time.perf_counter() - t - probe_s
+            episodes = _episode_probe(episode_probe, tok, timings, pool)
+            phases.save(TRAINED, tok.model, {"curve": curve, "incontext": incontext, "episodes": episodes})
+        else:
+            state = phases.load(resumed, tok.model)
+            curve, episodes = state["curve"], state["episodes"]
+            incontext[:] = state["incontext"]
+            if "dagger" in state:
+                d = state["dagger"]
+                done_rounds = DaggerResult(turns_from_state(d["turns"]), [], d["curve"], d["rounds"])
         dagger = None
         if pol.dagger_rounds > 0:
             if games is None:
@@ -248,9 +269,15 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
                     out["episode_probe"] = _episode_probe(episode_probe, tok, timings, pool)
                 return out
 
+            def saved(result: DaggerResult) -> None:
+                phases.save(round_phase(len(result.rounds) - 1), tok.model,
+                            {"curve": curve, "incontext": incontext, "episodes": episodes,
+                             "dagger": {"turns": turns_state(result.turns), "curve": result.curve,
+                                        "rounds": result.rounds}})
+
             dagger = run_rounds(cfg, tok.model, tok.tokenizer, tok.units, demo_set.memory, games[0], games[1],
                                 start_step=len(curve), processes=processes, after_round=after_round,
-                                progress=dagger_progress, pool=pool)
+                                progress=dagger_progress, pool=pool, resume=done_rounds, on_round=saved)
             curve = curve + dagger.curve
             timings["dagger_s"] = time.perf_counter() - t - (probe_s + timings.get("episode_probe_s", 0.0)
                                                                 - probe_before)
@@ -277,5 +304,6 @@ def build_policy(cfg: Config, demo_set: DemoSet, out_dir: Path, *,
         write_parquet(demos_table(turns, prompts), tmp / DEMOS_FILE, sort_by=["demo_id", "turn_index"],
                       schema_version="1")
         atomic_write_json(tmp / SUMMARY_FILE, summary)
+    phases.clear()
     return {"memory": demo_set.memory, "summary": summary, "curve": curve, "incontext": incontext,
-            "timings": timings}
+            "timings": timings, "resumed": resumed}

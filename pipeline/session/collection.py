@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator
 
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
@@ -35,8 +35,16 @@ import pipeline
 from pipeline.agents import Agent, make_agent, plays_with_model, reads_prompt
 from pipeline.agents.llm import SharedBackend
 from pipeline.core.conf_schema import Config
-from pipeline.core.config import ConfigError, config_hash
-from pipeline.core.io import ArtifactError, atomic_dir, atomic_write_json, read_json, read_parquet, sha256_file
+from pipeline.core.config import ConfigError, config_hash, config_subtrees
+from pipeline.core.io import (
+    ArtifactError,
+    atomic_dir,
+    atomic_write_json,
+    file_digest,
+    read_json,
+    read_parquet,
+    tree_digest,
+)
 from pipeline.core.parallel import OrderedPool, WorkerStalled, beat, partition, stage_workers
 from pipeline.core.schemas import backend_errors
 from pipeline.envs import Env, make_env, unread_env_keys
@@ -91,7 +99,7 @@ def collection_hash(cfg: Config) -> str:
     reads are left out (:func:`pipeline.envs.unread_env_keys`).
     """
     keys = CHECKPOINT_KEYS + (ONLINE_MEMORY_KEYS if _online_memory(cfg) else ())
-    plain = _subtrees(cfg, keys) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
+    plain = config_subtrees(cfg, keys) if isinstance(cfg, DictConfig) else copy.deepcopy(cfg)
     model = plain.get("model")
     if isinstance(model, dict) and "prompt_cache_mb" in model:
         model["prompt_cache_mb"] = prompt_cache_budget(model["prompt_cache_mb"], model.get("device") or "cpu")
@@ -101,23 +109,6 @@ def collection_hash(cfg: Config) -> str:
 def _online_memory(cfg: Config | dict) -> bool:
     """Whether the online loop's prompts carry a memory block (``grounding.online_memory``)."""
     return bool((cfg.get("grounding") or {}).get("online_memory"))
-
-
-def _subtrees(cfg: DictConfig, keys: Sequence[str]) -> dict:
-    """The plain values of ``keys`` (dotted) at their places in a nested dict: the hash reads
-    these subtrees, not the whole config (what ``python -m pipeline.tools.deps record`` sees)."""
-    out: dict = {}
-    for dotted in keys:
-        *parents, leaf = dotted.split(".")
-        node: Any = cfg
-        for part in [*parents, leaf]:
-            node = node[part]
-        value = OmegaConf.to_container(node, resolve=True, enum_to_str=True) if OmegaConf.is_config(node) else node
-        into = out
-        for part in parents:
-            into = into.setdefault(part, {})
-        into[leaf] = value
-    return out
 
 
 @contextlib.contextmanager
@@ -173,22 +164,6 @@ def make_factories(cfg: Config, root: Path, scenes: dict, *, feedback_source: Fi
     return env_for, agent_for, user_for
 
 
-def _file_digest(path: Path) -> str | None:
-    """sha256 of a file's bytes (``None`` when it does not exist)."""
-    return sha256_file(path) if path.is_file() else None
-
-
-def _tree_digest(folder: Path, *, contents: bool = True) -> list:
-    """(relative name, sha256 or size+mtime) of every file under ``folder``, sorted."""
-    if not folder.is_dir():
-        return []
-    out = []
-    for p in sorted(q for q in folder.rglob("*") if q.is_file() and "__pycache__" not in q.parts):
-        st = p.stat()
-        out.append([p.relative_to(folder).as_posix(), sha256_file(p) if contents else [st.st_size, st.st_mtime_ns]])
-    return out
-
-
 def inputs_hash(cfg: Config, root: Path, tasks: list[Task], feedback_source: Any = None) -> str:
     """Hash of everything besides the config that decides what a collection's episodes are.
 
@@ -199,18 +174,18 @@ def inputs_hash(cfg: Config, root: Path, tasks: list[Task], feedback_source: Any
     folder, so an interrupted run is never resumed with stale episodes.
     """
     parts: dict[str, Any] = {
-        "manifest": _file_digest(root / cfg.paths.games / "manifest.parquet"),
+        "manifest": file_digest(root / cfg.paths.games / "manifest.parquet"),
         "tasks": [asdict(t) for t in tasks],
-        "code": _tree_digest(Path(pipeline.__file__).parent),
-        "conf": [_tree_digest(root / "conf" / "templates"), _tree_digest(root / "conf" / "knowledge")],
+        "code": tree_digest(Path(pipeline.__file__).parent),
+        "conf": [tree_digest(root / "conf" / "templates"), tree_digest(root / "conf" / "knowledge")],
     }
     files = [cfg.prompts.system_template, cfg.prompts.entropy_template, cfg.agent.knowledge_base]
     if feedback_source is not None or cfg.user.source == "file":
         files.append(cfg.user.feedback_file)
-    parts["files"] = [[str(f), _file_digest(root / str(f))] for f in files if f]
+    parts["files"] = [[str(f), file_digest(root / str(f))] for f in files if f]
     if plays_with_model(cfg.agent) and cfg.model.name_or_path:
         model_dir = root / str(cfg.model.name_or_path)
-        parts["model"] = _tree_digest(model_dir, contents=False)
+        parts["model"] = tree_digest(model_dir, contents=False)
     blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
 

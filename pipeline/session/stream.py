@@ -56,7 +56,7 @@ from pipeline.agents import plays_with_model
 from pipeline.conditions.length import BlockLength
 from pipeline.conditions.render import render_conditions
 from pipeline.core.conf_schema import Config, StreamStart
-from pipeline.core.config import ConfigError, config_hash
+from pipeline.core.config import ConfigError, config_hash, config_subtrees  # the subtrees collection_hash reads
 from pipeline.core.facts import FactReader, WorldWords
 from pipeline.core.io import atomic_write_text, read_json, read_parquet
 from pipeline.core.parallel import OrderedPool
@@ -67,7 +67,6 @@ from pipeline.llm.backends import is_local
 from pipeline.memory.build import build_store
 from pipeline.agents.llm import SharedBackend
 from pipeline.session.collection import CHECKPOINT_IGNORED, DERIVED_KEYS, inputs_hash, load_games
-from pipeline.session.collection import _subtrees as config_subtrees  # the subtrees collection_hash reads
 from pipeline.session.evaluation import reader_config
 from pipeline.session.experience import merge_at, play_prompts
 from pipeline.session.rollout import Task, tasks_from_manifest

@@ -17,6 +17,9 @@ Writes:
 - ``<paths.policy>/model/``: ``save_pretrained`` model (safetensors) + tokenizer;
 - ``<paths.policy>/demos.parquet``: every demonstration turn, prompt and answer verbatim;
 - ``<paths.policy>/training.json``: data and training summary (no wall-clock times);
+- ``<paths.checkpoints>/policy/<key>/``: the phases while it runs (after the demonstrations'
+  training, after each DAgger round), so an interrupted run resumes after the last one and
+  writes the same bytes (:mod:`pipeline.policy.resume`); removed at the end;
 - ``<paths.metrics>/policy.json``: the probes' figures, training summary and wall times;
 - ``<paths.metrics>/policy_loss.csv``: the loss of every training step (``dvc plots``);
 - ``<paths.metrics>/policy_incontext.csv``: the in-context probe by training step
@@ -42,6 +45,7 @@ from pipeline.policy.demoset import load_demo_set
 from pipeline.policy.quality import evaluate_policy, summary as quality_summary
 from pipeline.policy.dagger import EpisodeProbe, rollout_config, rollout_pool
 from pipeline.policy.incontext import InContextProbe
+from pipeline.policy.resume import checkpoint_dir
 from pipeline.policy.training import INCONTEXT_CSV, LOSS_CSV, MODEL_DIR, build_policy, incontext_csv, loss_csv, model_dir
 from pipeline.session.collection import load_games
 from pipeline.stages.common import pin_numerics, run_stage
@@ -123,12 +127,14 @@ def run(cfg: Config, root: Path, numerics: dict | None = None) -> dict:
             tqdm(desc="policy: training", unit="step", file=sys.stderr) as bar:
         built = build_policy(cfg, demo_set, out_dir, train_progress=train_bar(bar), probe=probe,
                              episode_probe=episode_probe, games=(manifest, scenes), dagger_progress=dagger_bar(bar),
-                             pool=pool)
+                             pool=pool, checkpoints=checkpoint_dir(cfg, root))
     atomic_write_text(metrics_dir / LOSS_CSV, loss_csv(built["curve"]))
     atomic_write_text(metrics_dir / INCONTEXT_CSV, incontext_csv(built["incontext"]))
     metrics: dict[str, Any] = {"trained": True, "model_dir": model_dir(cfg), **built["summary"]}
     if numerics is not None:  # what ran: the pinned numerics and the CPU (never in data/policy)
         metrics["numerics"] = numerics
+    if built["resumed"] is not None:  # how it ran (never in data/policy: a resumed run writes the same bytes)
+        metrics["resumed_after"] = built["resumed"]
     timings = {"load_demos_s": load_s, **built["timings"], "rollout_workers": workers}
     if cfg.policy.evaluate:
         t = time.perf_counter()
