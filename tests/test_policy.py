@@ -430,6 +430,99 @@ def test_shared_prefix_loss_equals_full_prompt_loss():
     assert torch.allclose(g_shared, model.model.layers[0].self_attn.q_proj.weight.grad, atol=1e-5)
 
 
+def test_answer_sample_weights_the_memory_dict_and_nothing_else(demos):
+    from pipeline.policy.model import IM_END, MEMORY_KEY, answer_sample, train_tokenizer
+
+    _, turns = demos
+    answers = [t.response for t in turns if t.train][:40]
+    tok = train_tokenizer(answers, vocab_size=400)
+    eos = tok.convert_tokens_to_ids(IM_END)
+    shares = []
+    for text in answers:
+        plain = answer_sample(tok, [5, 6], text, eos)
+        weighted = answer_sample(tok, [5, 6], text, eos, memory_weight=0.25)
+        assert plain.weights is None and plain.answer_ids == weighted.answer_ids and plain.prompt_ids == [5, 6]
+        assert len(weighted.weights) == len(weighted.answer_ids) and weighted.weights[-1] == 1.0  # EOS
+        light = [i for i, w in zip(weighted.answer_ids, weighted.weights) if w == 0.25]
+        heavy = [i for i, w in zip(weighted.answer_ids[:-1], weighted.weights) if w == 1.0]
+        assert set(weighted.weights) <= {0.25, 1.0}
+        shares.append(len(light) / len(weighted.weights))
+        # the heavy tokens are the reasoning line and the command, the light ones the memory dict to the end
+        # (a token that starts before the memory key is heavy, even where it merges the key in)
+        head, tail = tok.decode(heavy), tok.decode(light)
+        assert head + tail == text and tail.endswith("}}") and '"action"' in head and '"action"' not in tail
+        assert len(head) >= text.rfind(MEMORY_KEY)
+    assert sum(shares) / len(shares) > 0.3  # most of a memory dict is light
+
+
+def test_the_weighted_answer_loss_is_the_weighted_mean_and_weights_of_one_change_nothing():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pipeline.policy.model import Sample, answer_loss, collate, make_unit
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=2, tie_word_embeddings=True))
+    r = lambda n: torch.randint(3, 50, (n,)).tolist()  # noqa: E731
+    head = r(6)
+    a, b, c = r(3), r(4), r(2)
+    plain = [make_unit([Sample(head + r(2), a), Sample(head + r(3), b)]), make_unit([Sample(r(5), c)])]
+    # per-token losses of the plain batch, for the hand-computed weighted mean
+    batch = collate(plain, pad_id=0)
+    assert "target_weights" not in batch
+    with torch.no_grad():
+        mean = answer_loss(model, batch)
+        w = torch.tensor([0.5, 0.5, 1.0] + [1.0, 0.1, 0.1, 1.0] + [1.0, 1.0])
+        weighted_units = [make_unit([Sample(plain[0].prefix + plain[0].turns[0][0], a, [0.5, 0.5, 1.0]),
+                                     Sample(plain[0].prefix + plain[0].turns[1][0], b, [1.0, 0.1, 0.1, 1.0])]),
+                          plain[1]]  # a unit without weights beside one with: its tokens weigh 1
+        wb = collate(weighted_units, pad_id=0)
+        assert torch.equal(wb["target_weights"], w) and torch.equal(wb["targets"], batch["targets"])
+        got = answer_loss(model, wb)
+        # the per-token cross-entropy, from the plain batch's mean over tokens of one weight class each
+        per_token = []
+        for k in range(len(w)):
+            one = dict(batch)
+            mask = torch.zeros(len(w))
+            mask[k] = 1.0
+            one["target_weights"] = mask
+            per_token.append(answer_loss(model, one))
+        per_token = torch.stack(per_token)
+        assert torch.allclose(per_token.mean(), mean, atol=1e-6)
+        assert torch.allclose(got, (per_token * w).sum() / w.sum(), atol=1e-6)
+        assert not torch.allclose(got, mean, atol=1e-4)
+        unit_ones = make_unit([Sample(s_p, s_a, [1.0] * len(s_a)) for s_p, s_a in
+                               [(plain[1].prefix + plain[1].turns[0][0], c)]])
+        assert torch.allclose(answer_loss(model, collate([plain[0], unit_ones], pad_id=0)), mean, atol=1e-6)
+
+
+def test_weighted_micro_batches_train_as_the_single_batch_does():
+    """Each micro-batch's share of a weighted step is its weights' sum, so two micro-batches
+    give the single batch's weighted mean (to float rounding)."""
+    import dataclasses
+
+    import numpy as np
+    import torch
+
+    from pipeline.policy.fingerprint import tiny_setup
+    from pipeline.policy.model import Unit, build_model, train
+
+    torch.set_num_threads(1)
+    tok, pol, units = tiny_setup(epochs=1)
+    rng = np.random.default_rng(3)
+    units = [Unit(u.prefix, u.turns, [rng.choice([0.2, 1.0], len(a)).tolist() for _, a in u.turns]) for u in units]
+    runs = {}
+    for parts in (1, 2):
+        model = build_model(tok, dataclasses.replace(pol, micro_batches=parts), seed=0)
+        curve = train(model, units, dataclasses.replace(pol, micro_batches=parts), seed=0,
+                      pad_id=int(tok.pad_token_id))
+        runs[parts] = ([c["loss"] for c in curve], [c["tokens"] for c in curve],
+                       torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    assert np.allclose(runs[1][0], runs[2][0], atol=1e-5) and runs[1][1] == runs[2][1]
+    assert torch.allclose(runs[1][2], runs[2][2], atol=1e-5)
+
+
 def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -596,6 +596,10 @@ class PolicyConfig:
     ``ground`` + ``merge`` library, as the eval prompts of seen scenes carry their train quests' grounding (0: none,
     the previous default, under which an oracle plan was copied exactly in 100%/44% of short/long held-out-scene
     eval tasks but 19%/6% with a grounding section: docs/policy.md)."""
+    memory_weight: float = checked(1.0, PROBABILITY)
+    """Loss weight of the answer tokens that write the memory dict (the rest of the answer, the reasoning line and the
+    command, weighs 1): 1, the plain mean over every answer token; lower spends the training on the command
+    (``pipeline.policy.model.answer_sample``; docs/policy.md, *A loss weighted toward the command*)."""
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
     incontext_every: int = 400

@@ -340,7 +340,7 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
     as the demonstrations are (:func:`pipeline.policy.training.tokenize_demos`: the backend's own
     chat rendering)."""
     from pipeline.policy.demos import training_unit
-    from pipeline.policy.model import IM_END, Sample, make_unit
+    from pipeline.policy.model import IM_END, answer_sample, make_unit
 
     backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
@@ -350,8 +350,8 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
         text, ids = backend.render(tr.messages)
         prompts.append(text)
         if tr.train:
-            answer = list(tokenizer(tr.response, add_special_tokens=False)["input_ids"]) + [eos]
-            by.setdefault(training_unit(tr.demo_id), []).append(Sample(list(ids), answer))
+            by.setdefault(training_unit(tr.demo_id), []).append(
+                answer_sample(tokenizer, ids, tr.response, eos, cfg.policy.memory_weight))
     return [make_unit(v) for _, v in sorted(by.items())], prompts
 
 

@@ -13,7 +13,10 @@
   embeddings, SDPA attention), saved with ``save_pretrained`` (safetensors) beside the
   tokenizer: a model directory any user could have made.
 - **Training**: next-token loss on the answer tokens only (the prompt is context), AdamW
-  with warm-up and cosine decay, a seeded batch order, a fixed number of steps. The turns
+  with warm-up and cosine decay, a seeded batch order, a fixed number of steps. With
+  ``policy.memory_weight`` < 1 the tokens of the memory dict the answer writes count that
+  much in a weighted mean (:func:`answer_sample`); at 1 the loss is the plain mean, byte
+  for byte. The turns
   of an episode share their prompt prefix (objective, grounding, advisory block): it is
   computed once per step and its keys/values reused by every turn (:class:`Unit`), which
   gives the same gradients as full prompts at a fraction of the cost.
@@ -112,10 +115,34 @@ def build_model(tokenizer: Any, policy_cfg: PolicyConfig, *, seed: int = 0) -> A
 
 @dataclass
 class Sample:
-    """One training example: the prompt's token ids and the answer's (EOS included)."""
+    """One training example: the prompt's token ids and the answer's (EOS included), and
+    optionally a loss weight per answer token (None: every token counts 1)."""
 
     prompt_ids: list[int]
     answer_ids: list[int]
+    weights: list[float] | None = None
+
+
+#: Where the answer's memory dict starts: ``{"action": ..., "target": ..., "memory": {...}}``.
+MEMORY_KEY = '"memory":'
+
+
+def answer_sample(tokenizer: Any, prompt_ids: Sequence[int], response: str, eos: int,
+                  memory_weight: float = 1.0) -> Sample:
+    """The training sample of one answer: its tokens and EOS, and with ``memory_weight`` < 1
+    a weight per token: ``memory_weight`` for every token that starts at or after the memory
+    dict's key, to the end of the JSON (the memory the model writes itself, 66% of the answers' tokens:
+    docs/policy.md), 1 for the reasoning line, the command and EOS (``policy.memory_weight``).
+
+    At 1 the sample carries no weights, so the loss is the plain mean it always was."""
+    if memory_weight == 1.0:
+        return Sample(list(prompt_ids), list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [eos])
+    enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
+    at = response.rfind(MEMORY_KEY)
+    # A token that starts before the key keeps weight 1: the tokenizer may merge the command's
+    # end with the key (``", "target": "north", "memory": {"plan": "`` can be one token).
+    weights = [float(memory_weight) if 0 <= at <= start else 1.0 for start, _ in enc["offset_mapping"]]
+    return Sample(list(prompt_ids), list(enc["input_ids"]) + [eos], weights + [1.0])
 
 
 @dataclass
@@ -134,6 +161,8 @@ class Unit:
 
     prefix: list[int]
     turns: list[tuple[list[int], list[int]]]
+    weights: list[list[float]] | None = None
+    """Per turn, a loss weight per answer token (None: all 1; :func:`answer_sample`)."""
 
     @property
     def tokens(self) -> int:
@@ -147,7 +176,9 @@ def make_unit(samples: Sequence[Sample]) -> Unit:
     k = 0
     while k < n and all(p[k] == prompts[0][k] for p in prompts):
         k += 1
-    return Unit(list(prompts[0][:k]), [(list(s.prompt_ids[k:]), list(s.answer_ids)) for s in samples])
+    weights = None if all(s.weights is None for s in samples) else \
+        [list(s.weights) if s.weights is not None else [1.0] * len(s.answer_ids) for s in samples]
+    return Unit(list(prompts[0][:k]), [(list(s.prompt_ids[k:]), list(s.answer_ids)) for s in samples], weights)
 
 
 def batches(units: Sequence[Unit], per_batch: int, rng: np.random.Generator, bucket: int = 8) -> list[list[int]]:
@@ -164,7 +195,8 @@ def batches(units: Sequence[Unit], per_batch: int, rng: np.random.Generator, buc
 
 def collate(units: Sequence[Unit], pad_id: int) -> dict:
     """Tensors of a batch: left-padded prefixes (one row per unit), right-padded turn
-    rows (prompt rest + answer), each row's unit, positions, and the answer targets."""
+    rows (prompt rest + answer), each row's unit, positions, and the answer targets (and
+    ``target_weights`` where a unit carries weights: :func:`answer_sample`)."""
     import torch  # deferred: heavy optional dependency (torch)
 
     P = max(len(u.prefix) for u in units)
@@ -188,13 +220,19 @@ def collate(units: Sequence[Unit], pad_id: int) -> dict:
         where_r += [r] * len(a)
         where_c += list(range(len(p) - 1, len(p) - 1 + len(a)))  # position t predicts token t + 1
         targets += a
-    return {"prefix": prefix, "prefix_mask": prefix_mask, "owner": torch.tensor([e for e, _, _ in rows]),
-            "ids": ids, "mask": mask, "pos": pos, "where": (torch.tensor(where_r), torch.tensor(where_c)),
-            "targets": torch.tensor(targets, dtype=torch.long)}
+    out = {"prefix": prefix, "prefix_mask": prefix_mask, "owner": torch.tensor([e for e, _, _ in rows]),
+           "ids": ids, "mask": mask, "pos": pos, "where": (torch.tensor(where_r), torch.tensor(where_c)),
+           "targets": torch.tensor(targets, dtype=torch.long)}
+    if any(u.weights is not None for u in units):
+        out["target_weights"] = torch.tensor(
+            [w for u in units for t, (_, a) in enumerate(u.turns)
+             for w in (u.weights[t] if u.weights is not None else [1.0] * len(a))], dtype=torch.float32)
+    return out
 
 
 def answer_loss(model: Any, batch: dict) -> Any:
-    """Mean cross-entropy of the answer tokens of a collated batch.
+    """Mean cross-entropy of the answer tokens of a collated batch (the weighted mean where
+    the batch has ``target_weights``).
 
     The prefixes run first (left-padded, positions from 0) into a KV cache; its rows are
     repeated for the turns of each unit (differentiable indexing) and the turns run on
@@ -219,6 +257,10 @@ def answer_loss(model: Any, batch: dict) -> Any:
                          past_key_values=cache, use_cache=True).last_hidden_state  # (rows, S, C)
     where = batch["where"]
     logits = model.lm_head(hidden[where[0], where[1]])  # (answer tokens, V)
+    if "target_weights" in batch:
+        w = batch["target_weights"]
+        ce = torch.nn.functional.cross_entropy(logits.float(), batch["targets"], reduction="none")
+        return (ce * w).sum() / w.sum()
     return torch.nn.functional.cross_entropy(logits.float(), batch["targets"])
 
 
@@ -256,6 +298,11 @@ def micro_batch_split(idx: Sequence[int], parts: int) -> list[list[int]]:
 
 def _answer_tokens(unit: Unit) -> int:
     return sum(len(a) for _, a in unit.turns)
+
+
+def _answer_mass(unit: Unit) -> float:
+    """What a unit's answers weigh in a step's loss: its tokens, or their weights' sum."""
+    return _answer_tokens(unit) if unit.weights is None else sum(sum(w) for w in unit.weights)
 
 
 def _to_device(batch: dict, dev: Any) -> dict:
@@ -561,9 +608,10 @@ def _train_micro_batches(model: Any, units: Sequence[Unit], policy_cfg: PolicyCo
         for epoch, epoch_batches in enumerate(epochs):
             for idx in epoch_batches:
                 chunks = micro_batch_split(idx, parts)
-                tokens = [sum(_answer_tokens(units[j]) for j in c) for c in chunks]
+                tokens = [sum(_answer_mass(units[j]) for j in c) for c in chunks]
                 step_tokens = sum(tokens)
                 weights = [None] if len(chunks) == 1 else [t / step_tokens for t in tokens]
+                step_tokens = sum(_answer_tokens(units[j]) for j in idx)
                 work: list[list[tuple]] = [[] for _ in range(n)]
                 for i, c in enumerate(chunks):
                     work[i % n].append((i, c, weights[i], _micro_seed(seed, step, i)))

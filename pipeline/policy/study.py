@@ -239,19 +239,19 @@ def paired_table(results: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[st
     return out
 
 
-def run_label_units(tokenizer: Any, demos_file: Path) -> list[Any]:
+def run_label_units(tokenizer: Any, demos_file: Path, memory_weight: float = 1.0) -> list[Any]:
     """The run's own DAgger labels (``demos.parquet``'s ``dagger_`` train rows) as training
     units, from the prompt text the run rendered (the backend's rendering: its ids are the
-    text's, a test keeps them equal)."""
-    from pipeline.policy.model import IM_END, Sample, make_unit
+    text's, a test keeps them equal), weighted as the run trained them (``policy.memory_weight``)."""
+    from pipeline.policy.model import IM_END, answer_sample, make_unit
 
     eos = tokenizer.convert_tokens_to_ids(IM_END)
     by: dict[str, list[Any]] = {}
     for r in read_parquet(demos_file).to_pylist():
         if r["train"] and r["demo_id"].startswith(DemoKind.dagger.prefix):
             ids = list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"])
-            answer = list(tokenizer(r["response"], add_special_tokens=False)["input_ids"]) + [eos]
-            by.setdefault(training_unit(r["demo_id"]), []).append(Sample(ids, answer))
+            by.setdefault(training_unit(r["demo_id"]), []).append(
+                answer_sample(tokenizer, ids, r["response"], eos, memory_weight))
     return [make_unit(v) for _, v in sorted(by.items())]
 
 
@@ -288,7 +288,8 @@ class Study:
         arm's tokenizer is the run's, and the rendering does not read the weights."""
         if self._units is None:
             self._units = (turn_units(self.cfg, model, tokenizer, self.demo_set.turns)[0],
-                           run_label_units(tokenizer, self.root / self.cfg.paths.policy / DEMOS_FILE))
+                           run_label_units(tokenizer, self.root / self.cfg.paths.policy / DEMOS_FILE,
+                                           self.cfg.policy.memory_weight))
         return self._units
 
     def model(self) -> tuple[Any, Any]:

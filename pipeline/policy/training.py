@@ -34,6 +34,7 @@ from pipeline.policy.demoset import DemoSet
 from pipeline.policy.model import (
     IM_END,
     Sample,
+    answer_sample,
     Unit,
     build_model,
     count_parameters,
@@ -107,8 +108,8 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
         text, ids = backend.render(tr.messages)
         prompts.append(text)
         if tr.train:
-            answer = list(tokenizer(tr.response, add_special_tokens=False)["input_ids"]) + [eos]
-            by_demo.setdefault(training_unit(tr.demo_id), []).append(Sample(list(ids), answer))
+            by_demo.setdefault(training_unit(tr.demo_id), []).append(
+                answer_sample(tokenizer, ids, tr.response, eos, pol.memory_weight))
     units = [make_unit(v) for _, v in sorted(by_demo.items())]
     return Tokenized(tokenizer, model, prompts, by_demo, units)
 
