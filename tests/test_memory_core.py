@@ -238,6 +238,18 @@ def test_every_store_form_gives_the_same_result():
     assert all(x == results[0] for x in results)
 
 
+def test_an_index_pickles_for_a_spawned_worker_and_searches_the_same():
+    import pickle
+
+    entries = [make_entry(f"e{i}", quest=f"q{i}", aspects=i % 3, symptom=f"open Fridge_{i % 2}") for i in range(8)]
+    store = EpisodicStore.from_entries(entries, tie_seed=3)
+    copy = pickle.loads(pickle.dumps(store.index))  # a threading.Lock alone cannot be pickled
+    assert copy._lock is not store.index._lock and not copy._lock.locked()
+    r = Retriever(tie_seed=3)
+    for text in ("Apple_2", "open Fridge_1", None):
+        assert ids(r.retrieve(copy, sig(), text, topk=3)) == ids(r.retrieve(store.index, sig(), text, topk=3))
+
+
 def _random_entries(rng: random.Random, n: int) -> list[EpisodicMemoryEntryV1_1]:
     words = ["apple_2", "fridge_0", "open", "key_1", "drawer_1", "locked", "repeat", "goal", "사과", "냉장고"]
     out = []

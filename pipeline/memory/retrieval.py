@@ -143,11 +143,7 @@ class RetrievalIndex:
         self.quest_code, self.quest_ids = _encode(prov.field("quest_id"))
         self.tie = tie_ranks(table.column("entry_id"), tie_seed) if n else np.zeros(0, np.int64)
         self.inv_tie = (1 << TIE_BITS) - 1 - self.tie  # larger wins, always > 0
-        # Work buffers reused by every query (guarded by a lock: one query at a time).
-        self._lock = threading.Lock()
-        self._tmp, self._tmp2 = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
-        self._hits = np.empty(n, dtype=np.int8)
-        self._key = np.empty(n, dtype=np.int64)
+        self._scratch()
         self.tie_seed = tie_seed
         # Inverted index: postings of token t are post_rows[indptr[t]:indptr[t+1]] (distinct rows).
         toks = table.column("lexical_tokens").chunk(0) if n else pa.array([], STORE_SCHEMA.field("lexical_tokens").type)
@@ -158,6 +154,26 @@ class RetrievalIndex:
         counts = np.bincount(tok_ids, minlength=len(self.vocab))
         self.indptr = np.zeros(len(self.vocab) + 1, dtype=np.int64)
         np.cumsum(counts, out=self.indptr[1:])
+
+    #: Per-process state a copy rebuilds instead of carrying: the lock and the work buffers.
+    _SCRATCH = ("_lock", "_tmp", "_tmp2", "_hits", "_key")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (a spawned worker's copy) without the query lock and work buffers: a lock
+        cannot be pickled, and the buffers are scratch; :meth:`__setstate__` makes fresh ones."""
+        return {k: v for k, v in self.__dict__.items() if k not in self._SCRATCH}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._scratch()
+
+    def _scratch(self) -> None:
+        """Work buffers reused by every query (guarded by a lock: one query at a time)."""
+        n = self.n
+        self._lock = threading.Lock()
+        self._tmp, self._tmp2 = np.empty(n, dtype=bool), np.empty(n, dtype=bool)
+        self._hits = np.empty(n, dtype=np.int8)
+        self._key = np.empty(n, dtype=np.int64)
 
     @classmethod
     def from_table(cls, table: pa.Table, tie_seed: Optional[int] = None) -> "RetrievalIndex":
