@@ -648,3 +648,25 @@ def test_policy_check_measures_an_even_subset_of_eval_tasks():
     assert len(evals) == 8 and len({s for s, _ in evals}) == 4  # spread over every scene
     assert [r for r in cut if r["split"] == "train"] == rows[-1:]
     assert measured_rows(rows, "eval", 0) == rows[-1:] + rows[:-1] and len(measured_rows(rows, "eval", 99)) == 21
+
+
+def test_the_dagger_bar_resets_once_per_phase_and_counts_its_steps():
+    import io
+
+    from tqdm import tqdm
+
+    from pipeline.stages.policy import dagger_bar
+
+    out = io.StringIO()
+    with tqdm(desc="policy: training", unit="step", file=out, mininterval=0) as bar:
+        progress = dagger_bar(bar)
+        progress("dagger round 0: episodes", 0, 400)
+        started = bar.start_t
+        for done in (56, 112, 400):
+            progress("dagger round 0: episodes", done, 400)
+            assert bar.n == done and bar.total == 400 and bar.start_t == started  # no reset inside a phase
+        progress("dagger round 0: training", 3, 800)
+        assert (bar.n, bar.total) == (3, 800) and bar.desc.startswith("policy: dagger round 0: training")
+        progress("dagger round 0: training", 800, 800)
+        assert bar.n == 800
+    assert out.getvalue().count("| 0/800 ") == 1  # one reset into the training phase, then its steps
