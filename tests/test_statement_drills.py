@@ -63,20 +63,14 @@ def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step
 
 
 def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory):  # noqa: F811
-    from dataclasses import replace
-
-    from pipeline.memory import EpisodicStore, table_to_entries
     from pipeline.policy.demo_workers import demo_pool
     from pipeline.policy.demoset import build_demo_set
     from pipeline.policy.statements import statement_drills
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
-    # a store that has answered a query in this process holds its index's lock and cannot be sent to
-    # workers: the stage's store never has (its queries run in the workers); a fresh copy stands for it
-    fresh = replace(memory, store=EpisodicStore.from_entries(table_to_entries(memory.store.table),
-                                                             tie_seed=memory.store.tie_seed))
-    with demo_pool(cfg, tiny_games.root, rows, scenes, workers=3) as pool:
-        spread = statement_drills(cfg, rows, scenes, fresh, 12, workers=pool)
+    assert statement_drills(cfg, rows, scenes, memory, 1)  # the store has answered queries in this process:
+    with demo_pool(cfg, tiny_games.root, rows, scenes, workers=3) as pool:  # its index is sent all the same
+        spread = statement_drills(cfg, rows, scenes, memory, 12, workers=pool)
     assert spread == statement_drills(cfg, rows, scenes, memory, 12)
     ticks: list[int] = []
     with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"statement_drills": 12, "generated_houses": 2,
