@@ -608,9 +608,9 @@ def _train_micro_batches(model: Any, units: Sequence[Unit], policy_cfg: PolicyCo
         for epoch, epoch_batches in enumerate(epochs):
             for idx in epoch_batches:
                 chunks = micro_batch_split(idx, parts)
-                tokens = [sum(_answer_mass(units[j]) for j in c) for c in chunks]
-                step_tokens = sum(tokens)
-                weights = [None] if len(chunks) == 1 else [t / step_tokens for t in tokens]
+                mass = [sum(_answer_mass(units[j]) for j in c) for c in chunks]  # a share of the loss each
+                whole = sum(mass)
+                weights = [None] if len(chunks) == 1 else [m / whole for m in mass]
                 step_tokens = sum(_answer_tokens(units[j]) for j in idx)
                 work: list[list[tuple]] = [[] for _ in range(n)]
                 for i, c in enumerate(chunks):

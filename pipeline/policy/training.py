@@ -34,8 +34,8 @@ from pipeline.policy.demoset import DemoSet
 from pipeline.policy.model import (
     IM_END,
     Sample,
-    answer_sample,
     Unit,
+    answer_sample,
     build_model,
     count_parameters,
     make_unit,

@@ -67,11 +67,12 @@ def train_bar(bar: tqdm) -> Callable[[int], Callable[[int, float], None]]:
 
 def dagger_bar(bar: tqdm) -> Callable[[str, int, int], None]:
     """``build_policy``'s ``dagger_progress`` over the training bar: a round's episodes, then its steps."""
-    shown: list[str] = []  # the phase on the bar (tqdm's own desc gains a ": " suffix, so it is no key)
+    shown: str | None = None  # the phase on the bar (tqdm's own desc gains a ": " suffix, so it is no key)
 
     def progress(what: str, done: int, total: int) -> None:
-        if shown != [what]:
-            shown[:] = [what]
+        nonlocal shown
+        if what != shown:
+            shown = what
             bar.set_description(f"policy: {what}", refresh=False)
             bar.reset(total=total)
         bar.update(done - bar.n)  # update, not n =: the bar's rate and ETA follow
