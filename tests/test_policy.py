@@ -455,6 +455,35 @@ def test_answer_sample_weights_the_memory_dict_and_nothing_else(demos):
     assert sum(shares) / len(shares) > 0.3  # most of a memory dict is light
 
 
+def test_answer_sample_weights_the_notes_apart_from_the_plan(demos):
+    from pipeline.policy.model import IM_END, MEMORY_KEY, NOTES_KEY, answer_sample, train_tokenizer
+
+    _, turns = demos
+    answers = [t.response for t in turns if t.train][:40]
+    tok = train_tokenizer(answers, vocab_size=400)
+    eos = tok.convert_tokens_to_ids(IM_END)
+    for text in answers:
+        plain = answer_sample(tok, [5], text, eos)
+        notes = answer_sample(tok, [5], text, eos, notes_weight=0.25)
+        both = answer_sample(tok, [5], text, eos, memory_weight=0.5, notes_weight=0.25)
+        assert notes.answer_ids == both.answer_ids == plain.answer_ids
+        assert set(notes.weights) == {0.25, 1.0} and set(both.weights) == {0.125, 0.5, 1.0}
+        assert notes.weights[-1] == both.weights[-1] == 1.0  # EOS
+        ids = notes.answer_ids[:-1]
+        # notes_weight alone: the plan weighs as the command does, the notes from their key to the end are light
+        head = tok.decode([i for i, w in zip(ids, notes.weights) if w == 1.0])
+        tail = tok.decode([i for i, w in zip(ids, notes.weights) if w == 0.25])
+        assert head + tail == text and tail.endswith("}}") and '"plan"' in head and '"plan"' not in tail
+        assert len(head) >= text.rfind(NOTES_KEY) > text.rfind(MEMORY_KEY)
+        # both: the command, the plan at memory_weight, the notes at the product; each class contiguous, in order
+        kinds = [{1.0: 0, 0.5: 1, 0.125: 2}[w] for w in both.weights[:-1]]
+        assert kinds == sorted(kinds) and set(kinds) == {0, 1, 2}
+        parts = [tok.decode([i for i, k in zip(ids, kinds) if k == c]) for c in (0, 1, 2)]
+        assert "".join(parts) == text and '"action"' in parts[0] and '"action"' not in parts[1] + parts[2]
+        assert len(parts[0]) >= text.rfind(MEMORY_KEY) and len(parts[0] + parts[1]) >= text.rfind(NOTES_KEY)
+        assert '"plan"' not in parts[2] and parts[2].endswith("}}")
+
+
 def test_the_weighted_answer_loss_is_the_weighted_mean_and_weights_of_one_change_nothing():
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

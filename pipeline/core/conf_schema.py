@@ -600,6 +600,10 @@ class PolicyConfig:
     """Loss weight of the answer tokens that write the memory dict (the rest of the answer, the reasoning line and the
     command, weighs 1): 1, the plain mean over every answer token; lower spends the training on the command
     (``pipeline.policy.model.answer_sample``; docs/policy.md, *A loss weighted toward the command*)."""
+    notes_weight: float = checked(1.0, PROBABILITY)
+    """A further loss factor on the memory dict's notes (from its ``"notes":`` key to the end of the answer: the
+    rooms visited and the containers searched), which then weigh ``memory_weight * notes_weight``; the dict's plan
+    keeps ``memory_weight`` (docs/policy.md, *The notes weighted down, the plan kept*)."""
     incontext_tasks: int = 48
     """Held-out generated houses of the in-context probe (``pipeline.policy.incontext``; 0: no probe)."""
     incontext_every: int = 400

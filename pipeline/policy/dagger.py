@@ -351,7 +351,8 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
         prompts.append(text)
         if tr.train:
             by.setdefault(training_unit(tr.demo_id), []).append(
-                answer_sample(tokenizer, ids, tr.response, eos, cfg.policy.memory_weight))
+                answer_sample(tokenizer, ids, tr.response, eos, cfg.policy.memory_weight,
+                              cfg.policy.notes_weight))
     return [make_unit(v) for _, v in sorted(by.items())], prompts
 
 

@@ -15,8 +15,8 @@
 - **Training**: next-token loss on the answer tokens only (the prompt is context), AdamW
   with warm-up and cosine decay, a seeded batch order, a fixed number of steps. With
   ``policy.memory_weight`` < 1 the tokens of the memory dict the answer writes count that
-  much in a weighted mean (:func:`answer_sample`); at 1 the loss is the plain mean, byte
-  for byte. The turns
+  much in a weighted mean, and with ``policy.notes_weight`` < 1 its notes count that much
+  less again (:func:`answer_sample`); at 1 the loss is the plain mean, byte for byte. The turns
   of an episode share their prompt prefix (objective, grounding, advisory block): it is
   computed once per step and its keys/values reused by every turn (:class:`Unit`), which
   gives the same gradients as full prompts at a fraction of the cost.
@@ -125,23 +125,35 @@ class Sample:
 
 #: Where the answer's memory dict starts: ``{"action": ..., "target": ..., "memory": {...}}``.
 MEMORY_KEY = '"memory":'
+NOTES_KEY = '"notes":'
 
 
 def answer_sample(tokenizer: Any, prompt_ids: Sequence[int], response: str, eos: int,
-                  memory_weight: float = 1.0) -> Sample:
-    """The training sample of one answer: its tokens and EOS, and with ``memory_weight`` < 1
-    a weight per token: ``memory_weight`` for every token that starts at or after the memory
-    dict's key, to the end of the JSON (the memory the model writes itself, 66% of the answers' tokens:
-    docs/policy.md), 1 for the reasoning line, the command and EOS (``policy.memory_weight``).
+                  memory_weight: float = 1.0, notes_weight: float = 1.0) -> Sample:
+    """The training sample of one answer: its tokens and EOS, and with a weight below 1 a
+    weight per token (``policy.memory_weight``, ``policy.notes_weight``):
 
-    At 1 the sample carries no weights, so the loss is the plain mean it always was."""
-    if memory_weight == 1.0:
+    - ``memory_weight`` for every token that starts at or after the memory dict's key, to the
+      end of the JSON (the memory the model writes itself, 67% of the answers' characters:
+      docs/policy.md);
+    - of those, the tokens from the dict's ``"notes":`` key on (the rooms visited and the
+      containers searched, a third of the dict; the plan comes before them) weigh
+      ``memory_weight * notes_weight``;
+    - 1 for the reasoning line, the command and EOS.
+
+    At 1 and 1 the sample carries no weights, so the loss is the plain mean it always was."""
+    if memory_weight == 1.0 and notes_weight == 1.0:
         return Sample(list(prompt_ids), list(tokenizer(response, add_special_tokens=False)["input_ids"]) + [eos])
     enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
     at = response.rfind(MEMORY_KEY)
-    # A token that starts before the key keeps weight 1: the tokenizer may merge the command's
+    notes = response.find(NOTES_KEY, at) if at >= 0 else -1
+    # A token that starts before a key keeps the weight before it: the tokenizer may merge the command's
     # end with the key (``", "target": "north", "memory": {"plan": "`` can be one token).
-    weights = [float(memory_weight) if 0 <= at <= start else 1.0 for start, _ in enc["offset_mapping"]]
+    def weight(start: int) -> float:
+        if 0 <= notes <= start:
+            return float(memory_weight) * float(notes_weight)
+        return float(memory_weight) if 0 <= at <= start else 1.0
+    weights = [weight(start) for start, _ in enc["offset_mapping"]]
     return Sample(list(prompt_ids), list(enc["input_ids"]) + [eos], weights + [1.0])
 
 

@@ -239,10 +239,11 @@ def paired_table(results: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[st
     return out
 
 
-def run_label_units(tokenizer: Any, demos_file: Path, memory_weight: float = 1.0) -> list[Any]:
+def run_label_units(tokenizer: Any, demos_file: Path, memory_weight: float = 1.0,
+                    notes_weight: float = 1.0) -> list[Any]:
     """The run's own DAgger labels (``demos.parquet``'s ``dagger_`` train rows) as training
     units, from the prompt text the run rendered (the backend's rendering: its ids are the
-    text's, a test keeps them equal), weighted as the run trained them (``policy.memory_weight``)."""
+    text's, a test keeps them equal), weighted as the run trained them (``policy.memory_weight``, ``policy.notes_weight``)."""
     from pipeline.policy.model import IM_END, answer_sample, make_unit
 
     eos = tokenizer.convert_tokens_to_ids(IM_END)
@@ -251,7 +252,7 @@ def run_label_units(tokenizer: Any, demos_file: Path, memory_weight: float = 1.0
         if r["train"] and r["demo_id"].startswith(DemoKind.dagger.prefix):
             ids = list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"])
             by.setdefault(training_unit(r["demo_id"]), []).append(
-                answer_sample(tokenizer, ids, r["response"], eos, memory_weight))
+                answer_sample(tokenizer, ids, r["response"], eos, memory_weight, notes_weight))
     return [make_unit(v) for _, v in sorted(by.items())]
 
 
@@ -289,7 +290,7 @@ class Study:
         if self._units is None:
             self._units = (turn_units(self.cfg, model, tokenizer, self.demo_set.turns)[0],
                            run_label_units(tokenizer, self.root / self.cfg.paths.policy / DEMOS_FILE,
-                                           self.cfg.policy.memory_weight))
+                                           self.cfg.policy.memory_weight, self.cfg.policy.notes_weight))
         return self._units
 
     def model(self) -> tuple[Any, Any]:

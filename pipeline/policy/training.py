@@ -109,7 +109,7 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
         prompts.append(text)
         if tr.train:
             by_demo.setdefault(training_unit(tr.demo_id), []).append(
-                answer_sample(tokenizer, ids, tr.response, eos, pol.memory_weight))
+                answer_sample(tokenizer, ids, tr.response, eos, pol.memory_weight, pol.notes_weight))
     units = [make_unit(v) for _, v in sorted(by_demo.items())]
     return Tokenized(tokenizer, model, prompts, by_demo, units)
 
