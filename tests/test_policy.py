@@ -47,6 +47,16 @@ def demos(cfg, tiny_games, memory):
     return demos, render_demos(cfg, demos)
 
 
+@pytest.fixture(scope="module")
+def three(cfg, tiny_games):
+    """Three demonstrations per train quest and a 2-task in-context probe: the config and its demonstration
+    set, as the demos stage builds them (the stage's core and the scaling study train on it)."""
+    from pipeline.policy.demoset import build_demo_set
+
+    small = OmegaConf.merge(cfg, {"policy": {"demos_per_quest": 3, "incontext_tasks": 2}})
+    return small, build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes)
+
+
 def _train_row(tiny_games):
     return sorted((r for r in tiny_games.rows if r["split"] == "train"), key=lambda r: r["quest_id"])[0]
 
@@ -607,19 +617,19 @@ def test_tiny_policy_memorises_a_quest_and_reloads(cfg, demos, tiny_games, tmp_p
     assert parsed >= 3, ("the memorised quest's answers parse", step.generated_text)
 
 
-def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
+def test_build_policy_and_quality_report(three, tiny_games, tmp_path):
     """The stage's core end to end on the tiny world (one short epoch), then its evaluation."""
     import torch
 
-    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
+    from pipeline.policy.demoset import load_demo_set, write_demo_set
     from pipeline.policy.quality import evaluate_policy, summary
     from pipeline.policy.training import MODEL_DIR, build_policy
 
     torch.set_num_threads(1)
-    small = OmegaConf.merge(cfg, {"policy": {"demos_per_quest": 3}})
+    small, demo_set = three
     out = tmp_path / "policy"
     # The demos stage's product, written and read back as the policy stage reads it.
-    write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
+    write_demo_set(demo_set, tmp_path / "demos")
     built = build_policy(small, load_demo_set(tmp_path / "demos", tie_seed=int(small.seed)), out)
     assert (out / MODEL_DIR / "model.safetensors").exists() and (out / "demos.parquet").exists()
     s = json.loads((out / "training.json").read_text())
@@ -634,22 +644,22 @@ def test_build_policy_and_quality_report(cfg, tiny_games, tmp_path):
     assert report["llm"]["greedy"]["plain"]["prompt_tokens_per_turn"] > 0
 
 
-def test_scaling_study_trains_the_model_the_stage_trains(cfg, tiny_games, tmp_path):
+def test_scaling_study_trains_the_model_the_stage_trains(cfg, three, tiny_games, tmp_path):
     """``pipeline.policy.scaling``: a bundle made by the stage's library, trained by a grid
     point on the CPU, gives the stage's own loss curve; the point's record and table."""
     import torch
 
-    from pipeline.policy.demoset import build_demo_set
     from pipeline.policy.model import train
     from pipeline.policy.training import tokenize_demos
     from pipeline.policy.scaling import prepare_bundle, run_point, table
 
     torch.set_num_threads(1)
+    small, demo_set = three  # the stage's demonstrations of the recipe the bundle is made with
     overrides = {"demos_per_quest": 3, "incontext_tasks": 2}
+    assert OmegaConf.merge(cfg, {"policy": overrides}) == small
     info = prepare_bundle(cfg, tiny_games.root, tiny_games.rows, tiny_games.scenes, tmp_path / "b" / "d", overrides)
     rec = run_point(tmp_path / "b", "d", "cpu", 0, tmp_path / "r", 1)
-    small = OmegaConf.merge(cfg, {"policy": overrides})
-    tok = tokenize_demos(small, build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes).turns)
+    tok = tokenize_demos(small, demo_set.turns)
     curve = train(tok.model, tok.units, small.policy, seed=int(small.seed),
                   pad_id=int(tok.tokenizer.pad_token_id))
     assert info["units"] == len(tok.units) and info["probe_tasks"] == 4  # 2 houses x (oracle, plain)
@@ -688,8 +698,10 @@ def test_the_dagger_bar_resets_once_per_phase_and_counts_its_steps():
 
     out = io.StringIO()
     with tqdm(desc="policy: training", unit="step", file=out, mininterval=0) as bar:
+        bar.set_postfix(loss="0.240")  # the demonstrations' training's last loss
         progress = dagger_bar(bar)
         progress("dagger round 0: episodes", 0, 400)
+        assert "loss" not in str(bar)  # not shown beside the rounds' episodes and steps
         started = bar.start_t
         for done in (56, 112, 400):
             progress("dagger round 0: episodes", done, 400)

@@ -74,6 +74,7 @@ def dagger_bar(bar: tqdm) -> Callable[[str, int, int], None]:
         if what != shown:
             shown = what
             bar.set_description(f"policy: {what}", refresh=False)
+            bar.set_postfix_str("", refresh=False)  # the demonstrations' last loss is no figure of this phase
             bar.reset(total=total)
         bar.update(done - bar.n)  # update, not n =: the bar's rate and ETA follow
     return progress
