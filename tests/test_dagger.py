@@ -46,6 +46,23 @@ def tiny_model(cfg, tiny_games, memory):
     return build_model(tok, OmegaConf.create(TINY_POLICY), seed=0), tok
 
 
+# Episodes of at most 6 steps (an untrained or barely trained model plays every rollout and probe episode to
+# the cap: the cap is what these tests pay for), and for the build_policy tests one demonstration per train quest.
+SHORT = {"env": {"max_steps": 6}, "policy": {"demos_per_quest": 1}}
+
+
+@pytest.fixture(scope="module")
+def demo_set(cfg, tiny_games, tmp_path_factory):
+    """The demonstrations of :data:`SHORT`, written and read back as the stage does: what the
+    build_policy tests train on (a DAgger recipe changes none of them)."""
+    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
+
+    one = OmegaConf.merge(cfg, SHORT)
+    out = tmp_path_factory.mktemp("dagger") / "demos"
+    write_demo_set(build_demo_set(one, tiny_games.root, tiny_games.rows, tiny_games.scenes), out)
+    return load_demo_set(out, tie_seed=int(one.seed))
+
+
 class Recording:
     """The backend, recording every conversation it is asked to answer."""
 
@@ -97,7 +114,7 @@ def test_the_expert_labels_every_state_the_model_reached_with_the_models_own_pro
     from pipeline.policy.demos import DemoKind, demo_kind, house_env, training_unit
 
     model, tok = tiny_model
-    rcfg = rollout_config(cfg)
+    rcfg = rollout_config(OmegaConf.merge(cfg, {"env": SHORT["env"]}))  # the untrained model plays to the cap
     tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
     backend = Recording(model_backend(rcfg, model, tok))
     rolls = play_houses(rcfg, backend, tasks, label=True)
@@ -128,7 +145,8 @@ def test_episode_probe_plays_plain_grounded_and_oracle_prompts_of_held_out_house
     from pipeline.policy.demos import training_houses
 
     model, tok = tiny_model
-    probe = EpisodeProbe.build(cfg, tiny_games.rows, tiny_games.scenes, memory, n=3)
+    probe = EpisodeProbe.build(OmegaConf.merge(cfg, {"env": SHORT["env"]}), tiny_games.rows, tiny_games.scenes,
+                               memory, n=3)
     kinds = {}
     for t in probe.tasks:
         kinds.setdefault(t.house.scene_id, []).append(t.kind)
@@ -165,7 +183,7 @@ def test_rollouts_in_one_or_two_worker_processes_are_play_houses_own(cfg, tiny_g
         rollout_pool
 
     model, tok = tiny_model
-    rcfg = rollout_config(cfg)
+    rcfg = rollout_config(OmegaConf.merge(cfg, {"env": SHORT["env"]}))  # the untrained model plays to the cap
     tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
     assert [len(b) for b in partition(tasks, rcfg.agent.batch_size)] == [3, 1]  # the last batch is partial
 
@@ -191,7 +209,7 @@ def test_rollouts_in_one_or_two_worker_processes_are_play_houses_own(cfg, tiny_g
     assert two == reference
 
 
-def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_games, tmp_path):
+def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_games, demo_set, tmp_path):
     """With ``dagger_rounds`` the stage's core trains on, after the demonstrations: the loss curve
     goes on, demos.parquet holds the labelled turns, training.json each round's figures."""
     import pyarrow.parquet as pq
@@ -199,7 +217,6 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
 
     from pipeline.core.parallel import OrderedPool
     from pipeline.policy.dagger import EpisodeProbe, rollout_config, rollout_pool
-    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
     from pipeline.policy.training import build_policy
 
     class Counted(OrderedPool):  # the stage passes its rollout pool here: every episode goes through it
@@ -211,10 +228,7 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
             return super().map(fn, jobs, progress=progress)
 
     torch.set_num_threads(1)
-    small = OmegaConf.merge(cfg, {"policy": {"demos_per_quest": 2, "dagger_rounds": 2, "dagger_houses": 3,
-                                                       "dagger_replay": 1.0}})
-    write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
-    demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
+    small = OmegaConf.merge(cfg, SHORT, {"policy": {"dagger_rounds": 2, "dagger_houses": 3, "dagger_replay": 1.0}})
     probe = EpisodeProbe.build(small, tiny_games.rows, tiny_games.scenes, demo_set.memory, n=2)
     base = rollout_pool(rollout_config(small))
     players = Counted(1, context=base.context, numerics=base.numerics, threads=base.threads)
@@ -239,7 +253,8 @@ def test_build_policy_runs_dagger_rounds_and_keeps_what_it_trained_on(cfg, tiny_
         build_policy(small, demo_set, tmp_path / "again")
 
 
-def test_an_interrupted_policy_run_resumes_after_its_last_phase_and_writes_the_same_bytes(cfg, tiny_games, tmp_path):
+def test_an_interrupted_policy_run_resumes_after_its_last_phase_and_writes_the_same_bytes(cfg, tiny_games, demo_set,
+                                                                                           tmp_path):
     """``build_policy`` with ``checkpoints``: stopped in DAgger round 0 it resumes after the
     demonstrations' training (none of it trained again); stopped in round 1 it resumes after
     round 0; either way the model, demos.parquet and training.json are an uninterrupted run's
@@ -250,7 +265,6 @@ def test_an_interrupted_policy_run_resumes_after_its_last_phase_and_writes_the_s
     tests/test_model_pipeline.py."""
     import torch
 
-    from pipeline.policy.demoset import build_demo_set, load_demo_set, write_demo_set
     from pipeline.policy.resume import TRAINED, PhaseCheckpoints, checkpoint_dir, round_phase
     from pipeline.policy.training import build_policy
 
@@ -264,10 +278,8 @@ def test_an_interrupted_policy_run_resumes_after_its_last_phase_and_writes_the_s
         return progress
 
     torch.set_num_threads(1)
-    small = OmegaConf.merge(cfg, {"policy": {"threads": 1, "demos_per_quest": 1, "dagger_rounds": 2,
-                                             "dagger_houses": 2, "dagger_replay": 1.0}})
-    write_demo_set(build_demo_set(small, tiny_games.root, tiny_games.rows, tiny_games.scenes), tmp_path / "demos")
-    demo_set = load_demo_set(tmp_path / "demos", tie_seed=int(small.seed))
+    small = OmegaConf.merge(cfg, SHORT, {"policy": {"threads": 1, "dagger_rounds": 2, "dagger_houses": 2,
+                                                    "dagger_replay": 1.0}})
     games = (tiny_games.rows, tiny_games.scenes)
     ckpt = tmp_path / "ckpt"
     phases = [TRAINED, round_phase(0), round_phase(1)]

@@ -57,7 +57,7 @@ def test_demo_set_bytes_do_not_depend_on_the_conditions(tiny_cfg, tiny_games, tm
     from pipeline.policy.demoset import build_demo_set, write_demo_set
 
     base = train_config(tiny_cfg, {"agent": {"name": "llm"},
-                                   "policy": {"rule_epsilon": 0.6, "demos_per_quest": 6,
+                                   "policy": {"rule_epsilon": 0.6, "demos_per_quest": 3,
                                               "generated_houses": 4, "generated_drills": 4}})
     mappings = [dict(base.condition), {}, {"C2_placebo": base.condition.C2_placebo, "C1": base.condition.C1}]
     digests, variants = [], set()

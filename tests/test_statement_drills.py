@@ -7,17 +7,27 @@ Real code on the session's tiny games (the fixtures of tests/test_dagger.py)."""
 
 from __future__ import annotations
 
+import pytest
 from omegaconf import OmegaConf
 
 from tests.test_dagger import cfg, memory  # noqa: F401  (fixtures)
 
 
-def test_statement_drills_state_where_things_are_and_give_no_plan(cfg, tiny_games, memory):  # noqa: F811
+@pytest.fixture(scope="module")
+def ten(cfg, tiny_games, memory):  # noqa: F811
+    """Ten drills played in this process (its store has then answered queries here). Each drill plays
+    its house's past visit, and most houses are tried and dropped (the filter below): ~1 s a drill."""
+    from pipeline.policy.statements import statement_drills
+
+    return statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10)
+
+
+def test_statement_drills_state_where_things_are_and_give_no_plan(cfg, tiny_games, memory, ten):  # noqa: F811
     from pipeline.policy.demos import DemoKind, demo_kind, training_unit
     from pipeline.policy.expert import VERIFIED_PLAN
     from pipeline.policy.statements import statement_drills
 
-    drills = statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10)
+    drills = ten  # seeded: the same drills again in other processes and in the demonstrations (the next test)
     assert len(drills) == 10 and all(d.turn_index == 0 and d.train for d in drills)
     assert all(demo_kind(d.demo_id) == DemoKind.house_drill for d in drills)  # trained as drills are
     assert [training_unit(d.demo_id) for d in drills].count(training_unit(drills[0].demo_id)) == 8
@@ -26,7 +36,6 @@ def test_statement_drills_state_where_things_are_and_give_no_plan(cfg, tiny_game
         assert VERIFIED_PLAN not in system  # a statement of where things are, never the plan
         assert '"action"' in d.response
     assert {d.variant for d in drills} & {"grounded", "plain+C2"}  # the visit's grounding, or its block alone
-    assert statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 10) == drills  # seeded
     assert statement_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 0) == []
 
 
@@ -62,22 +71,22 @@ def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step
     assert kept and skipped  # the filter keeps some houses and drops others
 
 
-def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory):  # noqa: F811
+def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory,  # noqa: F811
+                                                                           ten):
     from pipeline.policy.demo_workers import demo_pool
     from pipeline.policy.demoset import build_demo_set
     from pipeline.policy.statements import statement_drills
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
-    assert statement_drills(cfg, rows, scenes, memory, 1)  # the store has answered queries in this process:
-    with demo_pool(cfg, tiny_games.root, rows, scenes, workers=3) as pool:  # its index is sent all the same
-        spread = statement_drills(cfg, rows, scenes, memory, 12, workers=pool)
-    assert spread == statement_drills(cfg, rows, scenes, memory, 12)
+    # the store has answered queries in this process (``ten``): its index is sent to the workers all the same
+    with demo_pool(cfg, tiny_games.root, rows, scenes, workers=3) as pool:
+        assert statement_drills(cfg, rows, scenes, memory, 10, workers=pool) == ten
     ticks: list[int] = []
-    with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"statement_drills": 12, "generated_houses": 2,
+    with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"statement_drills": 10, "generated_houses": 2,
                                                                 "generated_drills": 8}})
     demo_set = build_demo_set(with_drills, tiny_games.root, rows, scenes, drill_progress=ticks.append)
-    assert demo_set.turns[-12:] == statement_drills(with_drills, rows, scenes, demo_set.memory, 12)
-    assert demo_set.summary["demos"]["statement_drills"] == 12 and sum(ticks) == 12
+    assert demo_set.turns[-10:] == ten  # the demonstrations' drills: the same stream, whatever else they hold
+    assert demo_set.summary["demos"]["statement_drills"] == 10 and sum(ticks) == 10
 
 
 
