@@ -67,23 +67,25 @@ SMALL_POLICY_OVERRIDES = [
 # left test_e2e.py's one 4-minute test running alone at the end). Longest first is the classic greedy
 # schedule. It orders only: a stale list costs minutes, never a result (tests/test_suite_order.py checks
 # that every name still exists).
-LONGEST_FIRST = (  # the summed --durations=60 of a clean clone's whole suite, 2026-12-02, a 2-core Xeon
-    "tests/reliability/test_resume.py",       # 162 s
-    "tests/test_numerics.py",                 # 128 s (e2e)
-    "tests/test_e2e.py",                      # 108 s (e2e)
-    "tests/test_dagger.py",                   # 99 s
-    "tests/reliability/test_orphans.py",      # ~75 s (one process, loaded machine, 2026-12-02)
-    "tests/test_scienceworld.py",             # 76 s
-    "tests/test_smollm2.py",                  # 75 s
-    "tests/reliability/test_faulty_server.py",  # 74 s
-    "tests/test_model_pipeline.py",           # 47 s (e2e)
-    "tests/test_data_parallel.py",            # 45 s
-    "tests/test_policy.py",                   # 38 s
-    "tests/test_exp_workflow.py",             # 31 s (e2e)
-    "tests/reliability/test_fuzz.py",         # 25 s
-    "tests/reliability/test_workers.py",      # 24 s
-    "tests/test_policy_independence.py",      # 23 s
-    "tests/test_config.py",
+LONGEST_FIRST = (  # the summed --durations of the whole suite, 2026-12-07, the 2-core AVX2 EPYC, the extras installed
+    "tests/reliability/test_resume.py",       # 139 s
+    "tests/test_numerics.py",                 # 128 s (e2e, 2026-12-02)
+    "tests/test_e2e.py",                      # 108 s (e2e, 2026-12-02)
+    "tests/test_scienceworld.py",             # 88 s
+    "tests/reliability/test_faulty_server.py",  # 84 s
+    "tests/test_smollm2.py",                  # 61 s
+    "tests/test_dagger.py",                   # 54 s
+    "tests/test_model_pipeline.py",           # 47 s (e2e, 2026-12-02)
+    "tests/reliability/test_orphans.py",      # 45 s
+    "tests/test_statement_drills.py",         # 44 s
+    "tests/test_scienceworld_memory.py",      # 38 s
+    "tests/test_policy.py",                   # 35 s
+    "tests/reliability/test_fuzz.py",         # 32 s
+    "tests/test_exp_workflow.py",             # 31 s (e2e, 2026-12-02)
+    "tests/test_data_parallel.py",            # 30 s
+    "tests/reliability/test_trust.py",        # 25 s
+    "tests/test_doc_links.py",                # 23 s
+    "tests/test_policy_independence.py",      # 22 s
 )
 
 
