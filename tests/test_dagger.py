@@ -48,7 +48,13 @@ def tiny_model(cfg, tiny_games, memory):
 
 # Episodes of at most 6 steps (an untrained or barely trained model plays every rollout and probe episode to
 # the cap: the cap is what these tests pay for), and for the build_policy tests one demonstration per train quest.
-SHORT = {"env": {"max_steps": 6}, "policy": {"demos_per_quest": 1}}
+CAP = {"env": {"max_steps": 6}}
+SHORT = {**CAP, "policy": {"demos_per_quest": 1}}
+
+
+def capped(cfg):
+    """``cfg`` with episodes of at most :data:`CAP`'s steps."""
+    return OmegaConf.merge(cfg, CAP)
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +120,7 @@ def test_the_expert_labels_every_state_the_model_reached_with_the_models_own_pro
     from pipeline.policy.demos import DemoKind, demo_kind, house_env, training_unit
 
     model, tok = tiny_model
-    rcfg = rollout_config(OmegaConf.merge(cfg, {"env": SHORT["env"]}))  # the untrained model plays to the cap
+    rcfg = rollout_config(capped(cfg))
     tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
     backend = Recording(model_backend(rcfg, model, tok))
     rolls = play_houses(rcfg, backend, tasks, label=True)
@@ -145,8 +151,7 @@ def test_episode_probe_plays_plain_grounded_and_oracle_prompts_of_held_out_house
     from pipeline.policy.demos import training_houses
 
     model, tok = tiny_model
-    probe = EpisodeProbe.build(OmegaConf.merge(cfg, {"env": SHORT["env"]}), tiny_games.rows, tiny_games.scenes,
-                               memory, n=3)
+    probe = EpisodeProbe.build(capped(cfg), tiny_games.rows, tiny_games.scenes, memory, n=3)
     kinds = {}
     for t in probe.tasks:
         kinds.setdefault(t.house.scene_id, []).append(t.kind)
@@ -183,7 +188,7 @@ def test_rollouts_in_one_or_two_worker_processes_are_play_houses_own(cfg, tiny_g
         rollout_pool
 
     model, tok = tiny_model
-    rcfg = rollout_config(OmegaConf.merge(cfg, {"env": SHORT["env"]}))  # the untrained model plays to the cap
+    rcfg = rollout_config(capped(cfg))
     tasks = dagger_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 0, 4)
     assert [len(b) for b in partition(tasks, rcfg.agent.batch_size)] == [3, 1]  # the last batch is partial
 

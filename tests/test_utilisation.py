@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from tests.test_dagger import SHORT, cfg, memory, tiny_model  # noqa: F401  (fixtures)
+from tests.test_dagger import capped, cfg, memory, tiny_model  # noqa: F401  (fixtures)
 
 
 def _outcomes(by_kind: dict[str, list[bool]]) -> dict[str, bool]:
@@ -61,7 +61,7 @@ def test_the_reader_plays_the_held_out_probe_and_follows_every_verified_plan(cfg
     # the held-out houses are the generated stream's, never a game of the manifest
     assert not {t.house.scene_id for t in tasks} & {r["scene_id"] for r in tiny_games.rows}
     model, tok = tiny_model
-    with rollout_pool(rollout_config(OmegaConf.merge(cfg, {"env": SHORT["env"]}))) as pool:  # untrained: to the cap
+    with rollout_pool(rollout_config(capped(cfg))) as pool:
         played = {r.task.task_id: bool(r.success) for r in play_rollouts(pool, model, tok, tasks, label=False)}
     s = summarise(played, reader, seed=0)
     assert s["success"]["reader"]["C2_oracle"]["success"] == 1.0
@@ -97,7 +97,7 @@ def test_decisions_count_where_the_model_plays_the_reader_s_command(cfg, tiny_ga
 
     tasks = probe_tasks(cfg, tiny_games.rows, tiny_games.scenes, memory, 3, quests=3, kinds=tuple(KINDS))
     model, tok = tiny_model
-    play = OmegaConf.merge(rollout_config(cfg), {"env": SHORT["env"], "policy": {"teacher": "reader"}})
+    play = OmegaConf.merge(rollout_config(capped(cfg)), {"policy": {"teacher": "reader"}})
     with rollout_pool(play) as pool:
         labelled = play_rollouts(pool, model, tok, tasks, label=True)
         plain = play_rollouts(pool, model, tok, tasks, label=False)

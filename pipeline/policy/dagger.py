@@ -340,10 +340,11 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
     as the demonstrations are (:func:`pipeline.policy.training.tokenize_demos`: the backend's own
     chat rendering)."""
     from pipeline.policy.demos import training_unit
-    from pipeline.policy.model import IM_END, answer_sample, make_unit
+    from pipeline.policy.model import IM_END, answer_sample, loss_weights, make_unit
 
     backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
+    weights = loss_weights(cfg.policy)
     by: dict[str, list[Any]] = {}
     prompts: list[str] = []
     for tr in turns:
@@ -351,8 +352,7 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
         prompts.append(text)
         if tr.train:
             by.setdefault(training_unit(tr.demo_id), []).append(
-                answer_sample(tokenizer, ids, tr.response, eos, cfg.policy.memory_weight,
-                              cfg.policy.notes_weight))
+                answer_sample(tokenizer, ids, tr.response, eos, **weights))
     return [make_unit(v) for _, v in sorted(by.items())], prompts
 
 

@@ -147,14 +147,17 @@ def answer_sample(tokenizer: Any, prompt_ids: Sequence[int], response: str, eos:
     enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)
     at = response.rfind(MEMORY_KEY)
     notes = response.find(NOTES_KEY, at) if at >= 0 else -1
+    plan_w, notes_w = float(memory_weight), float(memory_weight) * float(notes_weight)
     # A token that starts before a key keeps the weight before it: the tokenizer may merge the command's
     # end with the key (``", "target": "north", "memory": {"plan": "`` can be one token).
-    def weight(start: int) -> float:
-        if 0 <= notes <= start:
-            return float(memory_weight) * float(notes_weight)
-        return float(memory_weight) if 0 <= at <= start else 1.0
-    weights = [weight(start) for start, _ in enc["offset_mapping"]]
+    weights = [notes_w if 0 <= notes <= start else plan_w if 0 <= at <= start else 1.0
+               for start, _ in enc["offset_mapping"]]
     return Sample(list(prompt_ids), list(enc["input_ids"]) + [eos], weights + [1.0])
+
+
+def loss_weights(policy_cfg: Any) -> dict[str, float]:
+    """The recipe's answer-token weights, as :func:`answer_sample`'s keyword arguments (read once, not per turn)."""
+    return {"memory_weight": float(policy_cfg.memory_weight), "notes_weight": float(policy_cfg.notes_weight)}
 
 
 @dataclass

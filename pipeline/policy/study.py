@@ -239,11 +239,10 @@ def paired_table(results: Mapping[str, Mapping[str, bool]]) -> dict[str, dict[st
     return out
 
 
-def run_label_units(tokenizer: Any, demos_file: Path, memory_weight: float = 1.0,
-                    notes_weight: float = 1.0) -> list[Any]:
+def run_label_units(tokenizer: Any, demos_file: Path, weights: Mapping[str, float] | None = None) -> list[Any]:
     """The run's own DAgger labels (``demos.parquet``'s ``dagger_`` train rows) as training
     units, from the prompt text the run rendered (the backend's rendering: its ids are the
-    text's, a test keeps them equal), weighted as the run trained them (``policy.memory_weight``, ``policy.notes_weight``)."""
+    text's, a test keeps them equal), weighted as the run trained them (``weights``: :func:`pipeline.policy.model.loss_weights` of its recipe)."""
     from pipeline.policy.model import IM_END, answer_sample, make_unit
 
     eos = tokenizer.convert_tokens_to_ids(IM_END)
@@ -252,7 +251,7 @@ def run_label_units(tokenizer: Any, demos_file: Path, memory_weight: float = 1.0
         if r["train"] and r["demo_id"].startswith(DemoKind.dagger.prefix):
             ids = list(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"])
             by.setdefault(training_unit(r["demo_id"]), []).append(
-                answer_sample(tokenizer, ids, r["response"], eos, memory_weight, notes_weight))
+                answer_sample(tokenizer, ids, r["response"], eos, **(weights or {})))
     return [make_unit(v) for _, v in sorted(by.items())]
 
 
@@ -288,9 +287,11 @@ class Study:
         """The demonstration units and the run's own DAgger label units, tokenized once: every
         arm's tokenizer is the run's, and the rendering does not read the weights."""
         if self._units is None:
+            from pipeline.policy.model import loss_weights
+
             self._units = (turn_units(self.cfg, model, tokenizer, self.demo_set.turns)[0],
                            run_label_units(tokenizer, self.root / self.cfg.paths.policy / DEMOS_FILE,
-                                           self.cfg.policy.memory_weight, self.cfg.policy.notes_weight))
+                                           loss_weights(self.cfg.policy)))
         return self._units
 
     def model(self) -> tuple[Any, Any]:

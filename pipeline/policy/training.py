@@ -38,6 +38,7 @@ from pipeline.policy.model import (
     answer_sample,
     build_model,
     count_parameters,
+    loss_weights,
     make_unit,
     save_policy,
     train,
@@ -102,6 +103,7 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
     # the token ids the model is trained on are the ids it will be given.
     backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
+    weights = loss_weights(pol)
     prompts: list[str] = []
     by_demo: dict[str, list[Sample]] = {}
     for tr in turns:
@@ -109,7 +111,7 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
         prompts.append(text)
         if tr.train:
             by_demo.setdefault(training_unit(tr.demo_id), []).append(
-                answer_sample(tokenizer, ids, tr.response, eos, pol.memory_weight, pol.notes_weight))
+                answer_sample(tokenizer, ids, tr.response, eos, **weights))
     units = [make_unit(v) for _, v in sorted(by_demo.items())]
     return Tokenized(tokenizer, model, prompts, by_demo, units)
 
