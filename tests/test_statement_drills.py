@@ -90,17 +90,20 @@ def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg,
 
 
 
-def test_no_drill_is_played_in_an_eval_layout_or_on_an_eval_objective(cfg, tiny_games):  # noqa: F811
-    """The drills' houses are a stream of their own that skips an eval scene's layout and an eval
-    quest's objective: made an eval scene and an eval objective, what the stream drew before is
-    never drawn (the model under test never sees what the eval is made of)."""
+@pytest.mark.parametrize("module", ["statements", "later_turns"])
+def test_no_drill_is_played_in_an_eval_layout_or_on_an_eval_objective(cfg, tiny_games, module):  # noqa: F811
+    """The drills' houses (statement drills, later-turn drills) are a stream of their own that skips
+    an eval scene's layout and an eval quest's objective: made an eval scene and an eval objective,
+    what the stream drew before is never drawn (the model under test never sees what the eval is
+    made of)."""
+    import importlib
+
     from pipeline.core.seeding import derive_seed
     from pipeline.envs.household.generate import layout_key
     from pipeline.policy.demos import house_stream
-    from pipeline.policy.statements import STREAM
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
-    seed = derive_seed(cfg.seed, STREAM)
+    seed = derive_seed(cfg.seed, importlib.import_module(f"pipeline.policy.{module}").STREAM)
     before = house_stream(cfg, rows, scenes, seed, 2)
     drawn = {k: h for k, h in ((k, before.house(k)) for k in range(40)) if h is not None}
     (k0, first), second = next(iter(drawn.items())), list(drawn.values())[1]

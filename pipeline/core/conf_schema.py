@@ -590,6 +590,10 @@ class PolicyConfig:
     """First turns under a prompt that states where things are and gives no plan (a generated house's past visit:
     its grounding, or its C2 block alone), the knowledge-limited expert's answer where the statement changes it,
     eight to a training step (``pipeline.policy.statements``; 0: none)."""
+    later_drills: int = checked(0, at_least(0, " (0: none)"))
+    """Later turns of a generated house's episode, from the teacher's first pick-up to its last turn (take,
+    carry, open, put), each under a prompt variant drawn per house, the turns before it as its history,
+    eight to a training step (``pipeline.policy.later_turns``; 0: none)."""
     generated_grounding: float = checked(0.5, PROBABILITY)
     """Share of the generated houses and drills whose prompt also carries the house's own grounding: what the
     user taught the rule agent (``rule_agent``, ``rule_epsilon``) on *another* quest of that house, through the

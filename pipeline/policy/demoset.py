@@ -36,6 +36,7 @@ from pipeline.core.io import atomic_write_json, read_json, read_parquet, write_p
 from pipeline.core.parallel import stage_workers
 from pipeline.memory import load_store, write_store
 from pipeline.policy.demo_workers import demo_pool
+from pipeline.policy import later_turns
 from pipeline.policy.statements import INDICES_PER_JOB, houses_for, statement_drills
 from pipeline.policy.demos import (
     HOUSES_PER_JOB,
@@ -98,15 +99,18 @@ def demo_workers(cfg: Config, manifest: Sequence[Mapping[str, Any]]) -> int:
     n_houses = max(0, pol.generated_houses) + max(0, pol.generated_drills)
     return stage_workers(cfg, limit=max(n_train, math.ceil(n_train / RULE_TASKS_PER_JOB),
                                         math.ceil(n_houses / HOUSES_PER_JOB),
-                                        math.ceil(houses_for(pol.statement_drills) / INDICES_PER_JOB)))
+                                        math.ceil(houses_for(pol.statement_drills) / INDICES_PER_JOB),
+                                        math.ceil(later_turns.houses_for(pol.later_drills) / INDICES_PER_JOB)))
 
 
 def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any], *,
                    memory_progress: Callable[[int], None] | None = None,
                    demo_progress: Callable[[int], None] | None = None,
-                   drill_progress: Callable[[int], None] | None = None) -> DemoSet:
+                   drill_progress: Callable[[int], None] | None = None,
+                   later_progress: Callable[[int], None] | None = None) -> DemoSet:
     """Rule agent episodes -> grounding and store -> expert demonstrations -> rendered turns, then
-    ``policy.statement_drills`` statement drills (:mod:`pipeline.policy.statements`).
+    ``policy.statement_drills`` statement drills (:mod:`pipeline.policy.statements`) and
+    ``policy.later_drills`` drills of later turns (:mod:`pipeline.policy.later_turns`).
 
     The episodes and demonstrations are played in :func:`demo_workers` processes
     (:func:`pipeline.policy.demo_workers.demo_pool`): the same bytes for any number.
@@ -132,11 +136,16 @@ def build_demo_set(cfg: Config, root: Path, manifest: Sequence[Mapping[str, Any]
                                   progress=drill_progress)
         wall["statement_drills_s"] = time.perf_counter() - t
         t = time.perf_counter()
+        later = later_turns.later_drills(cfg, manifest, scenes, memory, int(cfg.policy.later_drills), workers=pool,
+                                         progress=later_progress)
+        wall["later_drills_s"] = time.perf_counter() - t
+        t = time.perf_counter()
     wall["stop_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    turns = render_demos(cfg, demos) + drills  # the drills are rendered where they are drawn
+    turns = render_demos(cfg, demos) + drills + later  # the drills are rendered where they are drawn
     wall["render_s"] = time.perf_counter() - t
-    summary = {"demos": {**demo_stats(demos, turns), **({"statement_drills": len(drills)} if drills else {})},
+    summary = {"demos": {**demo_stats(demos, turns), **({"statement_drills": len(drills)} if drills else {}),
+                         **({"later_drills": len(later)} if later else {})},
                "rule_agent_episodes": rule_agent_summary(cfg.policy, memory.episodes)}
     return DemoSet(turns=turns, memory=memory, summary=summary,
                    run={"workers": n, "wall_s": {k: round(v, 3) for k, v in wall.items()}})

@@ -168,24 +168,46 @@ def statement_drill(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory,
     return RenderedTurn("", 0, v.name, agent.messages(obs), answer, True)
 
 
-def drill_id(j: int) -> str:
-    """The ``j``-th statement drill's id: a generated house's drill (:class:`DemoKind`), eight to a unit."""
-    return f"{DemoKind.house_drill.prefix}stmt{j // DRILLS_PER_UNIT:05d}_{j % DRILLS_PER_UNIT:02d}"
+def drill_id(j: int, tag: str = "stmt") -> str:
+    """The ``j``-th drill's id of a drill stream tagged ``tag`` (``stmt``: the statement drills): a
+    generated house's drill (:class:`DemoKind`), eight to a unit."""
+    return f"{DemoKind.house_drill.prefix}{tag}{j // DRILLS_PER_UNIT:05d}_{j % DRILLS_PER_UNIT:02d}"
 
 
 def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
                      memory: SceneMemory, n: int, *, workers: OrderedPool | None = None,
                      progress: Callable[[int], None] | None = None) -> list[RenderedTurn]:
-    """``n`` statement drills (module docstring): the stream's houses tried in chunks of
-    :data:`INDICES_PER_JOB` indices in ``workers`` (None: this process), the first ``n`` drills
-    in house order kept, so the drills are the same at any worker count.
+    """``n`` statement drills (module docstring), drawn by :func:`draw_drills`.
 
     Raises:
         ValueError: the stream gave fewer than ``n`` drills from ``50 n + 100`` houses.
     """
+    return draw_drills(cfg, manifest, scenes, memory, n, make=statement_drill, stream=STREAM, tag="stmt",
+                       houses_needed=houses_for, key="policy.statement_drills", workers=workers, progress=progress)
+
+
+DrillMaker = Callable[..., "RenderedTurn | None"]
+"""``make(cfg, scenes, memory, organizer, house, *, rule_cfg)``: one house's drill, or None (a top-level
+function: the workers are given it by name)."""
+
+
+def draw_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
+                memory: SceneMemory, n: int, *, make: DrillMaker, stream: str, tag: str,
+                houses_needed: Callable[[int], int], key: str, workers: OrderedPool | None = None,
+                progress: Callable[[int], None] | None = None) -> list[RenderedTurn]:
+    """``n`` drills of a house stream of their own (``derive_seed(seed, stream)``, two quests a house):
+    ``make`` tries each house, in chunks of :data:`INDICES_PER_JOB` indices in ``workers`` (None: this
+    process), and the first ``n`` drills in house order are kept and numbered (:func:`drill_id` with
+    ``tag``), so the drills are the same at any worker count. ``houses_needed(k)``: the houses ``k``
+    more drills are expected to need (how much one map tries).
+
+    Raises:
+        ValueError: the stream gave fewer than ``n`` drills from ``50 n + 100`` houses (``key``: the
+            config key that asked for them, named in the message).
+    """
     if n <= 0:
         return []
-    limit = 50 * n + 100  # about one house in five has a first turn a statement changes
+    limit = 50 * n + 100  # the statement drills need about one house in five
     out: list[RenderedTurn] = []
     with _workers_or_inline(workers, cfg, Path("."), manifest, scenes) as pool:
         shared = pool.share((_prompt_memory(memory), PromptOrganizer.from_config(cfg)))
@@ -201,25 +223,23 @@ def statement_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes:
 
         while len(out) < n:
             if start >= limit:
-                raise ValueError(f"statement drills: only {len(out)} of {n} drawn from {start} houses "
-                                 f"(policy.statement_drills={n})")
+                raise ValueError(f"{tag} drills: only {len(out)} of {n} drawn from {start} houses ({key}={n})")
             # the houses the rest needs, in one map
-            span = min(limit - start, max(INDICES_PER_JOB * pool.workers, houses_for(n - len(out))))
-            jobs = [(shared, (i, min(i + INDICES_PER_JOB, start + span)))
+            span = min(limit - start, max(INDICES_PER_JOB * pool.workers, houses_needed(n - len(out))))
+            jobs = [(shared, make, stream, (i, min(i + INDICES_PER_JOB, start + span)))
                     for i in range(start, start + span, INDICES_PER_JOB)]
             for part in pool.map(_drills_job, jobs, progress=tick):
-                out += [replace(t, demo_id=drill_id(len(out) + j)) for j, t in
+                out += [replace(t, demo_id=drill_id(len(out) + j, tag)) for j, t in
                         enumerate([t for t in part if t is not None][:n - len(out)])]
             start += span
     return out
 
 
-def _drills_job(ctx: WorkerContext, job: tuple[Shared, tuple[int, int]]) -> list[RenderedTurn | None]:
-    shared, (lo, hi) = job
+def _drills_job(ctx: WorkerContext, job: tuple[Shared, DrillMaker, str, tuple[int, int]]) -> list[RenderedTurn | None]:
+    shared, make, stream, (lo, hi) = job
     memory, organizer = ctx.get(shared)
     cfg = ctx.cfg
-    houses = ctx.cached("statement_houses", lambda: house_stream(cfg, ctx.manifest, ctx.scenes,
-                                                                 derive_seed(cfg.seed, STREAM), 2))
+    houses = ctx.cached(f"drill_houses:{stream}", lambda: house_stream(cfg, ctx.manifest, ctx.scenes,
+                                                                       derive_seed(cfg.seed, stream), 2))
     rule_cfg = ctx.cached("rule_cfg", lambda: rule_agent_config(cfg))
-    return [statement_drill(cfg, ctx.scenes, memory, organizer, houses.house(k), rule_cfg=rule_cfg)
-            for k in range(lo, hi)]
+    return [make(cfg, ctx.scenes, memory, organizer, houses.house(k), rule_cfg=rule_cfg) for k in range(lo, hi)]

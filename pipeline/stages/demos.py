@@ -53,9 +53,12 @@ def demos(cfg: Config, root: Path, _args: object) -> None:
     with tqdm(total=n_train, desc=f"demos: {pol.rule_agent} episodes", unit="ep", file=sys.stderr) as bar1, \
             tqdm(desc=f"demos: {cfg.policy.teacher} demos", unit="ep", file=sys.stderr) as bar2, \
             tqdm(total=pol.statement_drills, desc="demos: statement drills", unit="drill", file=sys.stderr,
-                 disable=pol.statement_drills == 0) as bar3:
+                 disable=pol.statement_drills == 0) as bar3, \
+            tqdm(total=pol.later_drills, desc="demos: later-turn drills", unit="drill", file=sys.stderr,
+                 disable=pol.later_drills == 0) as bar4:
         demo_set = build_demo_set(cfg, root, manifest, scenes, memory_progress=bar1.update,
-                                  demo_progress=bar2.update, drill_progress=bar3.update)
+                                  demo_progress=bar2.update, drill_progress=bar3.update,
+                                  later_progress=bar4.update)
     with atomic_dir(out_dir) as tmp:
         write_demo_set(demo_set, tmp)
     wall = round(time.perf_counter() - t0, 3)
