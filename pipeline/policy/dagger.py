@@ -335,12 +335,16 @@ class DaggerResult:
     rounds: list[dict]
 
 
-def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[RenderedTurn]) -> tuple[list[Any], list[str]]:
-    """Training units of labelled turns (one per episode) and every turn's prompt text, tokenized
-    as the demonstrations are (:func:`pipeline.policy.training.tokenize_demos`: the backend's own
-    chat rendering)."""
+def turn_samples(cfg: Config, model: Any, tokenizer: Any,
+                 turns: Sequence[RenderedTurn]) -> tuple[dict[str, list[Any]], list[str]]:
+    """Every turn's prompt text, and its train turns' samples (:func:`pipeline.policy.model.answer_sample`,
+    the answer weighted by ``policy``'s loss weights) grouped by training unit
+    (:func:`pipeline.policy.demos.training_unit`), in turn order: prompts rendered by the backend's own
+    chat rendering (chat template, special tokens), so the ids the model is trained on are the ids it
+    will be given. The demonstrations' tokenization (:func:`pipeline.policy.training.tokenize_demos`)
+    and the DAgger rounds' labels (:func:`turn_units`) are both this."""
     from pipeline.policy.demos import training_unit
-    from pipeline.policy.model import IM_END, answer_sample, loss_weights, make_unit
+    from pipeline.policy.model import IM_END, answer_sample, loss_weights
 
     backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
     eos = tokenizer.convert_tokens_to_ids(IM_END)
@@ -353,6 +357,15 @@ def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[Rendered
         if tr.train:
             by.setdefault(training_unit(tr.demo_id), []).append(
                 answer_sample(tokenizer, ids, tr.response, eos, **weights))
+    return by, prompts
+
+
+def turn_units(cfg: Config, model: Any, tokenizer: Any, turns: Sequence[RenderedTurn]) -> tuple[list[Any], list[str]]:
+    """Training units of labelled turns (one per episode, in key order) and every turn's prompt text,
+    tokenized as the demonstrations are (:func:`turn_samples`)."""
+    from pipeline.policy.model import make_unit
+
+    by, prompts = turn_samples(cfg, model, tokenizer, turns)
     return [make_unit(v) for _, v in sorted(by.items())], prompts
 
 

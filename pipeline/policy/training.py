@@ -27,18 +27,14 @@ import pyarrow as pa
 
 from pipeline.core.conf_schema import Config, PolicyConfig
 from pipeline.core.io import atomic_dir, atomic_write_json, write_parquet
-from pipeline.llm.backends.transformers import TransformersBackend
-from pipeline.policy.dagger import DaggerResult, run_rounds
-from pipeline.policy.demos import RenderedTurn, demo_rows, training_unit
+from pipeline.policy.dagger import DaggerResult, run_rounds, turn_samples
+from pipeline.policy.demos import RenderedTurn, demo_rows
 from pipeline.policy.demoset import DemoSet
 from pipeline.policy.model import (
-    IM_END,
     Sample,
     Unit,
-    answer_sample,
     build_model,
     count_parameters,
-    loss_weights,
     make_unit,
     save_policy,
     train,
@@ -99,19 +95,7 @@ def tokenize_demos(cfg: Config, turns: Sequence[RenderedTurn]) -> Tokenized:
     texts = [m["content"] for tr in turns for m in tr.messages] + [tr.response for tr in turns]
     tokenizer = train_tokenizer(texts, vocab_size=pol.vocab_size)
     model = build_model(tokenizer, pol, seed=cfg.seed)
-    # Prompts go through the backend's own rendering (chat template, special tokens):
-    # the token ids the model is trained on are the ids it will be given.
-    backend = TransformersBackend(cfg.model, cfg.sampling, model=model, tokenizer=tokenizer)
-    eos = tokenizer.convert_tokens_to_ids(IM_END)
-    weights = loss_weights(pol)
-    prompts: list[str] = []
-    by_demo: dict[str, list[Sample]] = {}
-    for tr in turns:
-        text, ids = backend.render(tr.messages)
-        prompts.append(text)
-        if tr.train:
-            by_demo.setdefault(training_unit(tr.demo_id), []).append(
-                answer_sample(tokenizer, ids, tr.response, eos, **weights))
+    by_demo, prompts = turn_samples(cfg, model, tokenizer, turns)
     units = [make_unit(v) for _, v in sorted(by_demo.items())]
     return Tokenized(tokenizer, model, prompts, by_demo, units)
 
