@@ -1,14 +1,14 @@
 """Drills of later turns (``pipeline.policy.later_turns``, ``policy.later_drills``): one turn of a
 generated house's teacher episode from its first pick-up on, rendered with the history before it,
-learned alone, eight to a training unit; the same drills on any number of the demos' workers,
-appended to the demonstrations by the ``demos`` step after the statement drills.
+learned alone, eight to a training unit. The same drills on any number of the demos' workers, and
+appended to the demonstrations after the statement drills: tests/test_statement_drills.py, which
+checks both kinds of drill in one pool and one demonstration set.
 
 Real code on the session's tiny games (the fixtures of tests/test_dagger.py)."""
 
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
 
 from tests.test_dagger import cfg, memory  # noqa: F401  (fixtures)
 
@@ -55,20 +55,3 @@ def test_later_drills_are_later_turns_with_their_history_learned_alone(cfg, tiny
     assert all("- Notes: visited: " in d.messages[0]["content"] for d in drills)
     assert len({d.variant for d in drills}) > 1  # a prompt variant drawn per house
     assert later_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 0) == []
-
-
-def test_the_same_later_drills_on_one_and_two_workers_and_in_the_demonstrations(cfg, tiny_games, memory,  # noqa: F811
-                                                                               eight):
-    from pipeline.policy.demo_workers import demo_pool
-    from pipeline.policy.demoset import build_demo_set
-    from pipeline.policy.later_turns import later_drills
-
-    rows, scenes = tiny_games.rows, tiny_games.scenes
-    with demo_pool(cfg, tiny_games.root, rows, scenes, workers=2) as pool:
-        assert later_drills(cfg, rows, scenes, memory, 8, workers=pool) == eight
-    ticks: list[int] = []
-    with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"later_drills": 8, "generated_houses": 2,
-                                                                "generated_drills": 8}})
-    demo_set = build_demo_set(with_drills, tiny_games.root, rows, scenes, later_progress=ticks.append)
-    assert demo_set.turns[-8:] == eight
-    assert demo_set.summary["demos"]["later_drills"] == 8 and sum(ticks) == 8

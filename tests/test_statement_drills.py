@@ -11,6 +11,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.test_dagger import cfg, memory  # noqa: F401  (fixtures)
+from tests.test_later_turns import eight  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -72,22 +73,29 @@ def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step
 
 
 def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory,  # noqa: F811
-                                                                           ten):
+                                                                           ten, eight):
+    """Both kinds of drill (statement drills, later-turn drills: ``eight``, tests/test_later_turns.py)
+    are the same in a 3-worker pool as in this process, and the demonstrations append them in that order."""
     from pipeline.policy.demo_workers import demo_pool
     from pipeline.policy.demoset import build_demo_set
+    from pipeline.policy.later_turns import later_drills
     from pipeline.policy.statements import statement_drills
 
     rows, scenes = tiny_games.rows, tiny_games.scenes
     # the store has answered queries in this process (``ten``): its index is sent to the workers all the same
     with demo_pool(cfg, tiny_games.root, rows, scenes, workers=3) as pool:
         assert statement_drills(cfg, rows, scenes, memory, 10, workers=pool) == ten
+        assert later_drills(cfg, rows, scenes, memory, 8, workers=pool) == eight
     ticks: list[int] = []
-    with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"statement_drills": 10, "generated_houses": 2,
-                                                                "generated_drills": 8}})
-    demo_set = build_demo_set(with_drills, tiny_games.root, rows, scenes, drill_progress=ticks.append)
-    assert demo_set.turns[-10:] == ten  # the demonstrations' drills: the same stream, whatever else they hold
-    assert demo_set.summary["demos"]["statement_drills"] == 10 and sum(ticks) == 10
-
+    late: list[int] = []
+    with_drills = OmegaConf.merge(cfg, {"workers": 1, "policy": {"statement_drills": 10, "later_drills": 8,
+                                                                "generated_houses": 2, "generated_drills": 8}})
+    demo_set = build_demo_set(with_drills, tiny_games.root, rows, scenes, drill_progress=ticks.append,
+                              later_progress=late.append)
+    assert demo_set.turns[-18:] == ten + eight  # the demonstrations' drills: the same streams, whatever else they hold
+    demos = demo_set.summary["demos"]
+    assert demos["statement_drills"] == 10 and sum(ticks) == 10
+    assert demos["later_drills"] == 8 and sum(late) == 8
 
 
 @pytest.mark.parametrize("module", ["statements", "later_turns"])
