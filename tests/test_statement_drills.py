@@ -1,7 +1,14 @@
-"""Statement drills (``pipeline.policy.statements``, ``policy.statement_drills``): first turns under
-a prompt that says where things are and gives no plan, the knowledge-limited expert's answer only
-where the statement changes it, eight to a training unit; the same drills on any number of the
-demos' workers, appended to the demonstrations by the ``demos`` step.
+"""The drills of generated houses beside the demonstrations, eight to a training unit, the same on any
+number of the demos' workers, appended to the demonstrations by the ``demos`` step:
+
+- statement drills (``pipeline.policy.statements``, ``policy.statement_drills``): first turns under a
+  prompt that says where things are and gives no plan, the knowledge-limited expert's answer only
+  where the statement changes it;
+- drills of later turns (``pipeline.policy.later_turns``, ``policy.later_drills``): one turn of a
+  generated house's teacher episode from its first pick-up on, rendered with the history before it,
+  learned alone.
+
+One module, so the fixtures (the tiny games' memory, the drills) are built once.
 
 Real code on the session's tiny games (the fixtures of tests/test_dagger.py)."""
 
@@ -11,7 +18,6 @@ import pytest
 from omegaconf import OmegaConf
 
 from tests.test_dagger import cfg, memory  # noqa: F401  (fixtures)
-from tests.test_later_turns import eight  # noqa: F401  (fixture)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +80,7 @@ def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step
 
 def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory,  # noqa: F811
                                                                            ten, eight):
-    """Both kinds of drill (statement drills, later-turn drills: ``eight``, tests/test_later_turns.py)
-    are the same in a 3-worker pool as in this process, and the demonstrations append them in that order."""
+    """Both kinds of drill (statement drills, later-turn drills: ``eight``, below) are the same in a 3-worker pool as in this process, and the demonstrations append them in that order."""
     from pipeline.policy.demo_workers import demo_pool
     from pipeline.policy.demoset import build_demo_set
     from pipeline.policy.later_turns import later_drills
@@ -122,3 +127,47 @@ def test_no_drill_is_played_in_an_eval_layout_or_on_an_eval_objective(cfg, tiny_
     again = [h for h in (after.house(k) for k in range(40)) if h is not None]
     assert again and all(layout_key(h.spec) != layout_key(first.spec) for h in again)
     assert all(q["objective"] != objective for h in again for q in h.quests)
+
+
+@pytest.fixture(scope="module")
+def eight(cfg, tiny_games, memory):  # noqa: F811
+    """Eight drills played in this process: one training unit."""
+    from pipeline.policy.later_turns import later_drills
+
+    return later_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 8)
+
+
+def _action(response: str) -> str | None:
+    from pipeline.prompts.observation import extract_json_object
+
+    return (extract_json_object(response) or {}).get("action")
+
+
+def test_endgame_turns_start_at_the_first_pick_up_and_skip_turn_zero_and_slips():
+    from pipeline.policy.expert import DemoEpisode, DemoTurn
+    from pipeline.policy.later_turns import endgame_turns
+
+    def ep(*actions: str, slips: tuple[int, ...] = ()) -> DemoEpisode:
+        turns = [DemoTurn({}, f'x.\n{{"action": "{a}", "target": "T"}}', i not in slips) for i, a in enumerate(actions)]
+        return DemoEpisode(turns, True, True, 0)
+
+    assert endgame_turns(ep("open", "go_to", "pick_up", "go_to", "put")) == [2, 3, 4]
+    assert endgame_turns(ep("open", "pick_up", "go_to", "look", "put", slips=(3,))) == [1, 2, 4]
+    assert endgame_turns(ep("pick_up", "go_to", "put")) == [1, 2]  # turn 0: the plan drills' turn
+    assert endgame_turns(ep("open", "go_to", "open")) == []  # nothing picked up: no drill
+
+
+def test_later_drills_are_later_turns_with_their_history_learned_alone(cfg, tiny_games, memory, eight):  # noqa: F811
+    from pipeline.policy.demos import DemoKind, demo_kind, training_unit
+    from pipeline.policy.later_turns import later_drills
+
+    drills = eight
+    assert len(drills) == 8 and all(d.train and d.turn_index >= 1 for d in drills)
+    assert all(demo_kind(d.demo_id) == DemoKind.house_drill for d in drills)  # trained as drills are
+    assert {training_unit(d.demo_id) for d in drills} == {training_unit(drills[0].demo_id)}
+    assert len({d.demo_id for d in drills}) == 8 and drills[0].demo_id.startswith("drill_gen_late")
+    assert all(_action(d.response) for d in drills)  # an answer with a command
+    # the history is rendered: a later turn's prompt holds the memory the teacher's answers wrote
+    assert all("- Notes: visited: " in d.messages[0]["content"] for d in drills)
+    assert len({d.variant for d in drills}) > 1  # a prompt variant drawn per house
+    assert later_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 0) == []
