@@ -137,12 +137,6 @@ def eight(cfg, tiny_games, memory):  # noqa: F811
     return later_drills(cfg, tiny_games.rows, tiny_games.scenes, memory, 8)
 
 
-def _action(response: str) -> str | None:
-    from pipeline.prompts.observation import extract_json_object
-
-    return (extract_json_object(response) or {}).get("action")
-
-
 def test_endgame_turns_start_at_the_first_pick_up_and_skip_turn_zero_and_slips():
     from pipeline.policy.expert import DemoEpisode, DemoTurn
     from pipeline.policy.later_turns import endgame_turns
@@ -159,14 +153,14 @@ def test_endgame_turns_start_at_the_first_pick_up_and_skip_turn_zero_and_slips()
 
 def test_later_drills_are_later_turns_with_their_history_learned_alone(cfg, tiny_games, memory, eight):  # noqa: F811
     from pipeline.policy.demos import DemoKind, demo_kind, training_unit
-    from pipeline.policy.later_turns import later_drills
+    from pipeline.policy.later_turns import action_of, later_drills
 
     drills = eight
     assert len(drills) == 8 and all(d.train and d.turn_index >= 1 for d in drills)
     assert all(demo_kind(d.demo_id) == DemoKind.house_drill for d in drills)  # trained as drills are
     assert {training_unit(d.demo_id) for d in drills} == {training_unit(drills[0].demo_id)}
     assert len({d.demo_id for d in drills}) == 8 and drills[0].demo_id.startswith("drill_gen_late")
-    assert all(_action(d.response) for d in drills)  # an answer with a command
+    assert all(action_of(d.response) for d in drills)  # an answer with a command
     # the history is rendered: a later turn's prompt holds the memory the teacher's answers wrote
     assert all("- Notes: visited: " in d.messages[0]["content"] for d in drills)
     assert len({d.variant for d in drills}) > 1  # a prompt variant drawn per house

@@ -64,10 +64,15 @@ def houses_for(n: int) -> int:
     return (11 * max(0, n) + 9) // 10
 
 
+def action_of(response: str) -> str | None:
+    """The action an answer's JSON names (``"pick_up"``, ``"go_to"``, ...), or None."""
+    return (extract_json_object(response) or {}).get("action")
+
+
 def endgame_turns(episode: DemoEpisode) -> list[int]:
     """The learned turns of ``episode`` from its first that picks something up to its last, turn 0
     excepted (the plan and statement drills teach it): the drill's candidates."""
-    actions = [(extract_json_object(t.response) or {}).get("action") for t in episode.turns]
+    actions = [action_of(t.response) for t in episode.turns]
     first = next((i for i, a in enumerate(actions) if a == TAKE), None)
     if first is None:
         return []
@@ -97,9 +102,9 @@ def later_drill(cfg: Config, scenes: Mapping[str, Any], memory: SceneMemory, org
     if not picks:
         return None
     t = picks[int(rng.integers(len(picks)))]
-    upto = replace(episode, turns=[replace(x, train=False) for x in episode.turns[:t]] + [episode.turns[t]])
-    rendered = render_demos(cfg, [Demo.of(DemoKind.house_drill, f"{TAG}_{house.scene_id}", row, v, {}, upto, 0)])
-    return rendered[t]
+    # the turns before it are rendered for the history they leave (the memory dict), and only turn t is kept
+    upto = replace(episode, turns=episode.turns[:t + 1])
+    return render_demos(cfg, [Demo.of(DemoKind.house_drill, f"{TAG}_{house.scene_id}", row, v, {}, upto, 0)])[t]
 
 
 def later_drills(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Mapping[str, Any],
