@@ -10,8 +10,9 @@ check passes) and the compiled games. Stages run in it as real subprocesses::
         project.configure("agent.batched=false")            # conf/ + params.yaml with an override
         p = project.start("collect", env={"REL_STEP_DELAY": "0.05"})   # a Popen to kill
 
-``rendered_project`` is the same with ``collect + ground + merge + store + render`` (C1, C2)
-already run, once per session: for the tests of ``evaluate`` and the stages after it.
+``collected_project`` is the same with ``collect`` already run, once per session (the uninterrupted
+outputs a resume test compares with), and ``rendered_project`` with ``collect + ground + merge +
+store + render`` (C1, C2): for the tests of ``evaluate`` and the stages after it.
 """
 
 from __future__ import annotations
@@ -184,11 +185,26 @@ def project(project_template, tmp_path) -> Project:
 
 
 @pytest.fixture(scope="session")
-def rendered_template(project_template, tmp_path_factory) -> Path:
+def collected_template(project_template, tmp_path_factory) -> Path:
+    """The tiny project with ``collect`` run once, uninterrupted: the reference outputs of the resume
+    tests, and where :func:`rendered_template` starts (each test gets a copy: :func:`collected_project`)."""
+    project = copy_project(project_template, tmp_path_factory.mktemp("reliability_collected"))
+    project.run("collect")
+    return project.root
+
+
+@pytest.fixture
+def collected_project(collected_template, tmp_path) -> Project:
+    """A fresh copy, per test, of :func:`collected_template`."""
+    return copy_project(collected_template, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def rendered_template(collected_template, tmp_path_factory) -> Path:
     """The tiny project with ``collect + ground + merge + store + render`` (C1 and C2) run once: what
     the tests of later stages start from (each gets a copy: :func:`rendered_project`)."""
-    project = copy_project(project_template, tmp_path_factory.mktemp("reliability_rendered"))
-    project.run("collect", "+", "ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1",
+    project = copy_project(collected_template, tmp_path_factory.mktemp("reliability_rendered"))
+    project.run("ground", "+", "merge", "+", "store", "+", "render", "--condition", "C1",
                 "+", "render", "--condition", "C2")
     return project.root
 

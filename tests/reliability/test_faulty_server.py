@@ -177,10 +177,17 @@ def _turn_key(body: dict) -> int:
 def test_collect_records_failed_turns_and_loses_no_episode(project):
     """500s, hangs, dropped connections and broken JSON on some turns: every episode is kept."""
     faults = ["500", "hang", "close", "badjson"]
+    hung: list[int] = []
 
     def script(n, body):  # 1 turn in 3 fails for good (same fault on its retry)
         k = _turn_key(body)
-        return faults[(k // 3) % len(faults)] if k % 3 == 0 else "ok"
+        if k % 3:
+            return "ok"
+        mode = faults[(k // 3) % len(faults)]
+        if mode == "hang":  # one turn hangs, on both attempts: each hang costs the client's whole timeout,
+            hung[:] = hung or [k]  # so the others that would hang get a 500 (5 hung turns were ~20 s of this test)
+            mode = "hang" if hung[0] == k else "500"
+        return mode
 
     with FakeOpenAI(script, hang_s=3 * COLLECT_TIMEOUT_S) as server:
         _llm_project(project, server, "agent.batch_size=2", timeout_s=COLLECT_TIMEOUT_S)
@@ -191,6 +198,7 @@ def test_collect_records_failed_turns_and_loses_no_episode(project):
     failed_turns = {_turn_key(body) for (_, body), mode in zip(server.requests, server.modes) if mode != "ok"}
     errors = [t for t in turns if t["stop_reason"] == "error"]
     assert failed_turns and len(errors) == len(failed_turns)  # each failed turn recorded once
+    assert hung and server.modes.count("hang") == 2  # the hung turn: its attempt and its retry
     assert all(not t["action_valid"] and t["generated_text"] == "" and json.loads(t["action"])["action"] == "look"
                for t in errors)
     assert all(t["action_valid"] for t in turns if t["stop_reason"] != "error")

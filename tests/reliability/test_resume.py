@@ -43,14 +43,16 @@ def _no_temp_files(folder: Path) -> list[str]:
 
 @pytest.mark.parametrize("how", [pytest.param("external SIGKILL, one episode at a time", marks=pytest.mark.slow),
                                  "SIGKILL inside a batch"])
-def test_sigkill_part_way_then_rerun_finishes_the_rest_byte_identical(project, tmp_path, how):
+def test_sigkill_part_way_then_rerun_finishes_the_rest_byte_identical(project, collected_template, tmp_path, how):
     sequential = how.startswith("external")
     if sequential:  # episodes finish one by one (one process): a kill after the first file lands before the second
         project.configure("agent.batched=false", "workers=1")
-    project.run("collect")
-    reference = _outputs(project)
+        project.run("collect")
+        reference = _outputs(project)
+        shutil.rmtree(project.root / "data" / "episodes")  # what `dvc repro` does before rerunning a stage
+    else:  # the default config: the session's uninterrupted collect is the reference
+        reference = {name: (collected_template / "data" / "episodes" / name).read_bytes() for name in OUTPUTS}
     all_ids = _train_ids(project)
-    shutil.rmtree(project.root / "data" / "episodes")  # what `dvc repro` does before rerunning a stage
 
     if sequential:
         proc = project.start("collect", env={"REL_STEP_DELAY": "0.05"})
@@ -76,9 +78,10 @@ def test_sigkill_part_way_then_rerun_finishes_the_rest_byte_identical(project, t
 
 
 @pytest.mark.parametrize("victim", ["ep_train", "turns.parquet"])
-def test_sigkill_in_the_middle_of_a_write_keeps_the_previous_files(project, tmp_path, victim):
-    """Killed half-way through a checkpoint file, or through the final turns.parquet."""
-    project.run("collect")
+def test_sigkill_in_the_middle_of_a_write_keeps_the_previous_files(collected_project, tmp_path, victim):
+    """Killed half-way through a checkpoint file, or through the final turns.parquet (over the outputs of
+    an uninterrupted run: :func:`collected_project`)."""
+    project = collected_project
     previous = _outputs(project)
     previous_files = sorted(p.name for p in (project.root / "data" / "episodes").iterdir())
     all_ids = _train_ids(project)
