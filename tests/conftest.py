@@ -57,6 +57,7 @@ SMALL_POLICY_OVERRIDES = [
     "policy.epochs=1", "policy.generated_houses=4", "policy.generated_drills=4",
     "policy.statement_drills=8",
     "policy.incontext_tasks=2", "policy.dagger_houses=2", "policy.episode_probe_houses=1",
+    "policy.utilisation_houses=1", "policy.utilisation_quests=3",
     f"sampling.max_new_tokens={SHORT_TURN_TOKENS}",
 ]
 

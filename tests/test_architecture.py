@@ -190,7 +190,8 @@ def test_dvc_yaml_deps_cover_every_stage_closure():
     modules = deps.stage_modules(ROOT)
     assert "collect" in modules and modules["render"] == ["pipeline.stages.render"]
     assert deps.stage_modules(ROOT, "models/dvc.yaml")["checkpoint"] == [
-        "pipeline.stages.games", "pipeline.stages.demos", "pipeline.stages.policy", "pipeline.stages.checkpoint"]
+        "pipeline.stages.games", "pipeline.stages.demos", "pipeline.stages.policy", "pipeline.stages.checkpoint",
+        "pipeline.policy.utilisation"]  # the last step: the probe's module itself, a measurement of the checkpoint
     missing = deps.missing(ROOT)
     assert not missing, f"dvc.yaml deps miss {missing}: see `python -m pipeline.tools.deps` for the deps to list"
     assert deps.params_drift(ROOT) == {}, "collect's params are written from CHECKPOINT_KEYS: run --write"

@@ -44,7 +44,7 @@ def built(tmp_path_factory) -> tuple[Path, dict, subprocess.CompletedProcess]:
                     repo, env)
     assert composed.returncode == 0, composed.stdout + composed.stderr
     dvc_yaml = repo / "models" / "dvc.yaml"
-    dvc_yaml.write_text(re.sub(r"python -m (pipeline\.stages\.\w+)",
+    dvc_yaml.write_text(re.sub(r"python -m (pipeline\.(?:stages\.\w+|policy\.utilisation))",
                                rf"python -m pipeline.tools.deps record --out {READS} \1", dvc_yaml.read_text()))
     run = _run([sys.executable, "-m", "dvc", "repro", "models/dvc.yaml"], repo, env)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
@@ -70,6 +70,18 @@ def test_make_model_builds_a_checkpoint_with_its_card(built):
     assert "checkpoint: models/policy replaced" in run.stdout
     metrics = json.loads((repo / "models" / "metrics" / "checkpoint.json").read_text())
     assert metrics["identical"] is False and metrics["files"] == card["files"]
+    # its last step measured it beside the reader on the recipe's held-out houses: the metrics and their plot
+    probe = json.loads((repo / "models" / "metrics" / "utilisation.json").read_text())
+    assert (probe["houses"], probe["quests"], probe["model"]) == (1, 3, "models/policy") and "decisions" in probe
+    assert set(probe["outcomes"]) == {"model", "reader"} and probe["outcomes"]["model"].keys() == probe["outcomes"]["reader"].keys()
+    assert (repo / "models" / "metrics" / "utilisation.csv").read_text().startswith("agent,condition,success,n,who\n")
+    # models/dvc.yaml's plots load (a top-level plot's path is relative to that file's folder: the in-context
+    # probe's once pointed at models/models/metrics and drew nothing)
+    shown = _run([sys.executable, "-m", "dvc", "plots", "show", "--json"], repo, env)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    plots = json.loads(shown.stdout)["data"]
+    assert all(plots.get(name) and plots[name][0]["content"]["data"]["values"] for name in ("policy_incontext",
+                                                                                             "utilisation")), plots.keys()
     # the experiment's own outputs are untouched: the model pipeline writes under data/model/ and models/
     assert not (repo / "data" / "games").exists() and (repo / "data" / "model" / "games" / "manifest.parquet").exists()
 
@@ -90,7 +102,8 @@ def test_every_config_field_a_model_step_reads_is_among_its_params(built):
     repo, _, _ = built
     records = deps.read_records(repo / READS)
     assert [r["module"] for r in records] == ["pipeline.stages.games", "pipeline.stages.demos",
-                                              "pipeline.stages.policy", "pipeline.stages.checkpoint"]
+                                              "pipeline.stages.policy", "pipeline.stages.checkpoint",
+                                              "pipeline.policy.utilisation"]
     unlisted = deps.params_violations(ROOT, records, "models/dvc.yaml")
     assert not unlisted, "steps read config keys the stage's params do not list:\n" + json.dumps(unlisted, indent=1)
     # Every pipeline file a step loaded is among the stage's deps (templates resolved from its params), and

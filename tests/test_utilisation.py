@@ -42,7 +42,7 @@ def test_the_model_s_utilisation_is_its_paired_difference_over_the_reader_s_on_t
     assert alone["houses"] == 8 and alone["utilisation"]["value"] == 0.0
     assert rows[("reader", "C0+memory", "C0")]["success"]["table"] == {"both": 1, "b": 4, "c": 0, "neither": 3}
     assert "| C2 − C1 | 7 |" in markdown(s) and "0.33 [" in markdown(s)
-    assert "reader,C2,0.857143,7" in success_csv(s).splitlines()
+    assert "reader,C2,0.857143,7,reader C2" in success_csv(s).splitlines()
 
 
 def test_the_reader_plays_the_held_out_probe_and_follows_every_verified_plan(cfg, tiny_games, memory, tiny_model):  # noqa: F811

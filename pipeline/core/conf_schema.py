@@ -667,6 +667,13 @@ class PolicyConfig:
     """Held-out generated houses of the whole-episode probe (``pipeline.policy.dagger.EpisodeProbe``): each
     played under a C0-, C1- and C2_oracle-like prompt, greedy, after the demonstrations and after each DAgger
     round (``models/metrics/policy.json["episode_probe"]``; 0: none)."""
+    utilisation_houses: int = checked(96, at_least(1))
+    """Held-out generated houses of the utilisation probe, the model pipeline's last step (``python -m
+    pipeline.policy.utilisation --decisions``: the model beside the reader under five prompts, paired by house;
+    ``models/metrics/utilisation.json`` and its plot ``utilisation.csv``). A measurement of the checkpoint: it
+    never changes the model."""
+    utilisation_quests: int = checked(6, at_least(2))
+    """Quests per house of the utilisation probe: the first is played, the others are its past visits."""
     evaluate: bool = False
     """Measure the trained model on the eval quests against react / rag (models/metrics/policy.json; off by default:
     the ``evaluate`` stages measure it, and the in-context probe checks it while it trains)."""

@@ -30,10 +30,11 @@ on data no eval quest is in, so a recipe can be chosen on it.
 
 It reads the model pipeline's games and demonstrations (``data/model/games``, ``data/model/demos``:
 ``make model``, or its first two steps, ``python -m pipeline.stages.games --pipeline model`` and
-``python -m pipeline.stages.demos``). It is no DVC stage yet: no stage imports it, so it is no code
-dependency of the committed checkpoint; it joins the ``policy`` stage's probes with the next
-retraining (changing that stage's code retrains the model). Writes ``--out`` (JSON: the figures and
-every house's outcomes) and ``--csv`` (success per agent and prompt kind, for ``dvc plots``).
+``python -m pipeline.stages.demos``). It is the model pipeline's last step (``models/dvc.yaml``:
+``--decisions`` on ``policy.utilisation_houses`` houses of ``policy.utilisation_quests`` quests, after
+the checkpoint is published), so ``make model`` measures every checkpoint it builds. Writes ``--out``
+(JSON: the figures and every house's outcomes) and ``--csv`` (success per agent and prompt kind: the
+``utilisation`` plot of ``dvc plots show``).
 ``--against`` pairs this model with another model's ``--out`` on the same houses, per prompt and
 pooled over C1 and C0+memory (:func:`against`): how a recipe's candidate is judged against the
 checkpoint it would replace (``--skip``: on held-out houses no earlier decision used).
@@ -239,12 +240,13 @@ def against_markdown(rows: Mapping[str, Mapping[str, Any]], other: str) -> str:
 
 
 def success_csv(summary: Mapping[str, Any]) -> str:
-    """``agent,condition,success,n``: one row per agent and prompt kind (a DVC plot)."""
-    lines = ["agent,condition,success,n"]
+    """``agent,condition,success,n,who``: one row per agent and prompt kind; ``who`` (``model C0``) labels
+    the bars of the DVC plot, one per agent and prompt."""
+    lines = ["agent,condition,success,n,who"]
     for agent, by in summary["success"].items():
         for cond in KINDS.values():
             s = by[cond]
-            lines.append(f"{agent},{cond},{'' if s['success'] is None else s['success']},{s['n']}")
+            lines.append(f"{agent},{cond},{'' if s['success'] is None else s['success']},{s['n']},{agent} {cond}")
     return "\n".join(lines) + "\n"
 
 
