@@ -80,7 +80,8 @@ def test_a_drill_is_kept_only_where_the_statement_changes_the_experts_first_step
 
 def test_the_same_drills_on_one_and_three_workers_and_in_the_demonstrations(cfg, tiny_games, memory,  # noqa: F811
                                                                            ten, eight):
-    """Both kinds of drill (statement drills, later-turn drills: ``eight``, below) are the same in a 3-worker pool as in this process, and the demonstrations append them in that order."""
+    """Both kinds of drill (statement drills, later-turn drills: ``eight``, below) are the same in a 3-worker
+    pool as in this process, and the demonstrations append them in that order."""
     from pipeline.policy.demo_workers import demo_pool
     from pipeline.policy.demoset import build_demo_set
     from pipeline.policy.later_turns import later_drills

@@ -31,8 +31,8 @@ on data no eval quest is in, so a recipe can be chosen on it.
 It reads the model pipeline's games and demonstrations (``data/model/games``, ``data/model/demos``:
 ``make model``, or its first two steps, ``python -m pipeline.stages.games --pipeline model`` and
 ``python -m pipeline.stages.demos``). It is the model pipeline's last step (``models/dvc.yaml``:
-``--decisions`` on ``policy.utilisation_houses`` houses of ``policy.utilisation_quests`` quests, after
-the checkpoint is published), so ``make model`` measures every checkpoint it builds. Writes ``--out``
+``--decisions``, after the checkpoint is published; ``--houses`` and ``--quests`` default to the
+recipe's ``policy.utilisation_houses`` and ``policy.utilisation_quests``), so ``make model`` measures every checkpoint it builds. Writes ``--out``
 (JSON: the figures and every house's outcomes) and ``--csv`` (success per agent and prompt kind: the
 ``utilisation`` plot of ``dvc plots show``).
 ``--against`` pairs this model with another model's ``--out`` on the same houses, per prompt and
@@ -281,11 +281,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--run", type=Path, default=None, help="the project whose model pipeline's data it reads (default: this one)")
     ap.add_argument("--model", type=Path, default=Path("models/policy"),
                     help="a transformers directory (default: the committed checkpoint, models/policy)")
-    ap.add_argument("--houses", type=int, default=96, help="held-out houses")
+    ap.add_argument("--houses", type=int, default=None, help="held-out houses (default: the recipe's policy.utilisation_houses)")
     ap.add_argument("--skip", type=int, default=0, help="held-out houses passed over first (a fresh sample)")
     ap.add_argument("--against", type=Path, default=None,
                     help="another model's --out of the same houses: the two paired per prompt (exact McNemar)")
-    ap.add_argument("--quests", type=int, default=6, help="quests per house: the first is played, the others are its past visits")
+    ap.add_argument("--quests", type=int, default=None, help="quests per house: the first is played, the others are its "
+                                                             "past visits (default: the recipe's policy.utilisation_quests)")
     ap.add_argument("--workers", default=None, help="processes for the model's episodes (default: the run's `workers`); "
                                                    "the episodes do not depend on it")
     ap.add_argument("--out", type=Path, default=Path("models/metrics/utilisation.json"), help="the figures (JSON)")
@@ -294,6 +295,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="also label the model's states with the reader's answer: how often the model plays it, "
                          "by the reader's decision and prompt kind (the episodes do not change)")
     args = ap.parse_args(argv)
+    root = (args.run or project_root()).resolve()
+    cfg = load_params(root, check_stale=False, pipeline=MODEL)
+    args.houses = cfg.policy.utilisation_houses if args.houses is None else args.houses
+    args.quests = cfg.policy.utilisation_quests if args.quests is None else args.quests
     other = None
     if args.against is not None:
         try:
@@ -308,11 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.houses < 1 or args.quests < 2:
         ap.error(f"--houses {args.houses} --quests {args.quests}: expected at least 1 house and 2 quests "
                  "(the first is played, the others give its grounding and memory)")
-    root = (args.run or project_root()).resolve()
     model_dir = args.model if args.model.is_absolute() else root / args.model
     if not (model_dir / "config.json").is_file():
         ap.error(f"--model {args.model}: {model_dir / 'config.json'} not found (a transformers model directory)")
-    cfg = load_params(root, check_stale=False, pipeline=MODEL)
     for what, path in (("games", cfg.paths.games), ("demonstrations", cfg.paths.demos)):
         if not (root / path).is_dir():
             ap.error(f"{root / path}: not found (the model pipeline's {what}); build them with "

@@ -185,7 +185,8 @@ def test_collect_records_failed_turns_and_loses_no_episode(project):
             return "ok"
         mode = faults[(k // 3) % len(faults)]
         if mode == "hang":  # one turn hangs, on both attempts: each hang costs the client's whole timeout,
-            hung[:] = hung or [k]  # so the others that would hang get a 500 (5 hung turns were ~20 s of this test)
+            if not hung:  # so the others that would hang get a 500 (5 hung turns were ~20 s of this test)
+                hung.append(k)
             mode = "hang" if hung[0] == k else "500"
         return mode
 
