@@ -228,5 +228,13 @@ def test_gee_check_answers_or_says_why_not():
     same = [True, False, False, True, False, False, True, False, False, False, True, False] * 3
     assert gee_check(same, same, list("abcdefghijkl") * 3) == {
         "estimable": False, "reason": "no discordant pair: the same outcome in every pair", "clusters": 12}
+    # One arm fails (or succeeds) everywhere: no finite log-odds, said from the outcomes. The
+    # solver's drift once stopped at +23.16 (p < 0.001) under NumPy's AVX2 code and overflowed
+    # under its AVX-512 code: ScienceWorld's smallest report differed between CPUs.
+    assert gee_check([1, 1, 0, 0, 0], [0, 0, 0, 0, 0], list("abcde")) == {
+        "estimable": False, "reason": "no finite estimate (separation: the control fails in every task)",
+        "clusters": 5}
+    assert gee_check([1, 1, 1, 1], [1, 0, 1, 1], list("abab"))["reason"] == (
+        "no finite estimate (separation: the treatment succeeds in every task)")
     g = gee_check([1, 0, 1, 1, 0, 1, 1, 0], [0, 0, 1, 0, 0, 0, 1, 0], list("aabbccdd"))
     assert g["estimable"] and g["log_odds"] > 0 and 0 <= g["p_value"] <= 1 and g["clusters"] == 4

@@ -279,6 +279,16 @@ def gee_check(treatment: Sequence[bool], control: Sequence[bool], clusters: Sequ
         # rounding (0.64 on one run, 0.07 on a rerun of the same bytes), or NaN.
         return {"estimable": False, "reason": "no discordant pair: the same outcome in every pair",
                 "clusters": n_clusters}
+    for arm, ys in (("treatment", treatment), ("control", control)):
+        if len({bool(v) for v in ys}) == 1:
+            # One arm's outcomes all the same: the log-odds has no finite estimate (quasi-complete
+            # separation). Decided here, from the outcomes: the solver's iterates only drift, and
+            # whether they overflow to inf or stop at a large finite value (+23 with p < 0.001)
+            # depended on NumPy's SIMD code for exp/log (AVX-512 against AVX2), a CPU-dependent
+            # report.
+            outcome = "succeeds" if bool(ys[0]) else "fails"
+            return {"estimable": False, "reason": f"no finite estimate (separation: the {arm} {outcome} "
+                                                  "in every task)", "clusters": n_clusters}
     import warnings
 
     import statsmodels.api as sm  # deferred: heavy optional dependency (statsmodels)
