@@ -299,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             what = (f"scratch `dvc repro` ({' '.join(args.scratch) or 'default config'}, {took:.0f} s) vs "
                     f"{golden.name} ({level})")
+            if args.keep:  # the copy to look into when an output differs
+                print(f"kept: {work}")
             results = {what: compare(expected, actual)}
     except ReproCheckError as exc:
         print(f"error: {exc}", file=sys.stderr)

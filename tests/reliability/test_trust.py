@@ -161,6 +161,13 @@ def test_reprocheck_scratch_without_a_golden_file_only_runs_and_keeps_with_keep(
         assert reprocheck.main(["--scratch", "experiment=tiny", "--keep"]) == 0
         assert ran and ran[0][0] == ["experiment=tiny"] and ran[0][1].is_dir()
         assert f"kept: {ran[0][1]} (scratch `dvc repro` of experiment=tiny" in capsys.readouterr().out
+        # With --golden too, a differing output is compared and the kept copy named: the place to look.
+        golden = ran[0][1] / "golden.json"
+        golden.write_text(json.dumps({"overrides": ["experiment=tiny"], "outputs": {"reports": "x.dir"},
+                                      "by_cpu_level": {reprocheck.cpu_level(): {}}}))
+        assert reprocheck.main(["--scratch", "experiment=tiny", "--keep", "--golden", str(golden)]) == 1
+        out = capsys.readouterr().out
+        assert f"kept: {ran[1][1]}\n" in out and "reports: not produced (expected md5 x.dir)" in out
     finally:
         for _, work in ran:
             shutil.rmtree(work, ignore_errors=True)
