@@ -258,6 +258,19 @@ def test_a_golden_file_keeps_one_record_per_cpu_level(tmp_path):
     assert moved == [] and expected_outputs(doc5, "x86-64-v4", golden) == v4
     assert expected_outputs(doc5, "x86-64-v3", golden) == own
 
+    # A first record of a second level: what it differs in is its own, the other level's record kept;
+    # unless the person who knows the code changed says so (--drop-other-levels): then it is
+    # dropped and that level is compared with this record (what the ScienceWorld golden needed when
+    # a report's text moved with the code, 2026-12-07).
+    one = record_outputs(None, "x86-64-v3", v3, ["experiment=tiny"], {"cpu": "B", "revision": "r1"})[0]
+    fixed = {**v3, "data/eval/C0": "e5"}
+    kept, moved = record_outputs(one, "x86-64-v4", fixed, ["experiment=tiny"], {"cpu": "A", "revision": "r7"})
+    assert moved == [] and expected_outputs(kept, "x86-64-v3", golden) == v3
+    dropped, moved = record_outputs(one, "x86-64-v4", fixed, ["experiment=tiny"], {"cpu": "A", "revision": "r7"},
+                                    drop_other_levels=True)
+    assert moved == ["data/eval/C0"] and dropped["by_cpu_level"] == {"x86-64-v4": {}}
+    assert list(dropped["recorded_on"]) == ["x86-64-v4"] and expected_outputs(dropped, "x86-64-v3", golden) == fixed
+
     # Other overrides, or the older single-record form: this level's record replaces the file.
     doc3, moved = record_outputs(doc, "x86-64-v3", v3, ["experiment=tiny", "seed=2"], {"cpu": "B", "revision": "r4"})
     assert moved == [] and doc3["by_cpu_level"] == {"x86-64-v3": {}} and doc3["outputs"] == v3

@@ -31,6 +31,9 @@ output either, it is an error (exit 2) that says how to record it. ``--update`` 
 level's record and keeps the others, unless an output every level agreed on has moved: then the
 code changed, the other levels' records are stale, and they are dropped (a warning names them),
 so that such machines are compared with the new shared record until one rerecords its own.
+A first record of a second level cannot tell a code change from a level difference and keeps the
+other level's record; ``--update --drop-other-levels`` says the code changed (the reason a shared
+output moved is known) and drops it.
 
 Exit code 0: every output reproduced; 1: some differ (listed); 2: could not run.
 """
@@ -176,18 +179,21 @@ def unrecorded_level(doc: dict[str, Any], level: str) -> str | None:
 
 
 def record_outputs(doc: dict[str, Any] | None, level: str, actual: dict[str, str], overrides: list[str],
-                   provenance: dict[str, str]) -> tuple[dict[str, Any], list[str]]:
+                   provenance: dict[str, str], *, drop_other_levels: bool = False) -> tuple[dict[str, Any], list[str]]:
     """``doc`` with this level's record replaced by ``actual``; the other levels' kept (dropped when
     ``doc`` was written for other overrides or in the older form, or when they are stale). Also
     returns the outputs that every level agreed on before and that moved here (non-empty: the code
     changed, so the other levels' records are stale and dropped); a first record of a second level
-    moves none (what it differs in is its own)."""
+    moves none (what it differs in is its own), unless ``drop_other_levels`` says the code changed
+    (``--drop-other-levels``: the person who knows why an output moved says so)."""
     levels: dict[str, dict[str, str]] = {}
     moved: list[str] = []
     if doc and byte_overrides(doc.get("overrides", [])) == overrides and "by_cpu_level" in doc:
         levels = {lv: {**doc["outputs"], **outs} for lv, outs in doc["by_cpu_level"].items()}
-        if level in levels or len(levels) > 1:  # a shared output is known shared only then
+        if level in levels or len(levels) > 1 or drop_other_levels:  # a shared output is known shared only then
             moved = sorted(k for k, v in doc["outputs"].items() if actual.get(k) != v)
+        if drop_other_levels:
+            levels = {}
     recorded = dict(doc.get("recorded_on", {})) if levels else {}
     if moved:  # stale: compared with the new shared record until rerecorded
         levels = {}
@@ -237,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="run the DAG in a scratch copy composed with these Hydra overrides")
     parser.add_argument("--golden", help="with --scratch: the committed {output: md5} file to compare with")
     parser.add_argument("--update", action="store_true", help="with --scratch: rewrite the golden file")
+    parser.add_argument("--drop-other-levels", action="store_true",
+                        help="with --update: the code changed, so the other levels' records are stale: drop them "
+                             "(a first record of a second level otherwise keeps them and takes what it differs "
+                             "in for its level's own)")
     parser.add_argument("--keep", action="store_true", help="with --scratch: keep the scratch repository (without "
                                                              "--golden: only run and keep it, as for results --snapshot)")
     args = parser.parse_args(argv)
@@ -285,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             if args.update:
                 new, moved = record_outputs(doc, level, actual, wanted,
-                                            {"cpu": cpu_model(), "revision": head_commit(root)})
+                                            {"cpu": cpu_model(), "revision": head_commit(root)},
+                                            drop_other_levels=args.drop_other_levels)
                 atomic_write_text(golden, json.dumps(new, indent=2) + "\n")
                 kept = [lv for lv in new["by_cpu_level"] if lv != level]
                 print(f"wrote {golden}: {len(actual)} outputs for {level} ({took:.0f} s), "
