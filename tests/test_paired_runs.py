@@ -12,11 +12,13 @@ from pipeline.tools.paired_runs import PairingError, main, pair
 
 
 def write_run(root, outcomes: dict[str, list[bool]]):
-    """``root/<condition>/episodes.parquet`` with one episode per task (scene s<i // 2>, quest q<i>)."""
+    """``root/<condition>/episodes.parquet`` with one episode per task (scene s<i // 2>, quest q<i>, its seed)."""
     for cond, wins in outcomes.items():
         (root / cond).mkdir(parents=True)
         n = len(wins)
-        pq.write_table(pa.table({"scene_id": [f"s{i // 2}" for i in range(n)], "quest_id": [f"q{i}" for i in range(n)],
+        pq.write_table(pa.table({"episode_id": [f"ep_eval_s{i // 2}_q{i}_0" for i in range(n)],
+                                 "seed": [7 * i for i in range(n)],
+                                 "scene_id": [f"s{i // 2}" for i in range(n)], "quest_id": [f"q{i}" for i in range(n)],
                                  "is_correct": wins, "won": [True] * n}), root / cond / "episodes.parquet")
     return root
 

@@ -4,7 +4,8 @@ A recipe is judged on held-out data, never on the eval's quests. The model pipel
 probe plays generated houses; a *design world* is the default experiment at another seed
 (``seed=1000``: other scenes, quests and houses, the eval's distribution), evaluated once with
 each checkpoint (two scratch copies, or two ``dvc exp run`` experiments). This module pairs
-the two runs' episodes by task and condition and counts, per condition and pooled, the tasks
+the two runs' episodes by task (``episode_id``, as the report pairs conditions; each pair's seed
+checked) and condition and counts, per condition and pooled, the tasks
 only the candidate won (b) and only the control won (c), with the exact McNemar p::
 
     python -m pipeline.tools.paired_runs CANDIDATE/data/eval CONTROL/data/eval \\
@@ -24,29 +25,20 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from pipeline.core.io import atomic_write_json, read_parquet
-from pipeline.core.stats import mcnemar_exact
+from pipeline.core.stats import PairingError, mcnemar_exact, mcnemar_table, pair_rows
 
 EPISODES = "episodes.parquet"
-TASK = ("scene_id", "quest_id")
+# The key the report pairs conditions by (an eval task's episode_id is the same under every checkpoint
+# at one seed), the per-task seed that pair_rows checks, the task's names for messages, the outcome.
+COLUMNS = ["episode_id", "seed", "scene_id", "quest_id", "is_correct"]
 
 
-class PairingError(ValueError):
-    """The two runs cannot be paired (the message names the folder, condition or task)."""
-
-
-def outcomes(eval_dir: Path, condition: str) -> dict[tuple[str, str], bool]:
-    """``{(scene_id, quest_id): is_correct}`` of one condition's evaluated episodes."""
+def episodes(eval_dir: Path, condition: str) -> list[dict[str, Any]]:
+    """One condition's evaluated episodes (:data:`COLUMNS`)."""
     path = eval_dir / condition / EPISODES
     if not path.is_file():
         raise PairingError(f"{path}: no episodes (expected an evaluate stage's output folder <eval>/<condition>/)")
-    rows = read_parquet(path, columns=[*TASK, "is_correct"]).to_pylist()
-    out: dict[tuple[str, str], bool] = {}
-    for r in rows:
-        key = (str(r["scene_id"]), str(r["quest_id"]))
-        if key in out:
-            raise PairingError(f"{path}: task {key[0]}/{key[1]} appears twice; expected one episode per task")
-        out[key] = bool(r["is_correct"])
-    return out
+    return read_parquet(path, columns=COLUMNS).to_pylist()
 
 
 def conditions_of(eval_dir: Path) -> list[str]:
@@ -59,25 +51,27 @@ def pair(candidate: Path, control: Path, conditions: Sequence[str] | None = None
          leave_out: Sequence[str] = ()) -> dict[str, Any]:
     """Per condition and pooled: tasks, each run's success, b / c and the exact McNemar p."""
     if conditions is None:
-        conditions = [c for c in conditions_of(candidate) if c in set(conditions_of(control))]
+        theirs = set(conditions_of(control))
+        conditions = [c for c in conditions_of(candidate) if c in theirs]
         if not conditions:
             raise PairingError(f"{candidate} and {control} share no evaluated condition")
     rows, b_all, c_all, pooled = [], 0, 0, []
     for cond in conditions:
-        a, k = outcomes(candidate, cond), outcomes(control, cond)
-        if a.keys() != k.keys():
-            only = sorted(a.keys() ^ k.keys())[0]
-            raise PairingError(f"condition {cond}: task {only[0]}/{only[1]} is in one run only "
+        a, k = episodes(candidate, cond), episodes(control, cond)
+        pairs, only_a, only_k = pair_rows(a, k, where=(f"{candidate / cond}", f"{control / cond}"))
+        if only_a or only_k:
+            task = next(r for r in (*a, *k) if r["episode_id"] == (only_a or only_k)[0])
+            raise PairingError(f"condition {cond}: task {task['scene_id']}/{task['quest_id']} is in one run only "
                                f"({len(a)} tasks in {candidate}, {len(k)} in {control}); the runs must share "
                                "one world and config")
-        b = sum(a[t] and not k[t] for t in a)
-        c = sum(k[t] and not a[t] for t in a)
-        n = len(a)
-        rows.append({"condition": cond, "tasks": n, "candidate": round(sum(a.values()) / n, 6) if n else None,
-                     "control": round(sum(k.values()) / n, 6) if n else None, "b": b, "c": c,
-                     "p_exact": mcnemar_exact(b, c), "pooled": cond not in leave_out})
+        t = mcnemar_table([bool(x["is_correct"]) for x, _ in pairs], [bool(y["is_correct"]) for _, y in pairs])
+        n = len(pairs)
+        rows.append({"condition": cond, "tasks": n,
+                     "candidate": round((t["both"] + t["b"]) / n, 6) if n else None,
+                     "control": round((t["both"] + t["c"]) / n, 6) if n else None, "b": t["b"], "c": t["c"],
+                     "p_exact": mcnemar_exact(t["b"], t["c"]), "pooled": cond not in leave_out})
         if cond not in leave_out:
-            b_all, c_all = b_all + b, c_all + c
+            b_all, c_all = b_all + t["b"], c_all + t["c"]
             pooled.append(cond)
     return {"conditions": rows, "pooled": {"conditions": pooled, "b": b_all, "c": c_all,
                                            "p_exact": mcnemar_exact(b_all, c_all)},
@@ -91,7 +85,8 @@ def markdown(result: dict[str, Any]) -> str:
         lines.append(f"| {r['condition']}{note} | {r['tasks']} | {r['candidate']:.2f} | {r['control']:.2f} | "
                      f"{r['b']} / {r['c']} | {r['p_exact']:.3g} |")
     p = result["pooled"]
-    lines.append(f"| **pooled** ({', '.join(p['conditions'])}) | | | | **{p['b']} / {p['c']}** | **{p['p_exact']:.3g}** |")
+    lines.append(f"| **pooled** ({', '.join(p['conditions'])}) | | | | **{p['b']} / {p['c']}** | "
+                 f"**{p['p_exact']:.3g}** |")
     return "\n".join(lines)
 
 

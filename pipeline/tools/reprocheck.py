@@ -293,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"kept: {work} (scratch `dvc repro` of {' '.join(args.scratch) or 'the default config'}, "
                       f"{took:.0f} s; compared with nothing: no --golden)")
                 return 0
+            if args.keep:  # with a golden file: the copy to look into when an output differs
+                print(f"kept: {work}")
             if args.update:
                 new, moved = record_outputs(doc, level, actual, wanted,
                                             {"cpu": cpu_model(), "revision": head_commit(root)},
@@ -310,8 +312,6 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             what = (f"scratch `dvc repro` ({' '.join(args.scratch) or 'default config'}, {took:.0f} s) vs "
                     f"{golden.name} ({level})")
-            if args.keep:  # the copy to look into when an output differs
-                print(f"kept: {work}")
             results = {what: compare(expected, actual)}
     except ReproCheckError as exc:
         print(f"error: {exc}", file=sys.stderr)
