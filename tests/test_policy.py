@@ -711,3 +711,30 @@ def test_the_dagger_bar_resets_once_per_phase_and_counts_its_steps():
         progress("dagger round 0: training", 800, 800)
         assert bar.n == 800
     assert out.getvalue().count("| 0/800 ") == 1  # one reset into the training phase, then its steps
+
+
+def test_house_sizes_env_gives_every_generated_house_the_worlds_counts(cfg, tiny_games):
+    """``policy.house_sizes=env``: every house of the recipe's streams at ``env``'s counts (the eval's
+    scenes' sizes), still never an eval layout or objective; ``drawn`` (the default) draws them."""
+    from pipeline.envs.household.generate import layout_key
+    from pipeline.policy.demos import training_houses
+
+    def counts(h):
+        s = h.spec
+        return (len(s["rooms"]), len(s["containers"]), sum(bool(c["locked"]) for c in s["containers"]),
+                len(s["supporters"]), len(s["objects"]))
+
+    env = OmegaConf.merge(cfg, {"policy": {"house_sizes": "env"}})
+    e = cfg.env
+    want = (e.rooms_per_scene, e.containers_per_scene, e.locked_containers, e.supporters_per_scene, e.objects_per_scene)
+    for heldout in (False, True):
+        houses = training_houses(env, tiny_games.rows, tiny_games.scenes, heldout=heldout, quests_per_house=2).houses(40)
+        assert {counts(h) for h in houses} == {want}
+        assert len({layout_key(h.spec) for h in houses}) == 40
+        eval_rows = [r for r in tiny_games.rows if r["split"] == "eval"]
+        assert not {layout_key(h.spec) for h in houses} & {layout_key(tiny_games.scenes[r["scene_id"]]) for r in eval_rows}
+        assert not {q["objective"] for h in houses for q in h.quests} & {r["objective"] for r in eval_rows}
+    drawn = training_houses(cfg, tiny_games.rows, tiny_games.scenes).houses(40)
+    assert len({counts(h) for h in drawn}) > 1
+    with pytest.raises(Exception, match="house_sizes"):
+        OmegaConf.merge(cfg, {"policy": {"house_sizes": "large"}})

@@ -73,6 +73,13 @@ class Teacher(StrEnum):
     reader = "reader"  # pipeline/agents/reader.py: the instrument itself, which reads all the memory says (issue 64)
 
 
+class HouseSizing(StrEnum):
+    """What the model pipeline's generated houses are sized by (``policy.house_sizes``; ``pipeline.policy.demos.house_stream``)."""
+
+    drawn = "drawn"  # each house's counts drawn from HouseSizes' ranges (2-5 rooms, 2-6 containers, ...)
+    env = "env"  # every house at env's own counts: the eval's scenes' sizes (issue 64)
+
+
 class OnBackendError(StrEnum):
     """What a failed model call is (``agent.on_backend_error``)."""
 
@@ -581,6 +588,11 @@ class PolicyConfig:
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
     plan_drills: int = checked(0, at_least(0, " (0: none)"))
     """Extra first turns per train quest under an ``oracle`` variant, each in a newly renamed house (0: none)."""
+    house_sizes: HouseSizing = HouseSizing.drawn
+    """What every generated house of the recipe (demonstrations, drills, DAgger's rounds, the probes) is sized by:
+    ``drawn`` (each house's counts drawn from ``HouseSizes``' ranges: 2-5 rooms, 2-6 containers, 0-2 locked, 0-2
+    supporters, 2-6 objects) or ``env`` (every house at ``env``'s counts, the eval's scenes' sizes: docs/policy.md,
+    *Houses at the eval's sizes*)."""
     generated_houses: int = 600
     """Demonstrations in generated houses (one quest each, never an eval layout or objective; 0: none)."""
     generated_drills: int = 9600

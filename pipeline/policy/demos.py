@@ -49,7 +49,7 @@ from omegaconf import OmegaConf
 
 from pipeline import prompts
 from pipeline.agents.llm import LLMAgent
-from pipeline.core.conf_schema import ConditionKind, Config, GroundingConfig
+from pipeline.core.conf_schema import ConditionKind, Config, GroundingConfig, HouseSizing
 from pipeline.core.parallel import OrderedPool, Shared, partition
 from pipeline.core.schemas import episodes_table, turns_table
 from pipeline.core.seeding import crc_rng, task_seed
@@ -427,11 +427,23 @@ def house_stream(cfg: Config, manifest: Sequence[Mapping[str, Any]], scenes: Map
     eval objective: every stream of the model's houses (:func:`training_houses`, DAgger's rounds,
     the statement drills, the studies' arms), each from a seed of its own."""
     eval_split = [r for r in manifest if r["split"] != "train"]
-    return GeneratedHouses(HouseSizes(), seed=seed, base=cfg.env, quests_per_house=quests,
+    return GeneratedHouses(house_sizes(cfg), seed=seed, base=cfg.env, quests_per_house=quests,
                            preferences_per_scene=cfg.user.preferences_per_scene,
                            exclude=[layout_key(scenes[s]) for s in sorted({r["scene_id"] for r in eval_split})
                                     if s in scenes],
                            exclude_objectives={r["objective"] for r in eval_split})
+
+
+def house_sizes(cfg: Config) -> HouseSizes:
+    """What the recipe's generated houses are sized by (``policy.house_sizes``): ``HouseSizes``' ranges, or every
+    house at ``cfg.env``'s counts (the eval's scenes' sizes; names still drawn up to ``max_index``, and the draws
+    consume the same randomness)."""
+    if cfg.policy.house_sizes != HouseSizing.env:
+        return HouseSizes()
+    env = cfg.env
+    return HouseSizes(**{field: (int(env[key]), int(env[key])) for field, key in (
+        ("rooms", "rooms_per_scene"), ("containers", "containers_per_scene"), ("locked", "locked_containers"),
+        ("supporters", "supporters_per_scene"), ("objects", "objects_per_scene"))})
 
 
 def house_env(cfg: Config, house: GeneratedHouse, k: int = 0) -> LogicHouseholdEnv:
