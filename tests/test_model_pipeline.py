@@ -73,6 +73,7 @@ def test_make_model_builds_a_checkpoint_with_its_card(built):
     # its last step measured it beside the reader on the recipe's held-out houses: the metrics and their plot
     probe = json.loads((repo / "models" / "metrics" / "utilisation.json").read_text())
     assert (probe["houses"], probe["quests"], probe["model"]) == (1, 3, "models/policy") and "decisions" in probe
+    assert probe["sizes"] == "env"  # policy.utilisation_sizes: the eval's scenes' counts, whatever it trained on
     assert set(probe["outcomes"]) == {"model", "reader"} and probe["outcomes"]["model"].keys() == probe["outcomes"]["reader"].keys()
     assert (repo / "models" / "metrics" / "utilisation.csv").read_text().startswith("agent,condition,success,n,who\n")
     # models/dvc.yaml's plots load (a top-level plot's path is relative to that file's folder: the in-context

@@ -716,8 +716,8 @@ def test_the_dagger_bar_resets_once_per_phase_and_counts_its_steps():
 def test_house_sizes_env_gives_every_generated_house_the_worlds_counts(cfg, tiny_games):
     """``policy.house_sizes=env``: every house of the recipe's streams at ``env``'s counts (the eval's
     scenes' sizes), still never an eval layout or objective; ``drawn`` (the default) draws them."""
-    from pipeline.envs.household.generate import layout_key
-    from pipeline.policy.demos import training_houses
+    from pipeline.envs.household.generate import HouseSizes, layout_key
+    from pipeline.policy.demos import house_sizes, training_houses
 
     def counts(h):
         s = h.spec
@@ -736,5 +736,6 @@ def test_house_sizes_env_gives_every_generated_house_the_worlds_counts(cfg, tiny
         assert not {q["objective"] for h in houses for q in h.quests} & {r["objective"] for r in eval_rows}
     drawn = training_houses(cfg, tiny_games.rows, tiny_games.scenes).houses(40)
     assert len({counts(h) for h in drawn}) > 1
+    assert house_sizes(cfg) == HouseSizes()  # the default recipe's houses as before the option
     with pytest.raises(Exception, match="house_sizes"):
         OmegaConf.merge(cfg, {"policy": {"house_sizes": "large"}})

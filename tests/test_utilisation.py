@@ -157,7 +157,12 @@ def test_the_probe_names_what_it_lacks(tmp_path, capsys):
     (tmp_path / "other.json").write_text('{"houses": 48, "quests": 6, "outcomes": {"model": {}}}')
     with pytest.raises(SystemExit):
         main(["--against", str(tmp_path / "other.json")])
-    assert "it played houses=48 quests=6 skip=0, this run houses=96 quests=6 skip=0" in capsys.readouterr().err
+    assert ("it played houses=48 quests=6 skip=0 sizes=drawn, this run houses=96 quests=6 skip=0 sizes=env"
+            in capsys.readouterr().err)  # a file without sizes was written before the option: drawn houses
+    (tmp_path / "other.json").write_text('{"houses": 96, "quests": 6, "sizes": "env", "outcomes": {"model": {}}}')
+    with pytest.raises(SystemExit):  # the same houses, other sizes: not the same tasks
+        main(["--against", str(tmp_path / "other.json"), "--sizes", "drawn"])
+    assert "sizes=env, this run houses=96 quests=6 skip=0 sizes=drawn" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["--model", str(tmp_path / "nowhere")])
     assert "config.json not found (a transformers model directory)" in capsys.readouterr().err

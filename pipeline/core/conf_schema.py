@@ -686,6 +686,11 @@ class PolicyConfig:
     never changes the model."""
     utilisation_quests: int = checked(6, at_least(2))
     """Quests per house of the utilisation probe: the first is played, the others are its past visits."""
+    utilisation_sizes: HouseSizing = HouseSizing.env
+    """What the utilisation probe's held-out houses are sized by, whatever ``house_sizes`` trains on: ``env`` (the
+    eval's scenes' counts, where the reader's figures are the eval's: C1 0.82, C2 0.94 on houses 0-95 against
+    0.97, 0.99 in ``drawn`` houses, whose grounding alone leaves the memory nothing to add; docs/policy.md,
+    *Houses at the eval's sizes*) or ``drawn``, the probe of the study's earlier arms."""
     evaluate: bool = False
     """Measure the trained model on the eval quests against react / rag (models/metrics/policy.json; off by default:
     the ``evaluate`` stages measure it, and the in-context probe checks it while it trains)."""

@@ -6,7 +6,9 @@ model beside the reader that measures each prompt's worth::
     python -m pipeline.policy.utilisation --model cand/ --skip 96 --houses 192 --against control.json  # a decision
 
 Per held-out house (the whole-episode probe's stream, :func:`pipeline.policy.demos.training_houses`
-with ``heldout=True``: never an eval scene's layout, never an eval objective), the rule agent plays
+with ``heldout=True``: never an eval scene's layout, never an eval objective; each at the eval's
+scenes' counts, ``policy.utilisation_sizes: env``, or ``--sizes drawn`` for the training's ranges,
+where the reader solves nearly every house on its grounding alone), the rule agent plays
 quests 1..Q-1 (the house's past visits, :func:`pipeline.policy.study.past_visits`), and the first
 quest is played under five prompts, four as the eval's conditions build theirs on a seen scene:
 
@@ -59,7 +61,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from omegaconf import OmegaConf
 
-from pipeline.core.conf_schema import Config
+from pipeline.core.conf_schema import Config, HouseSizing
 from pipeline.core.config import MODEL, load_params, project_root
 from pipeline.core.io import atomic_write_json, atomic_write_text, read_json
 from pipeline.core.numerics import pin
@@ -133,16 +135,19 @@ def decisions_markdown(table: Mapping[str, Mapping[str, Mapping[str, int]]]) -> 
     return "\n".join(lines) + "\n"
 
 
-def probe_houses(cfg: Config, root: Path, houses: int, quests: int, skip: int = 0) -> list[HouseTask]:
+def probe_houses(cfg: Config, root: Path, houses: int, quests: int, skip: int = 0,
+                 sizes: HouseSizing | str | None = None) -> list[HouseTask]:
     """The probe's tasks: every held-out house's first quest under the five kinds (:data:`KINDS`;
     a house without grounding, or whose C2 block the gate withheld, has fewer); ``skip``: the
-    held-out stream's first houses passed over (a fresh sample for a decision)."""
+    held-out stream's first houses passed over (a fresh sample for a decision); ``sizes``: what the
+    houses are sized by (default: the recipe's ``policy.utilisation_sizes``, whatever it trained on)."""
     from pipeline.policy.demoset import load_demo_set
     from pipeline.session.collection import load_games
 
     manifest, scenes = load_games(root, cfg)
     memory = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed)).memory
-    return probe_tasks(cfg, manifest, scenes, memory, houses, quests=quests, kinds=tuple(KINDS), skip=skip)
+    sized = OmegaConf.merge(cfg, {"policy": {"house_sizes": str(sizes or cfg.policy.utilisation_sizes)}})
+    return probe_tasks(sized, manifest, scenes, memory, houses, quests=quests, kinds=tuple(KINDS), skip=skip)
 
 
 def play_reader(cfg: Config, tasks: Sequence[HouseTask]) -> dict[str, bool]:
@@ -287,6 +292,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="another model's --out of the same houses: the two paired per prompt (exact McNemar)")
     ap.add_argument("--quests", type=int, default=None, help="quests per house: the first is played, the others are its "
                                                              "past visits (default: the recipe's policy.utilisation_quests)")
+    ap.add_argument("--sizes", choices=[s.value for s in HouseSizing], default=None,
+                    help="what the held-out houses are sized by: env (the eval's scenes' counts) or drawn (the "
+                         "training's ranges; the study's earlier arms) (default: the recipe's policy.utilisation_sizes)")
     ap.add_argument("--workers", default=None, help="processes for the model's episodes (default: the run's `workers`); "
                                                    "the episodes do not depend on it")
     ap.add_argument("--out", type=Path, default=Path("models/metrics/utilisation.json"), help="the figures (JSON)")
@@ -299,15 +307,19 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_params(root, check_stale=False, pipeline=MODEL)
     args.houses = cfg.policy.utilisation_houses if args.houses is None else args.houses
     args.quests = cfg.policy.utilisation_quests if args.quests is None else args.quests
+    args.sizes = str(cfg.policy.utilisation_sizes if args.sizes is None else args.sizes)
     other = None
     if args.against is not None:
         try:
             other = read_json(args.against)
         except (OSError, ValueError) as exc:
             ap.error(f"--against {args.against}: {exc}")
-        if (other.get("houses"), other.get("quests"), other.get("skip", 0)) != (args.houses, args.quests, args.skip):
-            ap.error(f"--against {args.against}: it played houses={other.get('houses')} quests={other.get('quests')} "
-                     f"skip={other.get('skip', 0)}, this run houses={args.houses} quests={args.quests} skip={args.skip}")
+        # a file without "sizes" was written before the option: its houses were drawn
+        theirs = (other.get("houses"), other.get("quests"), other.get("skip", 0), other.get("sizes", "drawn"))
+        if theirs != (args.houses, args.quests, args.skip, args.sizes):
+            ap.error(f"--against {args.against}: it played houses={theirs[0]} quests={theirs[1]} skip={theirs[2]} "
+                     f"sizes={theirs[3]}, this run houses={args.houses} quests={args.quests} skip={args.skip} "
+                     f"sizes={args.sizes}")
     if args.skip < 0:
         ap.error(f"--skip {args.skip}: expected a count of held-out houses >= 0")
     if args.houses < 1 or args.quests < 2:
@@ -325,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     t0 = time.perf_counter()
-    tasks = probe_houses(cfg, root, args.houses, args.quests, args.skip)
+    tasks = probe_houses(cfg, root, args.houses, args.quests, args.skip, args.sizes)
     build_s = time.perf_counter() - t0
     print(f"utilisation: {len(tasks)} episodes in {len({t.house.scene_id for t in tasks})} held-out houses "
           f"({build_s:.0f} s to build)", file=sys.stderr)
@@ -344,7 +356,8 @@ def main(argv: list[str] | None = None) -> int:
     table = decisions(rolls) if args.decisions else None
     summary = summarise(played, reader, seed=int(cfg.seed))
     atomic_write_json(args.out if args.out.is_absolute() else root / args.out, {
-        "model": str(args.model), "houses": args.houses, "quests": args.quests, "skip": args.skip, **summary,
+        "model": str(args.model), "houses": args.houses, "quests": args.quests, "skip": args.skip,
+        "sizes": args.sizes, **summary,
         **({"against": {"model": other.get("model"), "paired": against(played, other["outcomes"]["model"])}}
            if other is not None else {}),
         **({"decisions": table} if table is not None else {}),
@@ -356,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     if table is not None:
         print(decisions_markdown(table))
     if other is not None:
-        print(against_markdown(against(played, other["outcomes"]["model"]), str(other.get("model"))))
+        # the other column named by its file too: two runs of one path (models/policy in two clones) read alike
+        print(against_markdown(against(played, other["outcomes"]["model"]), f"{other.get('model')} ({args.against})"))
     return 0
 
 
