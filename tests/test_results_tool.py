@@ -368,3 +368,28 @@ def test_a_snapshot_of_no_finished_run_or_a_bad_name_is_refused_and_copies_nothi
 def test_a_run_block_without_its_snapshot_says_how_to_make_one(tmp_path):
     text = results.run_table("scienceworld_adaptation")(tmp_path)
     assert text.startswith("_no run of scienceworld_adaptation is committed") and "--snapshot" in text
+
+
+def test_the_model_s_targets_are_met_only_at_their_size_and_holm_p(tmp_path):
+    """Issue 64's targets for the model, from compare.json: a difference meets its target only at its
+    least size and Holm p; a success only at its least value; the placebo on its point estimate."""
+    m = tmp_path / "metrics"
+    m.mkdir()
+    compare = json.loads((Path(results.__file__).parents[2] / "metrics" / "compare.json").read_text())  # the default run's
+    c2 = next(d for d in compare["details"] if d["name"] == "C2_vs_C1")
+    c2["success"]["diff"] = {"value": 0.09, "ci_low": 0.03, "ci_high": 0.15}
+    c2["success"]["p_holm"], c2["success"]["table"] = 0.004, {"b": 25, "c": 7, "both": 20, "neither": 152}
+    (m / "compare.json").write_text(json.dumps(compare))
+    table = results.model_targets_table(m)
+    assert "| model C2 − C1 >= +0.08 at Holm p < 0.01 | +0.09 [+0.03, +0.15], b=25, c=7, Holm p=0.004 | met |" in table
+    c2["success"]["p_holm"] = 0.02  # the size, not the p
+    (m / "compare.json").write_text(json.dumps(compare))
+    assert "Holm p=0.020 | **missed** |" in results.model_targets_table(m)
+    conds = {c["condition"]: c for c in compare["conditions"]}
+    conds["C2_oracle"]["success_rate"]["value"] = 0.61
+    conds["C2_placebo"]["success_rate"]["value"] = conds["C1"]["success_rate"]["value"] + 0.01
+    (m / "compare.json").write_text(json.dumps(compare))
+    table = results.model_targets_table(m)
+    assert re.search(r"\| model C2_oracle >= 0.60 \| 0.61 \[[^]]*\] \| met \|", table), table
+    assert re.search(r"\| model C2_placebo not better than C1 \| [0-9.]+ vs [0-9.]+ \| \*\*missed\*\* \|", table), table
+    assert "| C2_silent's prompts identical to C1's | 204 of 204 tasks | met |" in table

@@ -16,6 +16,9 @@ committed metrics (``metrics/compare.json``, ``metrics/eval/<C>.json``,
   memory and the grounding are worth to it, the model's positive control and C2 vs C1), as ``compare`` writes them;
 - ``targets``: the design's targets for the reader (docs/memory.md) with the default run's figure
   and met / missed, each computed from ``metrics/compare.json``;
+- ``model_targets``: issue 64's targets for the model under test (its C2 − C1 and the memory's utilisation, the
+  positive control, C0, the placebo, C2_silent's prompts, admissible actions) with the default run's figure and
+  met / missed, and the grounding's worth to the model beside the reader's, from ``metrics/compare.json``;
 - ``policy``: the default model's in-context probe (``models/metrics/policy.json``), before and after training;
 - ``episodes``: the default model's whole-episode probe (``models/metrics/policy.json``): success in held-out
   generated houses under plain, grounded and oracle prompts after the demonstrations and after each DAgger round;
@@ -199,6 +202,61 @@ def targets_table(metrics: Path) -> str:
     if mdes:
         rows.append([f"MDE of the primary comparisons <= {TARGET_MDE}", format_value(max(mdes), 3), mark(max(mdes) <= TARGET_MDE)])
     return markdown_table(["target", "the default run", ""], rows) if rows else "_no reader comparisons in metrics/compare.json_"
+
+
+# Issue 64's targets for the model under test (docs/policy.md): (comparison, least difference, Holm p below).
+MODEL_TARGETS = (("C2_vs_C1", 0.08, 0.01), ("C2_oracle_vs_C1", 0.35, 0.01))
+MODEL_UTILISATION = 0.5  # the model's C2 − C1 over the reader's
+MODEL_SUCCESS = (("C2_oracle", 0.60), ("C0", 0.30))  # the least success of these conditions
+
+
+def model_targets_table(metrics: Path) -> str:
+    """Issue 64's targets for the model under test, the default run's figure for each and whether it is
+    met, computed from ``metrics/compare.json``; the grounding's worth to the model beside the reader's is
+    reported (no target)."""
+    compare = _read(metrics / "compare.json")
+    details = {d["name"]: d for d in compare.get("details", [])}
+    comps = (compare.get("reader") or {}).get("comparisons") or {}
+    conds = {m["condition"]: m for m in compare.get("conditions", [])}
+    if not details or not conds:
+        return "_no model comparisons in metrics/compare.json_"
+    mark = lambda ok: "met" if ok else "**missed**"  # noqa: E731
+    rows = []
+
+    def model_row(d: Mapping[str, Any]) -> str:
+        s = d["success"]
+        return f"{_ci(s['diff'], signed=True)}, b={s['table']['b']}, c={s['table']['c']}, Holm p{_p_eq(s.get('p_holm'))}"
+
+    for name, least, p_max in MODEL_TARGETS:
+        d = details.get(name)
+        if d is None:
+            continue
+        diff, p = d["success"]["diff"]["value"], d["success"].get("p_holm")
+        rows.append([f"model {d['treatment']} − {d['control']} >= +{least:.2f} at Holm p < {p_max}", model_row(d),
+                     mark(diff >= least and p is not None and p < p_max)])
+        if name == "C2_vs_C1" and (comps.get(name) or {}).get("utilisation"):
+            u = comps[name]["utilisation"]
+            rows.append([f"its utilisation (the model's C2 − C1 over the reader's) >= {MODEL_UTILISATION}",
+                         f"{_ci(u)} (the reader: {_reader_row(comps[name])})", mark(u["value"] >= MODEL_UTILISATION)])
+    for c, least in MODEL_SUCCESS:
+        if c in conds:
+            v = conds[c]["success_rate"]
+            rows.append([f"model {c} >= {least:.2f}", _ci(v), mark(v["value"] >= least)])
+    g, gr = details.get("C1_vs_C0"), comps.get("C1_vs_C0")
+    if g is not None and gr:
+        rows.append(["the grounding (C1 − C0): the model beside the reader, its utilisation",
+                     f"{model_row(g)}; the reader {_reader_row(gr)}; utilisation {_ci(gr.get('utilisation'))}", "reported"])
+    if "C2_placebo" in conds and "C1" in conds:
+        a, b = conds["C2_placebo"]["success_rate"]["value"], conds["C1"]["success_rate"]["value"]
+        rows.append(["model C2_placebo not better than C1", f"{format_value(a)} vs {format_value(b)}", mark(a <= b)])
+    for pair in (compare.get("prompt_identity") or {}).values():
+        rows.append(["C2_silent's prompts identical to C1's", f"{pair['tasks_compared'] - pair['mismatches']} of "
+                     f"{pair['tasks_compared']} tasks", mark(pair["mismatches"] == 0)])
+    invalid = [conds[c]["invalid_action_rate"]["value"] for c in conds if "invalid_action_rate" in conds[c]]
+    if invalid:
+        rows.append(["100% admissible actions (every condition)", f"invalid-action rate at most {format_value(max(invalid))}",
+                     mark(max(invalid) == 0)])
+    return markdown_table(["target", "the default run", ""], rows)
 
 
 HEADLINE_LINES = 6  # the reader's two controls, the two worths, the model's positive control, its C2 vs C1
@@ -497,7 +555,7 @@ TABLES: dict[str, Callable[[Path], str]] = {"conditions": conditions_table, "com
                                             "curve": curve_table, "headline": headline,
                                             "policy": policy_table, "targets": targets_table,
                                             "runtime": runtime_table, "runtime_summary": runtime_summary,
-                                            "episodes": episodes_table,
+                                            "episodes": episodes_table, "model_targets": model_targets_table,
                                             **{name: run_table(name) for name in RUN_BLOCKS}}
 
 
@@ -508,7 +566,7 @@ HOMES: dict[str, tuple[str, ...]] = {"conditions": ("README.md",), "headline": (
                                      "comparisons": ("docs/experiments.md",),
                                      "curve": ("docs/experiments.md", "docs/memory.md"),
                                      "targets": ("docs/memory.md",), "policy": ("docs/policy.md",),
-                                     "episodes": ("docs/policy.md",),
+                                     "episodes": ("docs/policy.md",), "model_targets": ("docs/policy.md",),
                                      **{name: ("docs/scienceworld.md",) for name in RUN_BLOCKS if name != "stream"},
                                      "stream": ("docs/experiments.md",)}
 assert set(HOMES) == set(TABLES), "every block has a home document"
