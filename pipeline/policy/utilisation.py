@@ -135,18 +135,17 @@ def decisions_markdown(table: Mapping[str, Mapping[str, Mapping[str, int]]]) -> 
     return "\n".join(lines) + "\n"
 
 
-def probe_houses(cfg: Config, root: Path, houses: int, quests: int, skip: int = 0,
-                 sizes: HouseSizing | str | None = None) -> list[HouseTask]:
+def probe_houses(cfg: Config, root: Path, houses: int, quests: int, skip: int, sizes: str) -> list[HouseTask]:
     """The probe's tasks: every held-out house's first quest under the five kinds (:data:`KINDS`;
     a house without grounding, or whose C2 block the gate withheld, has fewer); ``skip``: the
     held-out stream's first houses passed over (a fresh sample for a decision); ``sizes``: what the
-    houses are sized by (default: the recipe's ``policy.utilisation_sizes``, whatever it trained on)."""
+    houses are sized by (:class:`HouseSizing`: ``env`` | ``drawn``), whatever the recipe trained on."""
     from pipeline.policy.demoset import load_demo_set
     from pipeline.session.collection import load_games
 
     manifest, scenes = load_games(root, cfg)
     memory = load_demo_set(root / cfg.paths.demos, tie_seed=int(cfg.seed)).memory
-    sized = OmegaConf.merge(cfg, {"policy": {"house_sizes": str(sizes or cfg.policy.utilisation_sizes)}})
+    sized = OmegaConf.merge(cfg, {"policy": {"house_sizes": sizes}})
     return probe_tasks(sized, manifest, scenes, memory, houses, quests=quests, kinds=tuple(KINDS), skip=skip)
 
 

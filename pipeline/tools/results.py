@@ -174,12 +174,21 @@ def _reader_row(v: Mapping[str, Any]) -> str:
     return f"{_ci(v.get('reader_diff'), signed=True)}, b={v['reader_b']}, c={v['reader_c']}, Holm p{_p_eq(v.get('reader_p_holm'))}"
 
 
+def _mark(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def _model_row(d: Mapping[str, Any]) -> str:
+    """A comparison of the model under test in prose, as :func:`_reader_row` the reader's."""
+    s = d["success"]
+    return f"{_ci(s['diff'], signed=True)}, b={s['table']['b']}, c={s['table']['c']}, Holm p{_p_eq(s.get('p_holm'))}"
+
+
 def targets_table(metrics: Path) -> str:
     """The design's targets, the default run's figure for each, and whether it is met."""
     compare = _read(metrics / "compare.json")
     comps = (compare.get("reader") or {}).get("comparisons") or {}
     conds = (compare.get("reader") or {}).get("conditions") or {}
-    mark = lambda ok: "met" if ok else "**missed**"  # noqa: E731
     rows = []
     for name, label, p_max in (("C2_vs_C1", "reader C2 − C1", TARGET_P), ("C1_vs_C0", "reader C1 − C0", None)):
         v = comps.get(name)
@@ -189,18 +198,18 @@ def targets_table(metrics: Path) -> str:
         p = v.get("reader_p_holm")  # 0.0 is a p-value (rounded in compare.json), not a missing one
         ok = d >= TARGET_WORTH and (p_max is None or (p is not None and p < p_max))
         rows.append([f"{label} >= +{TARGET_WORTH:.2f}" + (f" at Holm p < {p_max}" if p_max else ""), _reader_row(v),
-                     mark(ok) if ok else f"**missed** by {round(100 * (TARGET_WORTH - d))} points" if d < TARGET_WORTH
-                     else mark(False)])
+                     _mark(ok) if ok else f"**missed** by {round(100 * (TARGET_WORTH - d))} points" if d < TARGET_WORTH
+                     else _mark(False)])
     reader = lambda c: (conds.get(c) or {}).get("reader") or {}  # noqa: E731
     for c, label in (("C2_placebo", "reader C2_placebo not better than C1"), ("C2_silent", "reader C2_silent == C1")):
         if c in conds and "C1" in conds:
             a, b = reader(c).get("value"), reader("C1").get("value")
             rows.append([label, f"{format_value(a)} vs {format_value(b)}",
-                         mark(a is not None and b is not None and (a <= b if c == "C2_placebo" else a == b))])
+                         _mark(a is not None and b is not None and (a <= b if c == "C2_placebo" else a == b))])
     mdes = [d["success"]["power"]["mde"] for d in compare.get("details", [])
             if d.get("role", "primary") == "primary" and (d["success"].get("power") or {}).get("mde") is not None]
     if mdes:
-        rows.append([f"MDE of the primary comparisons <= {TARGET_MDE}", format_value(max(mdes), 3), mark(max(mdes) <= TARGET_MDE)])
+        rows.append([f"MDE of the primary comparisons <= {TARGET_MDE}", format_value(max(mdes), 3), _mark(max(mdes) <= TARGET_MDE)])
     return markdown_table(["target", "the default run", ""], rows) if rows else "_no reader comparisons in metrics/compare.json_"
 
 
@@ -220,42 +229,36 @@ def model_targets_table(metrics: Path) -> str:
     conds = {m["condition"]: m for m in compare.get("conditions", [])}
     if not details or not conds:
         return "_no model comparisons in metrics/compare.json_"
-    mark = lambda ok: "met" if ok else "**missed**"  # noqa: E731
     rows = []
-
-    def model_row(d: Mapping[str, Any]) -> str:
-        s = d["success"]
-        return f"{_ci(s['diff'], signed=True)}, b={s['table']['b']}, c={s['table']['c']}, Holm p{_p_eq(s.get('p_holm'))}"
-
     for name, least, p_max in MODEL_TARGETS:
         d = details.get(name)
         if d is None:
             continue
         diff, p = d["success"]["diff"]["value"], d["success"].get("p_holm")
-        rows.append([f"model {d['treatment']} − {d['control']} >= +{least:.2f} at Holm p < {p_max}", model_row(d),
-                     mark(diff >= least and p is not None and p < p_max)])
+        rows.append([f"model {d['treatment']} − {d['control']} >= +{least:.2f} at Holm p < {p_max}", _model_row(d),
+                     _mark(diff >= least and p is not None and p < p_max)])
         if name == "C2_vs_C1" and (comps.get(name) or {}).get("utilisation"):
             u = comps[name]["utilisation"]
             rows.append([f"its utilisation (the model's C2 − C1 over the reader's) >= {MODEL_UTILISATION}",
-                         f"{_ci(u)} (the reader: {_reader_row(comps[name])})", mark(u["value"] >= MODEL_UTILISATION)])
+                         f"{_ci(u)} (the reader: {_reader_row(comps[name])})", _mark(u["value"] >= MODEL_UTILISATION)])
     for c, least in MODEL_SUCCESS:
         if c in conds:
             v = conds[c]["success_rate"]
-            rows.append([f"model {c} >= {least:.2f}", _ci(v), mark(v["value"] >= least)])
+            rows.append([f"model {c} >= {least:.2f}", _ci(v), _mark(v["value"] >= least)])
     g, gr = details.get("C1_vs_C0"), comps.get("C1_vs_C0")
     if g is not None and gr:
         rows.append(["the grounding (C1 − C0): the model beside the reader, its utilisation",
-                     f"{model_row(g)}; the reader {_reader_row(gr)}; utilisation {_ci(gr.get('utilisation'))}", "reported"])
+                     f"{_model_row(g)}; the reader {_reader_row(gr)}; utilisation {_ci(gr.get('utilisation'))}", "reported"])
     if "C2_placebo" in conds and "C1" in conds:
         a, b = conds["C2_placebo"]["success_rate"]["value"], conds["C1"]["success_rate"]["value"]
-        rows.append(["model C2_placebo not better than C1", f"{format_value(a)} vs {format_value(b)}", mark(a <= b)])
+        rows.append(["model C2_placebo not better than C1", f"{format_value(a)} vs {format_value(b)}", _mark(a <= b)])
     for pair in (compare.get("prompt_identity") or {}).values():
         rows.append(["C2_silent's prompts identical to C1's", f"{pair['tasks_compared'] - pair['mismatches']} of "
-                     f"{pair['tasks_compared']} tasks", mark(pair["mismatches"] == 0)])
+                     f"{pair['tasks_compared']} tasks", _mark(pair["mismatches"] == 0)])
     invalid = [conds[c]["invalid_action_rate"]["value"] for c in conds if "invalid_action_rate" in conds[c]]
     if invalid:
         rows.append(["100% admissible actions (every condition)", f"invalid-action rate at most {format_value(max(invalid))}",
-                     mark(max(invalid) == 0)])
+                     _mark(max(invalid) == 0)])
     return markdown_table(["target", "the default run", ""], rows)
 
 
