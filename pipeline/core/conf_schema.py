@@ -80,6 +80,14 @@ class HouseSizing(StrEnum):
     env = "env"  # every house at env's own counts: the eval's scenes' sizes (issue 64)
 
 
+class WorldStream(StrEnum):
+    """Which scenes the model pipeline's own games are drawn from (``policy.world``;
+    ``pipeline.envs.household.games.scene_stream``)."""
+
+    own = "own"  # its own stream, (seed, "model-scene", i): never an experiment's scene, whatever its seed (issue 64)
+    shared = "shared"  # the experiment's stream, (seed, "scene", i): at seed 0 the default experiment's houses
+
+
 class OnBackendError(StrEnum):
     """What a failed model call is (``agent.on_backend_error``)."""
 
@@ -584,6 +592,12 @@ class PolicyConfig:
     """Who answers every demonstration, drill and DAgger turn: ``expert`` (the knowledge-limited expert) or ``reader``
     (the instrument, which reads all the memory says: ``pipeline.policy.teacher``; docs/policy.md, *The reader as the
     teacher*)."""
+    world: WorldStream = WorldStream.own
+    """The scenes of the model pipeline's own games (``data/model/games``), whose train quests the demonstrations
+    and the rule agent's episodes are played in: ``own`` (drawn from the model pipeline's own seed stream, so no
+    experiment seed's scene, quest or held-out house reaches the training data and one checkpoint serves every
+    experiment seed) or ``shared`` (the experiment's stream: at ``seed: 0`` the default experiment's twelve
+    houses, as checkpoints before issue 64's item 2 were built: docs/policy.md, *The model's own world*)."""
     demos_per_quest: int = checked(12, at_least(1))
     """Demonstrations per train quest: one per prompt variant with the scene's names, the rest renamed."""
     plan_drills: int = checked(0, at_least(0, " (0: none)"))

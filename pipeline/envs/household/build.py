@@ -24,7 +24,7 @@ from pipeline.core.io import atomic_write_json, write_parquet
 from pipeline.core.parallel import OrderedPool, stage_workers
 from pipeline.core.schemas import SCHEMA_VERSION, manifest_table
 from pipeline.envs.common import GamesResult
-from pipeline.envs.household.games import compile_quest_game, plan_games
+from pipeline.envs.household.games import compile_quest_game, plan_games, scene_stream
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ def build_games(cfg: Config, root: Path, *, progress: bool = True) -> GamesResul
     games_dir = root / cfg.paths.games
     t0 = time.perf_counter()
     scenes, rows = plan_games(env, seed=cfg.seed, preferences_per_scene=cfg.user.preferences_per_scene,
-                              games_dir=cfg.paths.games)
+                              games_dir=cfg.paths.games, stream=scene_stream(cfg))
     plan_s = time.perf_counter() - t0
     log.info("planned %d quests in %d scenes (%.1fs)", len(rows), len(scenes), plan_s)
     t1 = time.perf_counter()

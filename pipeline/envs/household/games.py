@@ -1,6 +1,6 @@
 """Household scenes and quests, built offline with TextWorld's ``GameMaker``.
 
-A *scene* is a fixed layout drawn from ``(seed, scene index)``: rooms joined by compass
+A *scene* is a fixed layout drawn from ``(seed, stream, scene index)``: rooms joined by compass
 directions, openable containers (some locked, each with a ``Key_<n>`` placed where it
 can be reached), supporters and portable objects, all named as in seed 004 (``Kitchen``,
 ``Cabinet_0``, ``Drawer_1``, ``Key_1``, ``Apple_2``). Every quest of a scene starts from
@@ -32,7 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from pipeline.core.conf_schema import EnvConfig
+from omegaconf import OmegaConf
+
+from pipeline.core.conf_schema import EnvConfig, WorldStream
 from pipeline.core.io import atomic_write_text
 from pipeline.core.schemas import canonical_json
 from pipeline.core.seeding import derive_seed
@@ -89,15 +91,31 @@ def scene_id(index: int) -> str:
 # --------------------------------------------------------------------------- scenes
 
 
-def make_scene(env_cfg: EnvConfig, index: int, seed: int, preferences_per_scene: int) -> dict[str, Any]:
+EXPERIMENT_STREAM = "scene"
+"""The experiment's scenes: scene ``i`` of ``seed`` is drawn from ``(seed, "scene", i)``."""
+MODEL_STREAM = "model-scene"
+"""The model pipeline's own scenes (``policy.world: own``): ``(seed, "model-scene", i)``, a label no
+experiment draws from, so its houses are none of any experiment seed's (tests/test_training_world.py)."""
+
+
+def scene_stream(cfg: Any) -> str:
+    """The label the games of ``cfg`` draw their scenes from: the model pipeline's own stream when its
+    recipe says ``policy.world: own`` (the default), else the experiment's (the experiment's config has
+    no ``policy``)."""
+    world = OmegaConf.select(cfg, "policy.world", default=None) if OmegaConf.is_config(cfg) else None
+    return MODEL_STREAM if world is not None and WorldStream(world) == WorldStream.own else EXPERIMENT_STREAM
+
+
+def make_scene(env_cfg: EnvConfig, index: int, seed: int, preferences_per_scene: int,
+               stream: str = EXPERIMENT_STREAM) -> dict[str, Any]:
     """The scene spec of scene ``index`` (a JSON dict, see docs/contracts.md "Games").
 
-    Every part is drawn from one ``random.Random`` seeded from ``(seed, "scene", index)``,
-    in this order: rooms, their connections, containers (and which are locked),
-    supporters, keys, objects, preferences, the start room.
+    Every part is drawn from one ``random.Random`` seeded from ``(seed, stream, index)``
+    (:func:`scene_stream`), in this order: rooms, their connections, containers (and which
+    are locked), supporters, keys, objects, preferences, the start room.
     """
     sid = scene_id(index)
-    scene_seed = derive_seed(seed, "scene", index)
+    scene_seed = derive_seed(seed, stream, index)
     rng = random.Random(scene_seed)
     rooms = ["Kitchen"] + rng.sample(ROOM_NAMES[1:], env_cfg.rooms_per_scene - 1)
     connections = _draw_connections(rng, rooms)
@@ -322,8 +340,8 @@ def make_quests(spec: Mapping[str, Any], n_quests: int, min_length: int, *,
     return quests
 
 
-def plan_games(env_cfg: EnvConfig, *, seed: int, preferences_per_scene: int,
-               games_dir: str) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+def plan_games(env_cfg: EnvConfig, *, seed: int, preferences_per_scene: int, games_dir: str,
+               stream: str = EXPERIMENT_STREAM) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """All scenes and the manifest rows of their quests (pure: nothing is compiled).
 
     The last ``env.heldout_scenes`` scenes get eval quests only (``scene_split=heldout``);
@@ -335,6 +353,7 @@ def plan_games(env_cfg: EnvConfig, *, seed: int, preferences_per_scene: int,
         seed: the master seed (``cfg.seed``).
         preferences_per_scene: ``cfg.user.preferences_per_scene``.
         games_dir: ``cfg.paths.games`` (the manifest's game files are relative to the root).
+        stream: the label the scenes are drawn from (:func:`scene_stream`).
 
     Returns:
         ``(scenes, rows)``: ``{scene_id: spec}`` and MANIFEST_SCHEMA rows sorted by
@@ -345,7 +364,7 @@ def plan_games(env_cfg: EnvConfig, *, seed: int, preferences_per_scene: int,
     n_eval, n_train = env_cfg.eval_quests_per_scene, env_cfg.train_quests_per_scene
     scenes, rows = {}, []
     for i in range(n):
-        spec = make_scene(env_cfg, i, seed, preferences_per_scene)
+        spec = make_scene(env_cfg, i, seed, preferences_per_scene, stream)
         is_heldout = i >= n - heldout
         spec["scene_split"] = "heldout" if is_heldout else "seen"
         scenes[spec["scene_id"]] = spec
