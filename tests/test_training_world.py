@@ -17,8 +17,10 @@ from omegaconf import OmegaConf
 
 from pipeline.core.config import MODEL, load_params
 from pipeline.core.seeding import derive_seed
-from pipeline.envs.household.games import EXPERIMENT_STREAM, MODEL_STREAM, make_scene, plan_games, scene_stream
+from pipeline.envs.household.games import EXPERIMENT_STREAM, MODEL_STREAM, make_scene, plan_games, scene_id, scene_stream
 from pipeline.envs.household.generate import layout_key
+from pipeline.policy import later_turns, statements
+from pipeline.policy.dagger import dagger_houses
 from pipeline.policy.demos import house_stream, training_houses
 
 # The experiment seeds checked: the default run's, the design world's and the first 200.
@@ -42,7 +44,7 @@ def experiment_layouts(model_cfg):
     """Every scene of every checked experiment seed, by layout (the experiment's env is the model's:
     conf/train.yaml composes the same group): layout -> (seed, scene_id)."""
     env, prefs = model_cfg.env, int(model_cfg.user.preferences_per_scene)
-    return {layout_key(make_scene(env, i, seed, prefs)): (seed, f"scene_{i:02d}")
+    return {layout_key(make_scene(env, i, seed, prefs)): (seed, scene_id(i))
             for seed in EXPERIMENT_SEEDS for i in range(int(env.num_scenes))}
 
 
@@ -84,10 +86,10 @@ def test_no_training_house_is_an_experiment_scene_or_a_held_out_house(model_cfg,
     assert int(cfg.policy.dagger_rounds) >= 1
     held_out = _layouts(training_houses(cfg, rows, scenes, heldout=True, quests_per_house=2).houses(200))
     streams = {"main": training_houses(cfg, rows, scenes, quests_per_house=2).houses(400)}
-    streams |= {f"dagger round {r}": house_stream(cfg, rows, scenes, derive_seed(cfg.seed, "dagger", r), 2).houses(60)
-                for r in range(int(cfg.policy.dagger_rounds))}
-    streams |= {s: house_stream(cfg, rows, scenes, derive_seed(cfg.seed, s), 2).houses(60)
-                for s in ("later-drills", "statement-drills")}
+    streams |= {f"dagger round {r}": dagger_houses(cfg, rows, scenes, r, 60) for r in range(int(cfg.policy.dagger_rounds))}
+    # The drills' streams as pipeline.policy.statements.draw_drills draws them, under each module's own label.
+    streams |= {m.STREAM: house_stream(cfg, rows, scenes, derive_seed(cfg.seed, m.STREAM), 2).houses(60)
+                for m in (later_turns, statements)}
     model_eval = {layout_key(scenes[r["scene_id"]]) for r in rows if r["split"] == "eval"}
     for name, houses in streams.items():
         layouts = _layouts(houses)
